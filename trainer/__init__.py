@@ -1,0 +1,1 @@
+"""The bundled GRPO trainer: usable on its own, without pytest."""

@@ -1,0 +1,1 @@
+"""GRPO and friends as small pure torch functions."""

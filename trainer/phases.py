@@ -1,0 +1,42 @@
+"""The seed's timing keys (VERL's names), in the order one training step runs them.
+
+Every duration the trainer records and every phase the suites benchmark is named by one of these.
+"""
+
+from __future__ import annotations
+
+# Keys timed inside one step. generate_sequences and reshard are nested inside gen.
+STEP_PHASES: tuple[str, ...] = (
+    "gen",
+    "generate_sequences",
+    "reshard",
+    "reward",
+    "old_log_prob",
+    "ref",
+    "adv",
+    "update_actor",
+)
+
+# Every key the seed's VERL table reports, in the table's order; step spans the phases above.
+PHASE_KEYS: tuple[str, ...] = (
+    "generate_sequences",
+    "reshard",
+    "gen",
+    "reward",
+    "old_log_prob",
+    "ref",
+    "adv",
+    "update_actor",
+    "step",
+    "save_checkpoint",
+)
+
+# Phases that run outside the step's own span (VERL times save_checkpoint after step).
+OUTSIDE_STEP: tuple[str, ...] = ("save_checkpoint",)
+
+
+def check_phase_key(name: str) -> str:
+    """Return ``name`` if it is a known phase key, else raise ValueError listing the valid ones."""
+    if name not in PHASE_KEYS:
+        raise ValueError(f"unknown phase key {name!r}; valid keys: {', '.join(PHASE_KEYS)}")
+    return name

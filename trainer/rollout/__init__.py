@@ -1,0 +1,1 @@
+"""Rollout engines: sample n responses per prompt."""
