@@ -1,0 +1,378 @@
+"""Derived figures from raw values, for runs and baselines alike: ``derive(record)``.
+
+Definitions follow VERL (REFERENCE.md section 2):
+- tokens_per_s_per_gpu/<phase> = tokens / (t x devices); gen counts response tokens, the others
+  prompt + response tokens. tokens_per_s_per_gpu/step is VERL's perf/throughput.
+- timing_per_token_ms/<phase> = t x 1000 / tokens (same token counts).
+- mfu/<phase>: model FLOPs / (t x peak bf16 FLOP/s x world size), with the dense-decoder formula
+  N = L (3 H I + H (q + k + v + n_h d)) + 2 V H and FLOPs(train) = 6 N sum(s_i) + 6 sum(s_i^2) d n_h L;
+  old_log_prob and ref run a forward pass only (a third), update_actor a full step per PPO epoch.
+  These are model FLOPs: gradient-checkpoint recomputation is not counted, as in VERL.
+- bandwidth_util/gen: bytes a decode must read / (t x peak memory bandwidth x world size). The
+  approximation: every decode step of a rollout replica reads each weight matrix once (the layers and
+  the LM head; the embedding lookup reads only a row per token, so it is left out), and, when
+  per-sequence lengths are known, each sequence reads its KV cache once per generated token. Without
+  the lengths the figure counts weights only and is a lower bound (its basis says so). Activations,
+  sampling and prefill traffic are not counted. Time is generate_sequences when timed, else gen.
+
+"devices" is the record's world size: GPUs on a GPU run, ranks on a CPU run. A figure whose raw inputs
+are missing has value None and a reason; it is never filled with a guess.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pytest_rlbench.baselines import (
+    BANDWIDTH,
+    DTYPE_BYTES,
+    MFU,
+    THROUGHPUT,
+    TIMING,
+    TIMING_PER_TOKEN,
+    Hardware,
+    ModelArch,
+    RunConfig,
+    RunRecord,
+    TokenCounts,
+)
+from trainer.flops import DecoderArch, flops_params
+from trainer.flops import forward_flops as _forward_flops
+from trainer.flops import train_flops as _train_flops
+from trainer.phases import PHASE_KEYS
+
+# Peak dense bf16 FLOP/s per device, as VERL's flops counter tables them (matched by substring, in
+# order; VERL does not tell H100 SXM from PCIe, and neither do we, to stay comparable).
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H100", 989e12),
+    ("H800", 989e12),
+    ("H200", 989e12),
+    ("A100", 312e12),
+    ("B200", 2.25e15),
+    ("MI300X", 1336e12),
+    ("L40S", 362e12),
+)
+
+# Peak memory bandwidth, bytes/s, from the vendors' data sheets. Every listed substring must occur;
+# the first match wins, so the variants come before the generic names. A bare "H100" matches nothing:
+# SXM (3.35 TB/s) and PCIe (2.0 TB/s) differ too much to pick one.
+PEAK_MEMORY_BANDWIDTH: tuple[tuple[tuple[str, ...], float], ...] = (
+    (("H200",), 4.8e12),
+    (("H100", "PCIE"), 2.0e12),
+    (("H100", "NVL"), 3.9e12),
+    (("H100", "SXM"), 3.35e12),
+    (("H100", "HBM3"), 3.35e12),  # torch names the SXM part "NVIDIA H100 80GB HBM3"
+    (("A100", "80GB", "PCIE"), 1.935e12),
+    (("A100", "80GB"), 2.039e12),
+    (("A100", "40GB"), 1.555e12),
+)
+
+RESPONSE = "response"
+PROMPT_AND_RESPONSE = "prompt+response"
+# Which tokens a phase's throughput counts (VERL's compute_timing_metrics, plus old_log_prob and step).
+TOKEN_BASIS: dict[str, str] = {
+    "gen": RESPONSE,
+    "old_log_prob": PROMPT_AND_RESPONSE,
+    "ref": PROMPT_AND_RESPONSE,
+    "adv": PROMPT_AND_RESPONSE,
+    "update_actor": PROMPT_AND_RESPONSE,
+    "step": PROMPT_AND_RESPONSE,
+}
+THROUGHPUT_PHASES: tuple[str, ...] = ("gen", "old_log_prob", "ref", "update_actor", "step")
+PER_TOKEN_PHASES: tuple[str, ...] = ("gen", "old_log_prob", "ref", "adv", "update_actor")
+# Passes over the batch, in units of a training step (forward + backward = 3 forward passes).
+MFU_PASSES: dict[str, float] = {"old_log_prob": 1 / 3, "ref": 1 / 3, "update_actor": 1.0}
+
+UNITS: dict[str, str] = {
+    TIMING: "s",
+    TIMING_PER_TOKEN: "ms/token",
+    THROUGHPUT: "tokens/s/GPU",
+    MFU: "fraction",
+    BANDWIDTH: "fraction",
+}
+HIGHER_IS_BETTER: dict[str, bool] = {
+    TIMING: False,
+    TIMING_PER_TOKEN: False,
+    THROUGHPUT: True,
+    MFU: True,
+    BANDWIDTH: True,
+}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a record: a measured time, a derived figure, or a custom metric."""
+
+    metric: str  # "family/phase", e.g. "tokens_per_s_per_gpu/gen"
+    value: float | None  # at the median time; None when an input is missing
+    unit: str
+    higher_is_better: bool
+    samples: tuple[float, ...] = ()  # one per timed sample (round)
+    basis: str = ""  # how it was computed
+    reason: str | None = None  # why value is None
+
+    @property
+    def family(self) -> str:
+        return self.metric.partition("/")[0]
+
+    @property
+    def phase(self) -> str | None:
+        return self.metric.partition("/")[2] or None
+
+
+@dataclass(frozen=True)
+class Known:
+    """A resolved input: its value and how it was found, or None and why it is unknown."""
+
+    value: float | None
+    note: str
+
+
+# --- The formulas, on plain numbers. ----------------------------------------------------------------
+
+
+def decoder_arch(arch: ModelArch) -> DecoderArch:
+    """The trainer's arithmetic type for a record's model (the field names are the same)."""
+    return DecoderArch(**{name: getattr(arch, name) for name in DecoderArch.__dataclass_fields__})
+
+
+def _layer_params(arch: ModelArch) -> int:
+    return flops_params(decoder_arch(arch)) - 2 * arch.vocab_size * arch.hidden_size
+
+
+def dense_decoder_flops_params(arch: ModelArch) -> int:
+    """N = L (3 H I + H (q + k + v + n_h d)) + 2 V H (trainer/flops.py holds the one formula)."""
+    return flops_params(decoder_arch(arch))
+
+
+def train_flops(arch: ModelArch, seq_lengths: Sequence[int]) -> float:
+    """6 N sum(s_i) + 6 sum(s_i^2) d n_h L: forward and backward over sequences of these lengths."""
+    return _train_flops(decoder_arch(arch), seq_lengths)
+
+
+def forward_flops(arch: ModelArch, seq_lengths: Sequence[int]) -> float:
+    """A forward pass: a third of ``train_flops``."""
+    return _forward_flops(decoder_arch(arch), seq_lengths)
+
+
+def decode_weight_bytes(arch: ModelArch) -> int:
+    """Bytes of weights one decode step reads: the layers' matrices and the LM head (not the embedding)."""
+    return (_layer_params(arch) + arch.vocab_size * arch.hidden_size) * DTYPE_BYTES[arch.dtype]
+
+
+def kv_cache_read_bytes(arch: ModelArch, prompt_lengths: Sequence[int], response_lengths: Sequence[int]) -> int:
+    """KV-cache bytes read while generating: sequence i reads p_i + t cached positions at its step t."""
+    per_position = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * DTYPE_BYTES[arch.dtype]
+    positions = sum(r * p + r * (r - 1) // 2 for p, r in zip(prompt_lengths, response_lengths, strict=True))
+    return positions * per_position
+
+
+def tokens_per_s_per_gpu(tokens: float, seconds: float, devices: int) -> float:
+    return tokens / (seconds * devices)
+
+
+def timing_per_token_ms(seconds: float, tokens: float) -> float:
+    return seconds * 1000.0 / tokens
+
+
+def mfu(flops: float, seconds: float, peak_flops: float, world_size: int) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s over the peak of all devices."""
+    return flops / seconds / peak_flops / world_size
+
+
+def bandwidth_utilisation(bytes_read: float, seconds: float, peak_bandwidth: float, world_size: int) -> float:
+    return bytes_read / seconds / peak_bandwidth / world_size
+
+
+def peak_bf16_flops(gpu_model: str) -> float | None:
+    name = gpu_model.upper()
+    return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
+
+
+def peak_memory_bandwidth(gpu_model: str) -> float | None:
+    name = gpu_model.upper()
+    return next((bw for keys, bw in PEAK_MEMORY_BANDWIDTH if all(k in name for k in keys)), None)
+
+
+# --- Resolving raw inputs, each with how it was found or why it is missing. -------------------------
+
+
+def _peak(hw: Hardware, arch: ModelArch, table: Callable[[str], float | None], what: str) -> Known:
+    if hw.device != "gpu":
+        return Known(None, f"a CPU run: peak {what} is tabled for GPUs only")
+    if hw.gpu_model is None:
+        return Known(None, "GPU model not recorded")
+    if what == "bf16 FLOP/s" and arch.dtype == "float32":
+        return Known(None, "the peak FLOP/s table is for bf16/fp16, the model runs in float32")
+    peak = table(hw.gpu_model)
+    if peak is None:
+        return Known(None, f"no peak {what} known for GPU model {hw.gpu_model!r}")
+    return Known(peak, f"peak {what} {peak:.4g} ({hw.gpu_model})")
+
+
+def num_sequences(tok: TokenCounts, config: RunConfig) -> Known:
+    """Sequences (responses) in the batch: recorded, else the length lists, else batch x n."""
+    if tok.num_sequences is not None:
+        return Known(tok.num_sequences, f"{tok.num_sequences} sequences")
+    for lengths in (tok.response_lengths, tok.prompt_lengths):
+        if lengths is not None:
+            return Known(len(lengths), f"{len(lengths)} sequences")
+    if config.train_batch_size is not None and config.rollout_n is not None:
+        n = config.train_batch_size * config.rollout_n
+        return Known(n, f"{n} sequences (train_batch_size {config.train_batch_size} x rollout_n {config.rollout_n})")
+    return Known(None, "number of sequences not recorded, and train_batch_size x rollout_n not stated")
+
+
+def token_total(tok: TokenCounts, config: RunConfig, part: str) -> Known:
+    """Total prompt or response tokens (``part`` is "prompt" or "response")."""
+    lengths: list[int] | None = getattr(tok, f"{part}_lengths")
+    total: int | None = getattr(tok, f"{part}_tokens")
+    mean: float | None = getattr(tok, f"{part}_length_mean")
+    if lengths is not None:
+        return Known(sum(lengths), f"{sum(lengths)} {part} tokens")
+    if total is not None:
+        return Known(total, f"{total} {part} tokens")
+    if mean is None:
+        return Known(None, f"{part} token counts not recorded")
+    n = num_sequences(tok, config)
+    if n.value is None:
+        return Known(None, f"mean {part} length known, but {n.note}")
+    return Known(mean * n.value, f"{n.note} x mean {part} length {mean:g}")
+
+
+def tokens_processed(tok: TokenCounts, config: RunConfig, basis: str) -> Known:
+    """Response tokens, or prompt + response tokens, as ``basis`` says."""
+    response = token_total(tok, config, "response")
+    if basis == RESPONSE:
+        return response
+    prompt = token_total(tok, config, "prompt")
+    if response.value is None or prompt.value is None:
+        return Known(None, "; ".join(k.note for k in (prompt, response) if k.value is None))
+    return Known(prompt.value + response.value, f"{prompt.note} + {response.note}")
+
+
+def phase_tokens(record: RunRecord, phase: str) -> TokenCounts:
+    """The phase's own token counts when it ran on another batch than the step's."""
+    own = record.phases[phase].tokens if phase in record.phases else None
+    return own if own is not None else record.tokens
+
+
+# --- Figures. ------------------------------------------------------------------------------------
+
+
+def _figure(metric: str, seconds: Sequence[float], fn: Callable[[float], float], basis: str) -> Figure:
+    family = metric.partition("/")[0]
+    return Figure(
+        metric,
+        fn(statistics.median(seconds)),
+        UNITS[family],
+        HIGHER_IS_BETTER[family],
+        tuple(fn(s) for s in seconds),
+        basis,
+    )
+
+
+def _missing(metric: str, reason: str) -> Figure:
+    family = metric.partition("/")[0]
+    return Figure(metric, None, UNITS[family], HIGHER_IS_BETTER[family], reason=reason)
+
+
+def _throughput(record: RunRecord, phase: str) -> Figure:
+    metric = f"{THROUGHPUT}/{phase}"
+    tokens = tokens_processed(phase_tokens(record, phase), record.config, TOKEN_BASIS[phase])
+    if tokens.value is None:
+        return _missing(metric, tokens.note)
+    devices = record.hardware.world_size
+    n = tokens.value
+    return _figure(
+        metric,
+        record.phases[phase].seconds,
+        lambda t: tokens_per_s_per_gpu(n, t, devices),
+        f"{tokens.note} / ({phase} seconds x {devices} devices)",
+    )
+
+
+def _per_token(record: RunRecord, phase: str) -> Figure:
+    metric = f"{TIMING_PER_TOKEN}/{phase}"
+    tokens = tokens_processed(phase_tokens(record, phase), record.config, TOKEN_BASIS[phase])
+    if tokens.value is None:
+        return _missing(metric, tokens.note)
+    if tokens.value == 0:
+        return _missing(metric, "the batch has no tokens")
+    n = tokens.value
+    return _figure(metric, record.phases[phase].seconds, lambda t: timing_per_token_ms(t, n), f"{phase} ms / {tokens.note}")
+
+
+def _mfu(record: RunRecord, phase: str) -> Figure:
+    metric = f"{MFU}/{phase}"
+    tok = phase_tokens(record, phase)
+    if tok.prompt_lengths is None or tok.response_lengths is None:
+        return _missing(metric, "per-sequence prompt and response lengths not recorded (the attention term needs them)")
+    peak = _peak(record.hardware, record.model, peak_bf16_flops, "bf16 FLOP/s")
+    if peak.value is None:
+        return _missing(metric, peak.note)
+    lengths = [p + r for p, r in zip(tok.prompt_lengths, tok.response_lengths, strict=True)]
+    passes = MFU_PASSES[phase] * (record.config.ppo_epochs if phase == "update_actor" else 1)
+    flops = train_flops(record.model, lengths) * passes
+    world, top = record.hardware.world_size, peak.value
+    return _figure(
+        metric,
+        record.phases[phase].seconds,
+        lambda t: mfu(flops, t, top, world),
+        f"{flops:.4g} model FLOPs over {len(lengths)} sequences / ({phase} seconds x {peak.note} x {world})",
+    )
+
+
+def _bandwidth(record: RunRecord) -> Figure:
+    metric = f"{BANDWIDTH}/gen"
+    phase = "generate_sequences" if "generate_sequences" in record.phases else "gen"
+    tok = phase_tokens(record, phase)
+    if tok.decode_steps is None:
+        return _missing(metric, "decode steps not recorded")
+    peak = _peak(record.hardware, record.model, peak_memory_bandwidth, "memory bandwidth")
+    if peak.value is None:
+        return _missing(metric, peak.note)
+    read = decode_weight_bytes(record.model) * tok.decode_steps
+    basis = f"weights x {tok.decode_steps} decode steps"
+    if tok.prompt_lengths is not None and tok.response_lengths is not None:
+        read += kv_cache_read_bytes(record.model, tok.prompt_lengths, tok.response_lengths)
+        basis += " + KV-cache reads"
+    else:
+        basis += " (lower bound: KV-cache reads not counted, sequence lengths not recorded)"
+    world, top = record.hardware.world_size, peak.value
+    return _figure(
+        metric,
+        record.phases[phase].seconds,
+        lambda t: bandwidth_utilisation(read, t, top, world),
+        f"{basis} / ({phase} seconds x {peak.note} x {world})",
+    )
+
+
+def derive(record: RunRecord) -> dict[str, Figure]:
+    """Every figure of a record, keyed by metric id: the measured times (timing_s/<phase>), the
+    derived figures above for each timed phase, and the record's custom metrics.
+
+    Values are at the median time; ``samples`` hold one value per timed sample.
+    """
+    figures: dict[str, Figure] = {}
+    timed = [p for p in PHASE_KEYS if p in record.phases]
+    for phase in timed:
+        seconds = record.phases[phase].seconds
+        figures[f"{TIMING}/{phase}"] = _figure(f"{TIMING}/{phase}", seconds, lambda t: t, "measured")
+    for phase in timed:
+        if phase in THROUGHPUT_PHASES:
+            figures[f"{THROUGHPUT}/{phase}"] = _throughput(record, phase)
+        if phase in PER_TOKEN_PHASES:
+            figures[f"{TIMING_PER_TOKEN}/{phase}"] = _per_token(record, phase)
+        if phase in MFU_PASSES:
+            figures[f"{MFU}/{phase}"] = _mfu(record, phase)
+    if "gen" in record.phases or "generate_sequences" in record.phases:
+        figures[f"{BANDWIDTH}/gen"] = _bandwidth(record)
+    for name, metric in record.metrics.items():
+        values = metric.value
+        figures[name] = Figure(
+            name, statistics.median(values), metric.unit, metric.higher_is_better, tuple(values), "measured"
+        )
+    return figures

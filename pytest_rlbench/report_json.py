@@ -1,0 +1,111 @@
+"""The JSON report of a run: its metadata, every seed phase with seconds and figures, the comparisons
+with each baseline, and the consistency findings.
+
+    {"format_version": 1, "passed": true,
+     "run": {"name", "provenance", "hardware", "model", "config", "tokens"},
+     "phases": {"gen": {"seconds": {"median", "min", "max", "samples"} | null,
+                        "figures": {"tokens_per_s_per_gpu": {"value", "unit", "basis", "reason"}, ...}}, ...},
+     "metrics": {name: {"value" (median), "unit", "samples"}},
+     "baselines": [{"name", "source", "mode", "mismatches", "passed"}],
+     "comparisons": [{"metric", "phase", "measured", "baseline", "source", "ratio", "tolerance",
+                      "verdict", "reason", "message", "unit", "mode"}],
+     "consistency": [{"record", "figure", "label", "published", "unit", "verdict", "detail",
+                      "interpretations": [...]}]}
+
+Every seed phase key is present under "phases", with "seconds": null where the run did not time it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pytest_rlbench.baselines import TIMING, RunRecord, record_to_dict
+from pytest_rlbench.compare import BaselineComparison
+from pytest_rlbench.consistency import Finding
+from pytest_rlbench.derived import Figure, derive
+from trainer.phases import PHASE_KEYS
+
+REPORT_FORMAT_VERSION = 1
+RUN_SECTIONS: tuple[str, ...] = ("name", "provenance", "hardware", "model", "config", "tokens")
+
+
+def _figure_json(fig: Figure) -> dict[str, Any]:
+    return {"value": fig.value, "unit": fig.unit, "basis": fig.basis, "reason": fig.reason}
+
+
+def phases_json(figures: dict[str, Figure]) -> dict[str, Any]:
+    """Each seed phase key: its seconds (null when not timed) and its derived figures by family."""
+    out: dict[str, Any] = {}
+    for key in PHASE_KEYS:
+        timed = figures.get(f"{TIMING}/{key}")
+        seconds = None
+        if timed is not None:
+            seconds = {"median": timed.value, "min": min(timed.samples), "max": max(timed.samples), "samples": list(timed.samples)}
+        derived = {f.family: _figure_json(f) for f in figures.values() if f.phase == key and f.family != TIMING}
+        out[key] = {"seconds": seconds, "figures": derived}
+    return out
+
+
+def build_report(
+    run: RunRecord,
+    results: Sequence[BaselineComparison] = (),
+    findings: Sequence[Finding] = (),
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report as a JSON-ready dict; ``extra`` (e.g. from a plugin hook) is added under "extra"."""
+    record = record_to_dict(run)
+    figures = derive(run)
+    report: dict[str, Any] = {
+        "format_version": REPORT_FORMAT_VERSION,
+        "passed": all(r.passed for r in results),
+        "run": {k: record[k] for k in RUN_SECTIONS},
+        "phases": phases_json(figures),
+        "metrics": {
+            name: {"value": figures[name].value, "unit": m.unit, "samples": m.value} for name, m in run.metrics.items()
+        },
+        "baselines": [
+            {"name": r.baseline, "source": r.source, "mode": r.mode, "mismatches": list(r.mismatches), "passed": r.passed}
+            for r in results
+        ],
+        "comparisons": [
+            {
+                "metric": c.metric,
+                "phase": c.phase,
+                "measured": c.measured,
+                "baseline": c.baseline,
+                "source": c.baseline_source,
+                "ratio": c.ratio,
+                "tolerance": c.tolerance,
+                "verdict": c.verdict,
+                "reason": c.reason,
+                "message": c.message,
+                "unit": c.unit,
+                "mode": r.mode,
+            }
+            for r in results
+            for c in r.comparisons
+        ],
+        "consistency": [asdict(f) for f in findings],
+    }
+    if extra:
+        report["extra"] = extra
+    return report
+
+
+def write_json_report(
+    path: str | Path,
+    run: RunRecord,
+    results: Sequence[BaselineComparison] = (),
+    findings: Sequence[Finding] = (),
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write the report to ``path`` (parents created) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(build_report(run, results, findings, extra), indent=2, allow_nan=False)
+    path.write_text(text + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,135 @@
+"""trainer.config: VERL's dotted keys, Hydra-style values, clear errors."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from trainer.config import (
+    ConfigError,
+    UnsupportedConfigError,
+    build_config,
+    clip_ratios,
+    known_keys,
+    parse_literal,
+)
+
+SEED = next((Path(__file__).resolve().parents[2] / "shared" / "seed").glob("*.txt"), None)
+
+
+def seed_overrides() -> list[str]:
+    """The key=value arguments of the seed's VERL command line, paths and sizes for this machine."""
+    assert SEED is not None, "the seed document is expected at ../shared/seed/"
+    text = SEED.read_text()
+    start = text.index("python3 -m verl.trainer.main_ppo")
+    end = text.index("$@", start)
+    args = [a for a in shlex.split(text[start:end].replace("\\\n", " ")) if "=" in a]
+    sizes = {
+        "data.train_files": "train.parquet",
+        "data.val_files": "val.parquet",
+        "actor_rollout_ref.model.path": "tiny",
+        "actor_rollout_ref.rollout.name": "hf",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "1",
+        "trainer.n_gpus_per_node": "1",
+        "trainer.nnodes": "1",
+        "trainer.device": "cpu",
+    }
+    out = []
+    for a in args:
+        key = a.split("=", 1)[0]
+        out.append(f"{key}={sizes[key]}" if key in sizes else a)
+    return out
+
+
+def test_every_key_of_the_seed_command_is_known():
+    keys = [a.split("=", 1)[0] for a in seed_overrides()]
+    assert len(keys) >= 45
+    assert set(keys) <= set(known_keys())
+
+
+def test_seed_command_is_accepted_with_values_read_as_verl_does():
+    cfg = build_config(seed_overrides())
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.data.train_batch_size == 128
+    assert cfg.data.max_response_length == 27648
+    assert cfg.data.filter_overlong_prompts is True
+    assert cfg.data.truncation == "error"  # quoted 'error' in the seed
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)
+    assert cfg.actor_rollout_ref.rollout.n == 16
+    assert cfg.actor_rollout_ref.rollout.top_k == 1000000
+    assert cfg.actor_rollout_ref.actor.kl_loss_type == "low_var_kl"
+    assert cfg.trainer.logger == ["console", "tensorboard"]
+    assert cfg.trainer.default_local_dir == "checkpoints/verl_grpo_boba/ds_7b_fsdp_sglang"
+
+
+def test_seed_engine_sglang_is_reported_as_not_supported_yet():
+    args = [a for a in seed_overrides() if not a.startswith("actor_rollout_ref.rollout.name")]
+    with pytest.raises(UnsupportedConfigError, match=r"rollout.name=sglang is not supported yet.*hf"):
+        build_config(args + ["actor_rollout_ref.rollout.name=sglang"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.train_batch_sise=3", r"unknown config key 'data.train_batch_sise'; did you mean data.train_batch_size"),
+        ("actor_rollout_ref.rollout.nn=3", r"did you mean actor_rollout_ref.rollout.n\b"),
+        ("no_equals_sign", r"malformed override 'no_equals_sign': expected KEY=VALUE"),
+        ("data.train_batch_size=abc", r"data.train_batch_size expects an integer, got 'abc'"),
+        ("data.filter_overlong_prompts=maybe", r"expects true or false"),
+        ("data.truncation=sideways", r"data.truncation='sideways' is not valid; choose one of: error, left, right, middle"),
+        ("algorithm.adv_estimator=gae", r"not supported yet: GAE needs a critic"),
+        ("trainer.logger=[console,wandb]", r"trainer.logger 'wandb' is not supported"),
+        ("actor_rollout_ref.rollout.n=0", r"actor_rollout_ref.rollout.n must be at least 1, got 0"),
+        ("actor_rollout_ref.rollout.top_p=1.5", r"top_p must be in \(0, 1\]"),
+    ],
+)
+def test_bad_overrides_name_the_key_and_what_is_valid(override, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config([override])
+
+
+def test_cross_field_checks():
+    with pytest.raises(ConfigError, match=r"ppo_mini_batch_size \(16\) must not exceed data.train_batch_size \(8\)"):
+        build_config(["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16"])
+    with pytest.raises(ConfigError, match=r"must split evenly over 3 workers"):
+        build_config(["trainer.n_gpus_per_node=3", "actor_rollout_ref.rollout.n=4"])
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("True", True),
+        ("false", False),
+        ("1e-6", 1e-6),
+        ("128", 128),
+        ("'error'", "error"),
+        ('"x y"', "x y"),
+        ('["console","tensorboard"]', ["console", "tensorboard"]),
+        ("[console, tensorboard]", ["console", "tensorboard"]),
+        ("[]", []),
+        ("null", None),
+        ("some/path.parquet", "some/path.parquet"),
+    ],
+)
+def test_parse_literal(text, value):
+    assert parse_literal(text) == value
+
+
+def test_a_single_path_becomes_a_list_and_later_overrides_win():
+    cfg = build_config(["data.train_files=a.parquet", "data.train_batch_size=4", "data.train_batch_size=8"])
+    assert cfg.data.train_files == ["a.parquet"]
+    assert cfg.data.train_batch_size == 8
+
+
+def test_clip_ratio_low_and_high_fall_back_to_clip_ratio():
+    cfg = build_config(["actor_rollout_ref.actor.clip_ratio=0.3", "actor_rollout_ref.actor.clip_ratio_high=0.28"])
+    assert clip_ratios(cfg.actor_rollout_ref.actor) == (0.3, 0.28)
+
+
+def test_flat_lists_every_key_once():
+    flat = build_config().flat()
+    assert list(flat) == known_keys()
+    assert all(re.fullmatch(r"[a-z_]+(\.[a-z_0-9]+)+", k) for k in flat)

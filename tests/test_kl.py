@@ -1,0 +1,150 @@
+"""KL estimators, the KL loss and the KL penalty in the reward, against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer.algorithms.kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    get_kl_estimator,
+    kl_loss,
+    kl_penalty,
+    make_kl_controller,
+)
+
+# x = logp - logp_ref = 1, 0, -2
+LOGP = torch.tensor([[0.0, -1.0, -2.0]])
+REF = torch.tensor([[-1.0, -1.0, 0.0]])
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("kl", [1.0, 0.0, -2.0]),
+        ("k1", [1.0, 0.0, -2.0]),
+        ("abs", [1.0, 0.0, 2.0]),
+        # x^2 / 2
+        ("mse", [0.5, 0.0, 2.0]),
+        ("k2", [0.5, 0.0, 2.0]),
+        # y = -x = -1, 0, 2: e^y - y - 1 = e^-1 = 0.367879, 0, e^2 - 3 = 4.389056
+        ("low_var_kl", [math.exp(-1), 0.0, math.exp(2) - 3]),
+        ("k3", [math.exp(-1), 0.0, math.exp(2) - 3]),
+    ],
+)
+def test_estimators_by_hand(kind: str, expected: list[float]) -> None:
+    assert torch.allclose(kl_penalty(LOGP, REF, kind), torch.tensor([expected]), atol=1e-6)
+
+
+def test_k3_clamps() -> None:
+    x = torch.tensor([-30.0, 30.0, -3.0, 2.0])
+    out = kl_penalty(x, torch.zeros_like(x), "low_var_kl")
+    # x = -30: y = clamp(30) = 20, e^20 - 21 -> 10;  x = 30: y = -20, e^-20 + 19 -> 10
+    # x = -3: y = 3, e^3 - 4 = 16.09 -> 10;           x = 2: y = -2, e^-2 + 1 = 1.135335 (inside)
+    assert torch.allclose(out, torch.tensor([10.0, 10.0, 10.0, math.exp(-2) + 1]))
+    assert (kl_penalty(x, torch.zeros_like(x), "k3") >= 0).all()
+
+
+def test_full_kl_by_hand() -> None:
+    p = torch.tensor([0.5, 0.5]).log()
+    q = torch.tensor([0.25, 0.75]).log()
+    # 0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75) = 0.5 (ln 2 + ln 2/3) = 0.143841
+    assert kl_penalty(p, q, "full").item() == pytest.approx(0.5 * (math.log(2) + math.log(2 / 3)))
+    # p = (1, 0), q = (0.5, 0.5): ln 2; the p = 0 term is 0 even with log p = -inf
+    p0 = torch.tensor([0.0, -math.inf])
+    assert kl_penalty(p0, torch.tensor([0.5, 0.5]).log(), "full").item() == pytest.approx(math.log(2))
+    # and with log q = -inf where p = 0 too
+    assert kl_penalty(p0, torch.tensor([0.0, -math.inf]), "full").item() == 0.0
+
+
+def test_full_kl_over_a_batch_matches_torch() -> None:
+    g = torch.Generator().manual_seed(0)
+    lp = torch.log_softmax(torch.randn(2, 3, 7, generator=g), -1)
+    lq = torch.log_softmax(torch.randn(2, 3, 7, generator=g), -1)
+    ours = kl_penalty(lp, lq, "full")
+    ref = torch.nn.functional.kl_div(lq, lp, log_target=True, reduction="none").sum(-1)
+    assert ours.shape == (2, 3)
+    assert torch.allclose(ours, ref, atol=1e-6)
+    assert (ours >= 0).all()
+
+
+def test_full_kl_shape_error() -> None:
+    with pytest.raises(ValueError, match=r"log-prob rows of one shape \[\.\.\., V\]"):
+        kl_penalty(torch.zeros(2, 3), torch.zeros(2, 4), "full")
+
+
+def test_straight_through_variant_keeps_value_takes_k2_gradient() -> None:
+    logp = LOGP.clone().requires_grad_(True)
+    out = kl_penalty(logp, REF, "low_var_kl+")
+    assert torch.allclose(out, kl_penalty(LOGP, REF, "low_var_kl"))
+    out.sum().backward()
+    # d(x^2/2)/d logp = x = 1, 0, -2
+    assert torch.allclose(logp.grad, torch.tensor([[1.0, 0.0, -2.0]]))
+
+
+def test_registry_errors() -> None:
+    assert set(KL_ESTIMATORS) == {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"}
+    with pytest.raises(ValueError, match="unknown KL estimator 'k4'; valid names: kl, k1, abs"):
+        get_kl_estimator("k4")
+    with pytest.raises(ValueError, match="unknown KL estimator 'full\\+'"):
+        get_kl_estimator("full+")
+
+
+def test_kl_loss_aggregates_under_the_mask() -> None:
+    mask = torch.tensor([[1, 1, 0]])
+    # k1 = 1, 0 (the -2 is masked out): token-mean 0.5
+    assert kl_loss(LOGP, REF, mask, kind="kl").item() == pytest.approx(0.5)
+    # seq-mean-token-sum: 1 + 0
+    assert kl_loss(LOGP, REF, mask, kind="kl", loss_agg_mode="seq-mean-token-sum").item() == pytest.approx(
+        1.0
+    )
+
+
+def test_kl_in_reward_by_hand() -> None:
+    scores = torch.tensor([[0.0, 0.0, 1.0], [2.0, 0.0, 0.0]])
+    logp_old = torch.tensor([[0.1, 0.2, 0.3], [0.4, 9.0, 9.0]])
+    logp_ref = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    ctrl = FixedKLController(0.5)
+    out = apply_kl_penalty(scores, logp_old, logp_ref, mask, ctrl, kind="kl")
+    # kl (k1, masked) = [.1 .2 .3], [.4 0 0]; rewards = scores - 0.5 kl
+    assert torch.allclose(out.token_level_rewards, torch.tensor([[-0.05, -0.1, 0.85], [1.8, 0.0, 0.0]]))
+    assert torch.allclose(out.kl, torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.0, 0.0]]))
+    # per-sequence masked means 0.2 and 0.4, mean 0.3
+    assert out.current_kl == pytest.approx(0.3)
+    assert out.beta == 0.5 and ctrl.value == 0.5
+    assert out.metrics == pytest.approx(
+        {"actor/reward_kl_penalty": 0.3, "actor/reward_kl_penalty_coeff": 0.5}
+    )
+
+
+def test_adaptive_controller_by_hand() -> None:
+    ctrl = AdaptiveKLController(0.1, target_kl=0.1, horizon=100)
+    # KL 0.5: error 0.5/0.1 - 1 = 4, clipped to 0.2; beta *= 1 + 0.2 * 10/100 = 1.02
+    ctrl.update(0.5, n_steps=10)
+    assert ctrl.value == pytest.approx(0.102)
+    # KL 0.09: error -0.1; beta *= 1 - 0.1 * 10/100 = 0.99
+    ctrl.update(0.09, n_steps=10)
+    assert ctrl.value == pytest.approx(0.102 * 0.99)
+
+
+def test_adaptive_controller_in_reward_updates_after_use() -> None:
+    ctrl = make_kl_controller("adaptive", kl_coef=0.1, target_kl=0.1, horizon=100)
+    scores = torch.zeros(2, 1)
+    out = apply_kl_penalty(scores, torch.full((2, 1), 0.5), torch.zeros(2, 1), torch.ones(2, 1), ctrl)
+    # this step used beta = 0.1; KL 0.5 > target: beta *= 1 + 0.2 * 2/100
+    assert out.beta == 0.1
+    assert torch.allclose(out.token_level_rewards, torch.full((2, 1), -0.05))
+    assert ctrl.value == pytest.approx(0.1 * 1.004)
+
+
+def test_controller_errors() -> None:
+    with pytest.raises(ValueError, match="valid kinds: fixed, adaptive"):
+        make_kl_controller("pid")
+    with pytest.raises(ValueError, match="horizon must be positive; got 0"):
+        AdaptiveKLController(0.1, 0.1, 0)

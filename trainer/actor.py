@@ -1,0 +1,224 @@
+"""What the actor and reference models compute: response log-probs, and the clipped policy update.
+
+Plain torch on one worker's shard of the batch; the data-parallel group is reached only through the
+``DataParallel`` object handed in, so one worker and many workers run the same code. The loss of a
+mini-batch is weighted so that, summed over micro-batches and workers, it equals the loss of the
+whole global mini-batch: 1 worker and N workers take the same optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from trainer.algorithms.entropy import entropy_from_logits, logprobs_from_logits
+from trainer.algorithms.kl import kl_penalty
+from trainer.algorithms.policy_loss import actor_loss, vanilla_policy_loss
+from trainer.batch import Batch
+from trainer.config import ActorConfig, clip_ratios
+from trainer.distributed import DataParallel
+from trainer.dynamic_batch import balanced_micro_batches
+
+
+# ----------------------------------------------------------------------------- micro-batching
+def trim_padding(batch: Batch) -> Batch:
+    """Drop prompt columns that are padding in every row (left) and response columns likewise (right)."""
+    keep_p = batch.prompt_mask.any(dim=0).nonzero()
+    p_start = int(keep_p[0]) if len(keep_p) else batch.prompt_ids.shape[1]
+    keep_r = batch.response_mask.any(dim=0).nonzero()
+    r_end = int(keep_r[-1]) + 1 if len(keep_r) else 0
+    out = Batch(**{k: v for k, v in vars(batch).items()})
+    for name, value in batch.tensors().items():
+        if value.dim() == 2 and name.startswith("prompt"):
+            setattr(out, name, value[:, p_start:])
+        elif value.dim() == 2:
+            setattr(out, name, value[:, :r_end])
+    return out
+
+
+def micro_batch_groups(
+    batch: Batch, micro_batch_size: int, use_dynamic_bsz: bool, max_token_len: int, dp: DataParallel
+) -> list[list[int]]:
+    """Row indices of each micro-batch: fixed size, or by token budget (VERL's use_dynamic_bsz)."""
+    n = batch.size
+    if use_dynamic_bsz:
+        lengths = batch.sequence_lengths.tolist()
+        groups = balanced_micro_batches(lengths, max_token_len, reduce_max=dp.reduce_max_int)
+        return [g for g in groups if g]
+    return [list(range(i, min(i + micro_batch_size, n))) for i in range(0, n, micro_batch_size)]
+
+
+# ----------------------------------------------------------------------------- forward
+def response_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Logits that predict each response token: [B, R, V], in the model's dtype.
+
+    Position P-1+t predicts response token t, so the model is asked for the last R+1 positions only
+    (logits_to_keep): the prompt's logits over the vocabulary are never built.
+    """
+    r = batch.response_ids.shape[1]
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=r + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1, :]
+
+
+def response_log_probs(
+    model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(response token) at the sampling temperature, [B, R] float32 (and entropy if asked)."""
+    logits = response_logits(model, batch)
+    logp = logprobs_from_logits(logits, batch.response_ids, temperature)
+    entropy = entropy_from_logits(logits, temperature) if with_entropy else None
+    return logp, entropy
+
+
+@torch.no_grad()
+def compute_log_probs(
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float,
+    micro_batch_size: int,
+    use_dynamic_bsz: bool,
+    max_token_len: int,
+    dp: DataParallel,
+    device: torch.device,
+) -> torch.Tensor:
+    """Log-probs of every response token of the shard, [B, R] float32 on the CPU, in row order."""
+    was_training = model.training
+    model.eval()
+    out = torch.zeros(batch.response_ids.shape, dtype=torch.float32)
+    try:
+        for rows in micro_batch_groups(batch, micro_batch_size, use_dynamic_bsz, max_token_len, dp):
+            micro = trim_padding(batch.select(rows)).to(device)
+            logp, _ = response_log_probs(model, micro, temperature)
+            out[torch.as_tensor(rows), : logp.shape[1]] = logp.float().cpu()
+    finally:
+        model.train(was_training)
+    return out
+
+
+# ----------------------------------------------------------------------------- loss weights
+def loss_normaliser(mode: str, mask: torch.Tensor) -> float:
+    """What a mode divides by: tokens for token-mean, non-empty sequences for seq-mean-*.
+
+    seq-mean-token-sum-norm is a sum (divided by a constant length), so its normaliser is 1 locally
+    and the number of sequences globally: Dr.GRPO's 1/G sum_i 1/L_max sum_t.
+    """
+    if mode == "token-mean":
+        return float(mask.sum())
+    if mode == "seq-mean-token-sum-norm":
+        return 1.0
+    return float((mask.sum(dim=1) > 0).sum())
+
+
+def global_normaliser(mode: str, mask: torch.Tensor) -> float:
+    if mode == "token-mean":
+        return float(mask.sum())
+    if mode == "seq-mean-token-sum-norm":
+        return float(mask.shape[0])
+    return float((mask.sum(dim=1) > 0).sum())
+
+
+# ----------------------------------------------------------------------------- update
+@dataclass
+class UpdateSettings:
+    temperature: float
+    max_response_length: int
+    n_mini_batches: int
+    device: torch.device
+
+
+def update_policy(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    shard: Batch,
+    cfg: ActorConfig,
+    settings: UpdateSettings,
+    dp: DataParallel,
+) -> dict[str, float]:
+    """ppo_epochs passes over the shard's mini-batches; one optimizer step per mini-batch.
+
+    The shard holds this worker's slice of every global mini-batch, in mini-batch order (the driver
+    lays it out so), so mini-batch k here and on every other worker together form global mini-batch k.
+    """
+    assert shard.advantages is not None and shard.old_log_probs is not None
+    eps_low, eps_high = clip_ratios(cfg)
+    use_kl = cfg.use_kl_loss
+    if use_kl and shard.ref_log_probs is None:
+        raise ValueError("use_kl_loss needs ref log-probs in the batch (the ref phase did not run)")
+    with_entropy = cfg.entropy_coeff != 0.0
+    mode = cfg.loss_agg_mode
+    rows_per_mini = shard.size // settings.n_mini_batches
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    model.train()
+    for _epoch in range(cfg.ppo_epochs):
+        for k in range(settings.n_mini_batches):
+            mini = shard.select(list(range(k * rows_per_mini, (k + 1) * rows_per_mini)))
+            global_norm = dp.all_reduce_sum(global_normaliser(mode, mini.response_mask))
+            optimizer.zero_grad(set_to_none=True)
+            mini_loss = 0.0
+            for rows in micro_batch_groups(
+                mini, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, dp
+            ):
+                micro = trim_padding(mini.select(rows)).to(settings.device)
+                mask = micro.response_mask.float()
+                logp, entropy = response_log_probs(model, micro, settings.temperature, with_entropy)
+                pg = vanilla_policy_loss(
+                    logp, micro.old_log_probs, micro.advantages, mask, eps_low, eps_high, cfg.clip_ratio_c
+                )
+                kl = kl_penalty(logp, micro.ref_log_probs, cfg.kl_loss_type) if use_kl else None
+                loss = actor_loss(
+                    pg.pg_losses,
+                    mask,
+                    mode,
+                    entropy=entropy,
+                    entropy_coeff=cfg.entropy_coeff,
+                    kl=kl,
+                    kl_loss_coef=cfg.kl_loss_coef if use_kl else 0.0,
+                    max_response_length=settings.max_response_length,
+                )
+                weight = loss_normaliser(mode, mask) / max(global_norm, 1.0)
+                (loss * weight).backward()
+                mini_loss += float(loss.detach()) * weight
+                tokens = float(mask.sum())
+                for key, value in pg.metrics().items():
+                    sums[key] += value * tokens
+                    counts[key] += int(tokens)
+                if kl is not None:
+                    sums["actor/kl_loss"] += float((kl * mask).sum())
+                    counts["actor/kl_loss"] += int(tokens)
+                if entropy is not None:
+                    sums["actor/entropy"] += float((entropy.detach() * mask).sum())
+                    counts["actor/entropy"] += int(tokens)
+            dp.all_reduce_grads(model)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            if torch.isfinite(grad_norm):
+                optimizer.step()
+            else:  # a non-finite gradient would poison the weights: skip, and say so in the metrics
+                sums["actor/skipped_steps"] += 1.0
+            optimizer.zero_grad(set_to_none=True)
+            sums["actor/pg_loss"] += dp.all_reduce_sum(mini_loss)
+            counts["actor/pg_loss"] += 1
+            sums["actor/grad_norm"] += float(grad_norm)
+            counts["actor/grad_norm"] += 1
+    return _finish_metrics(sums, counts, dp)
+
+
+def _finish_metrics(sums: dict[str, float], counts: dict[str, int], dp: DataParallel) -> dict[str, float]:
+    """Token-weighted means over all workers (loss and grad norm are already global)."""
+    out: dict[str, float] = {}
+    for key, total in sums.items():
+        if key in ("actor/pg_loss", "actor/grad_norm"):
+            out[key] = total / max(counts[key], 1)
+        elif key == "actor/skipped_steps":
+            out[key] = total
+        else:
+            out[key] = dp.all_reduce_sum(total) / max(dp.all_reduce_sum(float(counts[key])), 1.0)
+    return out

@@ -1,0 +1,138 @@
+"""The batch that flows through one training step, phase by phase.
+
+Rows are responses (prompts repeated rollout.n times). Prompts are left-padded and responses
+right-padded, so ``prompt_ids ++ response_ids`` puts every prompt's last token at the same column
+and every response starts at column P. The response mask covers the generated tokens, the EOS that
+ends a response included, and excludes padding after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Batch:
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P] 1 on real prompt tokens
+    response_ids: torch.Tensor  # [B, R] right-padded
+    response_mask: torch.Tensor  # [B, R] 1 on generated tokens (EOS included)
+    uids: torch.Tensor  # [B] prompt index: responses to one prompt form a GRPO group
+    ground_truths: list[str] = field(default_factory=list)
+    # Filled by later phases; all [B, R] over response positions unless noted.
+    token_level_scores: torch.Tensor | None = None
+    token_level_rewards: torch.Tensor | None = None
+    old_log_probs: torch.Tensor | None = None
+    ref_log_probs: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    scores: torch.Tensor | None = None  # [B] sequence score
+
+    @property
+    def size(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        return position_ids_from_mask(self.attention_mask)
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(dim=1)
+
+    @property
+    def prompt_lengths(self) -> torch.Tensor:
+        return self.prompt_mask.sum(dim=1)
+
+    @property
+    def sequence_lengths(self) -> torch.Tensor:
+        return self.prompt_lengths + self.response_lengths
+
+    def select(self, index: torch.Tensor | list[int]) -> Batch:
+        """The rows at ``index``, in that order (tensors and the ground-truth list alike)."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                out[f.name] = value.index_select(0, idx.to(value.device))
+            elif isinstance(value, list):
+                out[f.name] = [value[i] for i in idx.tolist()] if value else []
+            else:
+                out[f.name] = value
+        return Batch(**out)
+
+    def to(self, device: torch.device | str) -> Batch:
+        return replace(
+            self,
+            **{
+                f.name: getattr(self, f.name).to(device)
+                for f in fields(self)
+                if isinstance(getattr(self, f.name), torch.Tensor)
+            },
+        )
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions count real tokens only, so left padding does not shift a prompt's positions."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def left_pad(sequences: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists to ``width`` (default: the longest); returns (ids, mask)."""
+    width = max((len(s) for s in sequences), default=0) if width is None else width
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if len(seq) > width:
+            raise ValueError(f"sequence {row} has {len(seq)} tokens, more than the width {width}")
+        if seq:
+            ids[row, width - len(seq):] = torch.as_tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq):] = 1
+    return ids, mask
+
+
+def concat_batches(parts: list[Batch]) -> Batch:
+    """Stack batches row-wise, padding prompts on the left and responses on the right as needed."""
+    if not parts:
+        raise ValueError("concat_batches needs at least one batch")
+    p_width = max(b.prompt_ids.shape[1] for b in parts)
+    r_width = max(b.response_ids.shape[1] for b in parts)
+    out: dict[str, Any] = {}
+    for f in fields(Batch):
+        values = [getattr(b, f.name) for b in parts]
+        if all(v is None for v in values):
+            out[f.name] = None
+        elif f.name == "ground_truths":
+            out[f.name] = [g for v in values for g in v]
+        elif any(v is None for v in values):
+            raise ValueError(f"field {f.name} is set in some batches and not in others")
+        elif values[0].dim() == 1:
+            out[f.name] = torch.cat(values)
+        elif f.name.startswith("prompt"):
+            out[f.name] = torch.cat([_pad_to(v, p_width, left=True) for v in values])
+        else:
+            out[f.name] = torch.cat([_pad_to(v, r_width, left=False) for v in values])
+    return Batch(**out)
+
+
+def _pad_to(t: torch.Tensor, width: int, left: bool, value: int | float = 0) -> torch.Tensor:
+    extra = width - t.shape[1]
+    if extra == 0:
+        return t
+    pad = torch.full((t.shape[0], extra), value, dtype=t.dtype, device=t.device)
+    return torch.cat([pad, t] if left else [t, pad], dim=1)

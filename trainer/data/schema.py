@@ -1,0 +1,87 @@
+"""VERL's RL data set schema: one row per prompt, as the seed's "Dataset Preparation" describes it.
+
+    data_source   string                                   which data set (picks the reward function)
+    prompt        list<struct{role: string, content: string}>   the chat messages
+    ability       string                                   task category ("math", ...)
+    reward_model  struct{style: string, ground_truth: string}   how to score and the right answer
+    extra_info    struct{split: string, index: int64, answer: string, question: string}
+
+The pyarrow schema below is what this package writes; the validator (validate.py) also accepts the
+variants a reader may meet in other people's files (large_string, large_list, any integer index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
+PROMPT_TYPE = pa.list_(MESSAGE_TYPE)
+REWARD_MODEL_TYPE = pa.struct([("style", pa.string()), ("ground_truth", pa.string())])
+EXTRA_INFO_TYPE = pa.struct(
+    [("split", pa.string()), ("index", pa.int64()), ("answer", pa.string()), ("question", pa.string())]
+)
+
+RL_SCHEMA: pa.Schema = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("prompt", PROMPT_TYPE),
+        ("ability", pa.string()),
+        ("reward_model", REWARD_MODEL_TYPE),
+        ("extra_info", EXTRA_INFO_TYPE),
+    ]
+)
+
+COLUMNS: tuple[str, ...] = tuple(RL_SCHEMA.names)
+
+# Chat roles the Hugging Face chat templates know; anything else is a typo or a foreign format.
+VALID_ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+
+# Every leaf of the schema, as the validator names it ("prompt[i].role" stands for each message).
+ALL_FIELDS: frozenset[str] = frozenset(
+    {
+        "data_source",
+        "prompt",
+        "prompt[].role",
+        "prompt[].content",
+        "ability",
+        "reward_model",
+        "reward_model.style",
+        "reward_model.ground_truth",
+        "extra_info",
+        "extra_info.split",
+        "extra_info.index",
+        "extra_info.answer",
+        "extra_info.question",
+    }
+)
+
+# The fields the trainer reads; a lenient validation (strict=False) requires only these, so other
+# people's VERL files with a different extra_info still load.
+TRAINER_FIELDS: frozenset[str] = frozenset(
+    {
+        "data_source",
+        "prompt",
+        "prompt[].role",
+        "prompt[].content",
+        "reward_model",
+        "reward_model.ground_truth",
+    }
+)
+
+
+def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    """Build a table with exactly ``RL_SCHEMA`` from row dicts (raises pyarrow's error on bad types)."""
+    return pa.Table.from_pylist([dict(r) for r in rows], schema=RL_SCHEMA)
+
+
+def write_rows(rows: Iterable[Mapping[str, Any]], path: str | Path) -> Path:
+    """Write rows as a VERL-schema parquet file (parent folders created) and return its path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(rows_to_table(rows), out)
+    return out

@@ -1,0 +1,83 @@
+"""The data-parallel group of the workers (torch.distributed: gloo on CPU, NCCL on GPU).
+
+With one worker every collective is the identity, so the same training code runs alone or in a
+group. Gradients are summed, not averaged: each worker's loss is already weighted by its share of
+the global mini-batch (see trainer/actor.py).
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class DataParallel:
+    """Collectives over the worker group, as plain Python numbers and whole-model gradient buffers."""
+
+    def __init__(self, rank: int = 0, world_size: int = 1, device: torch.device | None = None) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device or torch.device("cpu")
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+    def init(self, master_addr: str, master_port: int, backend: str, timeout_s: float = 600.0) -> None:
+        if not self.active:
+            return
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+
+    def _collective_device(self) -> torch.device:
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def all_reduce_sum(self, value: float) -> float:
+        if not self.active:
+            return float(value)
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self._collective_device())
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return float(t.item())
+
+    def reduce_max_int(self, value: int) -> int:
+        if not self.active:
+            return int(value)
+        t = torch.tensor([int(value)], dtype=torch.long, device=self._collective_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def all_reduce_grads(self, model: torch.nn.Module) -> None:
+        """Sum every parameter's gradient over the group, in one flat buffer (one collective)."""
+        if not self.active:
+            return
+        params = [p for p in model.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p, g in zip(params, grads, strict=True):
+            n = g.numel()
+            p.grad = flat[offset : offset + n].view_as(g).clone()
+            offset += n
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def shutdown(self) -> None:
+        if self.active and dist.is_initialized():
+            dist.destroy_process_group()

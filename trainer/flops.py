@@ -1,0 +1,70 @@
+"""FLOPs of a dense decoder (Qwen2/Llama), as VERL's flops counter computes them.
+
+With L layers, hidden H, intermediate I, n_h query heads of size d, n_kv key/value heads and vocab V:
+    N = L * (3 H I + H (q + k + v + n_h d)) + 2 V H,  q = n_h d, k = v = n_kv d
+    FLOPs(train step) = 6 N sum(s_i) + 6 sum(s_i^2) d n_h L
+A forward pass alone is a third of that. Pure arithmetic on plain numbers: no torch import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class DecoderArch:
+    """The numbers that fix a dense decoder's cost."""
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+
+    def to_dict(self) -> dict[str, int | bool]:
+        return asdict(self)
+
+
+def flops_params(arch: DecoderArch) -> int:
+    """N in VERL's formula: matmul parameters per token (embedding counted as a projection)."""
+    h, d = arch.hidden_size, arch.head_dim
+    q = arch.num_heads * d
+    k = v = arch.num_kv_heads * d
+    o = arch.num_heads * d
+    per_layer = 3 * h * arch.intermediate_size + h * (q + k + v + o)
+    return arch.num_layers * per_layer + 2 * arch.vocab_size * h
+
+
+def parameter_count(arch: DecoderArch) -> int:
+    """Exact parameter count of a Qwen2 decoder (q/k/v biases, RMSNorm weights, tied or not)."""
+    h, d = arch.hidden_size, arch.head_dim
+    q = arch.num_heads * d
+    kv = arch.num_kv_heads * d
+    attn = h * q + q + 2 * (h * kv + kv) + q * h  # q, k, v carry biases in Qwen2; o does not
+    mlp = 3 * h * arch.intermediate_size
+    norms = 2 * h
+    embeddings = arch.vocab_size * h * (1 if arch.tie_word_embeddings else 2)
+    return arch.num_layers * (attn + mlp + norms) + embeddings + h  # + final norm
+
+
+def train_flops(arch: DecoderArch, seqlens: Iterable[int]) -> float:
+    """FLOPs of forward + backward over sequences of the given lengths."""
+    lens = [int(s) for s in seqlens]
+    dense = 6.0 * flops_params(arch) * sum(lens)
+    attention = 6.0 * sum(s * s for s in lens) * arch.head_dim * arch.num_heads * arch.num_layers
+    return dense + attention
+
+
+def forward_flops(arch: DecoderArch, seqlens: Iterable[int]) -> float:
+    """FLOPs of one forward pass (a third of a training step's)."""
+    return train_flops(arch, seqlens) / 3.0
+
+
+def flops_per_token(arch: DecoderArch, context_length: int = 0, train: bool = True) -> float:
+    """Average FLOPs per token of a sequence of ``context_length`` tokens (train: fwd + bwd)."""
+    factor = 6.0 if train else 2.0
+    return factor * flops_params(arch) + factor * context_length * arch.head_dim * arch.num_heads * arch.num_layers

@@ -1,0 +1,260 @@
+"""The GRPO trainer: one training step read top to bottom, each phase a method timed under its key.
+
+The driver (this process) holds the data, the reward and the advantage computation; the workers hold
+the models. ``train_step`` is the whole data flow of one step; every phase method can also be called
+on its own (the benchmark suites time them one by one on a batch that a step produced).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from trainer.algorithms.advantages import compute_advantage
+from trainer.algorithms.aggregation import masked_mean
+from trainer.algorithms.kl import apply_kl_penalty, make_kl_controller
+from trainer.batch import Batch, concat_batches
+from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.config import Config
+from trainer.data.loader import PromptBatch, PromptDataset
+from trainer.models import load_tokenizer, model_spec
+from trainer.phases import PHASE_KEYS
+from trainer.reward import score_batch, scores_to_token_rewards
+from trainer.sharding import even_split, mini_batch_shards
+from trainer.timing import PhaseTimer
+from trainer.tracking import Tracking
+from trainer.worker_group import WorkerGroup
+
+
+@dataclass
+class StepResult:
+    """What one step measured: seconds under the seed's keys, token counts and training metrics."""
+
+    step: int
+    timing_s: dict[str, float]
+    metrics: dict[str, float]
+    tokens: dict[str, int] = field(default_factory=dict)
+
+    def flat(self) -> dict[str, float]:
+        out = {f"timing_s/{k}": v for k, v in self.timing_s.items()}
+        out.update(self.metrics)
+        out.update({f"tokens/{k}": float(v) for k, v in self.tokens.items()})
+        return out
+
+
+class GRPOTrainer:
+    def __init__(self, cfg: Config, dataset: PromptDataset, tracking: Tracking | None = None) -> None:
+        self.cfg = cfg
+        self.dataset = dataset
+        self.tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
+        self.spec = model_spec(cfg.actor_rollout_ref.model.path)
+        self.loader = dataset.batches(cfg.data.train_batch_size, cfg.data.seed, shuffle=cfg.data.shuffle)
+        kl = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
+        self.tracking = tracking
+        self.global_step = 0
+        self.workers = WorkerGroup(cfg)
+
+    @property
+    def uses_ref(self) -> bool:
+        return self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return Path(self.cfg.trainer.default_local_dir)
+
+    # ------------------------------------------------------------------ one step, top to bottom
+    def train_step(self, prompts: PromptBatch) -> StepResult:
+        timer = PhaseTimer()
+        with timer.phase("step"):
+            with timer.phase("gen"):
+                with timer.phase("reshard"):
+                    self.reshard()
+                with timer.phase("generate_sequences"):
+                    batch = self.generate_sequences(prompts)
+            with timer.phase("reward"):
+                batch = self.compute_reward(batch)
+            with timer.phase("old_log_prob"):
+                batch.old_log_probs = self.compute_old_log_prob(batch)
+            if self.uses_ref:
+                with timer.phase("ref"):
+                    batch.ref_log_probs = self.compute_ref_log_prob(batch)
+            with timer.phase("adv"):
+                batch, adv_metrics = self.compute_advantage(batch)
+            with timer.phase("update_actor"):
+                actor_metrics = self.update_actor(batch)
+        self.global_step += 1
+        if self.cfg.trainer.save_freq > 0 and self.global_step % self.cfg.trainer.save_freq == 0:
+            with timer.phase("save_checkpoint"):
+                self.save_checkpoint()
+        self.last_batch = batch
+        result = StepResult(
+            step=self.global_step,
+            timing_s=dict(timer.seconds),
+            metrics={**batch_metrics(batch), **adv_metrics, **actor_metrics},
+            tokens=token_counts(batch),
+        )
+        return result
+
+    # ------------------------------------------------------------------ phases
+    def reshard(self) -> None:
+        """Weight sync: the actor's current weights into each worker's rollout engine."""
+        self.workers.all("reshard")
+
+    def generate_sequences(self, prompts: PromptBatch) -> Batch:
+        """Sample rollout.n responses per prompt; prompts are split evenly over the workers."""
+        uids = list(range(len(prompts)))  # a GRPO group per prompt of this batch
+        parts = even_split(len(prompts), self.workers.world_size)
+        args = [
+            (
+                [prompts.input_ids[i] for i in rows],
+                [uids[i] for i in rows],
+                [prompts.ground_truths[i] for i in rows],
+                self._rollout_seed(rank),
+            )
+            for rank, rows in enumerate(parts)
+        ]
+        shards = self.workers.each("generate", args)
+        return concat_batches([s for s in shards if s.size])
+
+    def _rollout_seed(self, rank: int) -> int:
+        return (self.cfg.trainer.seed * 1_000_003 + self.global_step * 1_009 + rank) % (2**31 - 1)
+
+    def compute_reward(self, batch: Batch) -> Batch:
+        """Rule-based math reward on the decoded responses, as token-level scores on the last token."""
+        texts = self.tokenizer.batch_decode(
+            [ids[mask.bool()].tolist() for ids, mask in zip(batch.response_ids, batch.response_mask, strict=True)],
+            skip_special_tokens=True,
+        )
+        scores = torch.tensor(score_batch(texts, batch.ground_truths), dtype=torch.float32)
+        batch.scores = scores
+        batch.token_level_scores = scores_to_token_rewards(scores, batch.response_mask)
+        return batch
+
+    def _log_probs(self, method: str, batch: Batch) -> torch.Tensor:
+        parts = even_split(batch.size, self.workers.world_size)
+        outs = self.workers.each(method, [(batch.select(rows),) for rows in parts])
+        width = batch.response_ids.shape[1]
+        return torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1])) for o in outs])
+
+    def compute_old_log_prob(self, batch: Batch) -> torch.Tensor:
+        return self._log_probs("compute_old_log_prob", batch)
+
+    def compute_ref_log_prob(self, batch: Batch) -> torch.Tensor:
+        return self._log_probs("compute_ref_log_prob", batch)
+
+    def compute_advantage(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        alg = self.cfg.algorithm
+        metrics: dict[str, float] = {}
+        if alg.use_kl_in_reward:
+            out = apply_kl_penalty(
+                batch.token_level_scores, batch.old_log_probs, batch.ref_log_probs, batch.response_mask,
+                self.kl_ctrl, alg.kl_penalty,
+            )
+            batch.token_level_rewards = out.token_level_rewards
+            metrics.update(out.metrics)
+        else:
+            batch.token_level_rewards = batch.token_level_scores
+        batch.advantages, batch.returns = compute_advantage(
+            alg.adv_estimator,
+            token_level_rewards=batch.token_level_rewards,
+            response_mask=batch.response_mask,
+            index=batch.uids.tolist(),
+            gamma=alg.gamma,
+            lam=alg.lam,
+            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+        )
+        return batch, metrics
+
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """One PPO update; each worker gets its part of every mini-batch (see trainer/sharding.py)."""
+        n = self.cfg.actor_rollout_ref.rollout.n
+        mini_rows = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
+        shards = mini_batch_shards(batch.size, mini_rows, self.workers.world_size)
+        metrics = self.workers.each("update_actor", [(batch.select(rows), batch.size // mini_rows) for rows in shards])
+        return metrics[0]  # every worker reports the same global figures
+
+    # ------------------------------------------------------------------ loop and state
+    def total_steps(self) -> int:
+        if self.cfg.trainer.total_training_steps is not None:
+            return self.cfg.trainer.total_training_steps
+        return self.cfg.trainer.total_epochs * self.loader.batches_per_epoch
+
+    def fit(self) -> list[StepResult]:
+        results = []
+        while self.global_step < self.total_steps():
+            result = self.train_step(next(self.loader))
+            results.append(result)
+            if self.tracking is not None:
+                self.tracking.log(result.step, result.flat())
+        return results
+
+    def save_checkpoint(self) -> Path:
+        state = self.workers.rank0("state")
+        driver = {
+            "global_step": self.global_step,
+            "loader": self.loader.state_dict(),
+            "kl_coef": self.kl_ctrl.value,
+        }
+        meta = {"config": json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str)), "model": self.spec.to_dict()}
+        return save_checkpoint(self.checkpoint_root, self.global_step, {**state, "trainer": driver}, meta)
+
+    def load_checkpoint(self, path: str | Path | None = None) -> int:
+        """Resume from ``path`` or the latest checkpoint; returns the step resumed at (0: none)."""
+        target = Path(path) if path is not None else latest_checkpoint(self.checkpoint_root)
+        if target is None:
+            return 0
+        parts, _ = load_checkpoint(target)
+        self.workers.all("load_state", {"model": parts["model"], "optimizer": parts["optimizer"]})
+        driver = parts["trainer"]
+        self.global_step = int(driver["global_step"])
+        self.loader.load_state_dict(driver["loader"])
+        self.kl_ctrl.value = float(driver["kl_coef"])
+        return self.global_step
+
+    def resume(self) -> int:
+        mode = self.cfg.trainer.resume_mode
+        if mode == "auto":
+            return self.load_checkpoint()
+        if mode == "resume_path":
+            return self.load_checkpoint(self.cfg.trainer.resume_from_path)
+        return 0
+
+    def shutdown(self) -> None:
+        self.workers.shutdown()
+        if self.tracking is not None:
+            self.tracking.close()
+
+
+# ------------------------------------------------------------------ step figures (pure)
+def token_counts(batch: Batch) -> dict[str, int]:
+    prompt = int(batch.prompt_lengths.sum())
+    response = int(batch.response_lengths.sum())
+    return {"prompt": prompt, "response": response, "total": prompt + response, "sequences": batch.size}
+
+
+def batch_metrics(batch: Batch) -> dict[str, float]:
+    lengths = batch.response_lengths.float()
+    out = {
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "response_length/min": float(lengths.min()),
+        "prompt_length/mean": float(batch.prompt_lengths.float().mean()),
+        "critic/score/mean": float(batch.scores.mean()),
+        "critic/advantages/mean": float(masked_mean(batch.advantages, batch.response_mask.float())),
+    }
+    if batch.token_level_rewards is not None:
+        out["critic/rewards/mean"] = float(batch.token_level_rewards.sum(dim=1).mean())
+    if batch.ref_log_probs is not None and batch.old_log_probs is not None:
+        diff = batch.old_log_probs - batch.ref_log_probs
+        out["actor/ref_kl"] = float(masked_mean(diff, batch.response_mask.float()))
+    return {k: v for k, v in out.items() if not math.isnan(v)}
+
+
+def phase_order(timing: dict[str, float]) -> list[str]:
+    return [k for k in PHASE_KEYS if k in timing]

@@ -1,0 +1,298 @@
+"""What every rollout engine shares: the interface, sampling parameters, batching and masks.
+
+An engine turns prompts into a ``Batch``: each prompt repeated ``n`` times in consecutive rows
+([p0, p0, ..., p1, p1, ...]), prompts left-padded, responses right-padded with the response mask
+covering the generated tokens up to and including the first EOS. The common work (repeating,
+padding, micro-batching, eval mode, masks, assembling the Batch) lives here; an engine only
+implements ``_generate_rows``, the decoding of one left-padded micro-batch.
+
+Weight sync (the "reshard" phase): an engine holds a model. With ``share_weights=True`` (the default,
+meant for CPU and for one process that trains and samples on the same device) the engine uses the
+actor's own module, so ``sync_from`` is a pointer swap that copies nothing and the actor's updates are
+seen at once. With ``share_weights=False`` the engine owns a separate copy and ``sync_from`` copies
+the actor's tensors into it in place, so the engine's tensors keep their addresses (what a captured
+CUDA graph needs) and the copy is the cost the reshard phase measures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from trainer.batch import Batch, left_pad
+
+if TYPE_CHECKING:
+    from trainer.config import RolloutConfig
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token. ``do_sample=False`` is greedy and ignores the other fields."""
+
+    temperature: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    top_p: float = 1.0  # 1.0: off
+    do_sample: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}; use do_sample=False for greedy")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1 or 0 (off) or a positive count, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def top_k_or_zero(self) -> int:
+        """top_k with "off" spelled 0, as transformers and ``sampling.top_k_filter`` take it."""
+        return max(self.top_k, 0)
+
+    @classmethod
+    def from_config(cls, rollout: RolloutConfig) -> SamplingParams:
+        return cls(
+            temperature=rollout.temperature,
+            top_k=rollout.top_k,
+            top_p=rollout.top_p,
+            do_sample=rollout.do_sample,
+        )
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """Logits whose softmax is not a distribution (NaN, +inf, or a row of -inf) at some decode step.
+
+    Raised instead of letting a sampler hit them: on a GPU, torch.multinomial on NaN probabilities
+    is a device-side assert that kills the process. Random bf16 weights do produce them
+    (REFERENCE.md section 6). ``step`` counts generated tokens from 0 (step 0 is the first token,
+    sampled from the prefill's logits); ``rows`` are row indices of the whole output batch.
+    """
+
+    def __init__(self, engine: str, step: int, rows: Sequence[int], micro_batch: int, n: int = 1) -> None:
+        self.engine = engine
+        self.step = step
+        self.rows = list(rows)
+        self.micro_batch = micro_batch
+        prompts = sorted({r // n for r in self.rows})
+        super().__init__(
+            f"{engine} rollout: non-finite logits (NaN, +inf, or every token -inf) at decode step {step} "
+            f"in batch rows {self.rows} (prompts {prompts}, micro-batch {micro_batch}); expected finite "
+            "logits. Random or diverged weights (often bf16) cause this; try fp32 or check the last update."
+        )
+
+
+def finalize_responses(
+    tokens: torch.Tensor, eos_token_ids: Sequence[int], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(response_ids, response_mask) from raw generated tokens [B, R].
+
+    The mask is 1 up to and including each row's first EOS and 0 after it; a row without EOS (it
+    hit max_new_tokens) is all 1. Tokens after the first EOS become padding.
+    """
+    eos = torch.as_tensor(list(eos_token_ids), device=tokens.device)
+    is_eos = torch.isin(tokens, eos).long()
+    eos_before = is_eos.cumsum(dim=1) - is_eos  # EOS tokens strictly before each position
+    mask = (eos_before == 0).long()
+    ids = tokens.masked_fill(mask == 0, pad_token_id)
+    return ids, mask
+
+
+def pad_right(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
+    """Right-pad or cut [B, R] to [B, width]."""
+    if t.shape[1] >= width:
+        return t[:, :width]
+    fill = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype, device=t.device)
+    return torch.cat([t, fill], dim=1)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+class RolloutEngine(ABC):
+    """Samples n responses per prompt from ``self.model``; see the module docstring for the contract."""
+
+    name: ClassVar[str] = "base"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        config: RolloutConfig | None = None,
+        share_weights: bool = True,
+    ) -> None:
+        self.model = model
+        self.share_weights = share_weights
+        self.micro_batch_size = int(config.micro_batch_size) if config is not None else 0
+        if self.micro_batch_size < 0:
+            raise ValueError(f"rollout.micro_batch_size must be >= 0 (0: whole batch), got {self.micro_batch_size}")
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError("the tokenizer has no eos_token_id; a rollout needs one to end responses")
+        self.eos_token_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+        pad = tokenizer.pad_token_id
+        self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_ids[0]
+
+    # ------------------------------------------------------------------ the one public call
+    def generate(
+        self,
+        prompt_token_lists: list[list[int]],
+        uids: list[int],
+        ground_truths: list[str],
+        n: int,
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        seed: int,
+    ) -> Batch:
+        """Sample ``n`` responses of at most ``max_new_tokens`` per prompt; rows [p0 x n, p1 x n, ...].
+
+        The same seed gives the same tokens on the same device. The Batch's tensors are on the
+        model's device; the response width is the longest response (not max_new_tokens).
+        """
+        self._check_inputs(prompt_token_lists, uids, ground_truths, n, max_new_tokens)
+        rows = [list(p) for p in prompt_token_lists for _ in range(n)]
+        device = model_device(self.model)
+        prompt_ids, prompt_mask = left_pad(rows, self.pad_token_id)
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+        step = self.micro_batch_size or len(rows)
+        parts: list[torch.Tensor] = []
+        with self._generation_mode(), self._seeded(seed, device) as generator:
+            for mb, start in enumerate(range(0, len(rows), step)):
+                tokens = self._generate_rows(
+                    prompt_ids[start : start + step],
+                    prompt_mask[start : start + step],
+                    max_new_tokens=max_new_tokens,
+                    sampling=sampling,
+                    generator=generator,
+                    micro_batch=mb,
+                    row_offset=start,
+                    n=n,
+                )
+                parts.append(tokens)
+        width = max(p.shape[1] for p in parts)
+        tokens = torch.cat([pad_right(p, width, self.pad_token_id) for p in parts])
+        response_ids, response_mask = finalize_responses(tokens, self.eos_token_ids, self.pad_token_id)
+        longest = int(response_mask.sum(dim=1).max())  # one host read, after decoding
+        return Batch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response_ids[:, :longest].contiguous(),
+            response_mask=response_mask[:, :longest].contiguous(),
+            uids=torch.as_tensor([u for u in uids for _ in range(n)], dtype=torch.long, device=device),
+            ground_truths=[g for g in ground_truths for _ in range(n)],
+        )
+
+    @abstractmethod
+    def _generate_rows(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        micro_batch: int,
+        row_offset: int,
+        n: int,
+    ) -> torch.Tensor:
+        """Decode one left-padded micro-batch; return the raw generated tokens [b, <= max_new_tokens].
+
+        Rows that finished early may hold anything after their EOS (``generate`` masks it).
+        Raise NonFiniteLogitsError with rows offset by ``row_offset`` (whole-batch row indices).
+        """
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int, device: torch.device) -> Iterator[torch.Generator | None]:
+        """A generator seeded with ``seed`` on the model's device (engines may override)."""
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed)
+        yield generator
+
+    @contextlib.contextmanager
+    def _generation_mode(self) -> Iterator[None]:
+        """Eval mode (no dropout) and no autograd, restoring the model's training flag after.
+
+        torch.no_grad rather than inference_mode: tensors made under inference_mode cannot be saved
+        for backward, and the responses feed the actor's training forward later.
+        """
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.model.train(was_training)
+
+    def _check_inputs(
+        self,
+        prompts: list[list[int]],
+        uids: list[int],
+        ground_truths: list[str],
+        n: int,
+        max_new_tokens: int,
+    ) -> None:
+        if not prompts:
+            raise ValueError("generate needs at least one prompt, got none")
+        if len(uids) != len(prompts):
+            raise ValueError(f"expected one uid per prompt ({len(prompts)}), got {len(uids)}")
+        if ground_truths and len(ground_truths) != len(prompts):
+            raise ValueError(f"expected one ground truth per prompt ({len(prompts)}) or none, got {len(ground_truths)}")
+        if n < 1:
+            raise ValueError(f"n (responses per prompt) must be >= 1, got {n}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        empty = [i for i, p in enumerate(prompts) if len(p) == 0]
+        if empty:
+            raise ValueError(f"prompts must have at least one token; empty prompts at indices {empty[:8]}")
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        longest = max(len(p) for p in prompts)
+        if limit is not None and longest + max_new_tokens > limit:
+            raise ValueError(
+                f"longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                f"max_position_embeddings ({limit})"
+            )
+
+    # ------------------------------------------------------------------ reshard
+    def sync_from(self, actor_model: nn.Module) -> int:
+        """Make the engine sample from the actor's current weights; return the bytes copied.
+
+        Shared (``share_weights=True``): the engine takes the actor's module itself, a pointer swap
+        that copies nothing (returns 0). Otherwise the actor's tensors are copied in place.
+        """
+        if self.share_weights:
+            self.model = actor_model
+            return 0
+        return self.load_weights(actor_model)
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | nn.Module) -> int:
+        """Copy a state dict (or a module's) into the engine's model in place; return bytes copied.
+
+        Keys and shapes must match the engine's model exactly; dtype and device are converted.
+        Tied tensors (one storage under two names) are copied once.
+        """
+        source = weights.state_dict() if isinstance(weights, nn.Module) else dict(weights)
+        target = self.model.state_dict()
+        missing = sorted(target.keys() - source.keys())
+        unexpected = sorted(source.keys() - target.keys())
+        if missing or unexpected:
+            raise ValueError(
+                f"load_weights: keys differ from the engine's model: missing {missing[:5]}"
+                f"{' ...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
+            )
+        copied = 0
+        seen: set[int] = set()
+        with torch.no_grad():
+            for name, dst in target.items():
+                src = source[name]
+                if src.shape != dst.shape:
+                    raise ValueError(f"load_weights: {name} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+                if dst.data_ptr() in seen:
+                    continue
+                seen.add(dst.data_ptr())
+                dst.copy_(src)
+                copied += dst.numel() * dst.element_size()
+        return copied

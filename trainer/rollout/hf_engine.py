@@ -1,0 +1,98 @@
+"""The transformers engine: ``model.generate`` on left-padded micro-batches (name "hf").
+
+The reference engine: transformers' own decode loop, cache and samplers (temperature, top-k, top-p,
+torch.multinomial). Two things are added: a logits processor that checks every step's logits and
+raises NonFiniteLogitsError before multinomial can meet NaN (a device-side assert on a GPU), and
+seeding through a forked global RNG, since generate samples from torch's global generator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from trainer.rollout.base import NonFiniteLogitsError, RolloutEngine, SamplingParams
+from trainer.rollout.sampling import nonfinite_rows_mask
+
+
+class FiniteLogitsCheck(LogitsProcessor):
+    """Raise NonFiniteLogitsError naming the step and rows when a step's logits are not finite.
+
+    transformers runs user processors before its sampling warpers (temperature, top-k, top-p);
+    those cannot turn finite logits into non-finite ones (each keeps at least one token), so
+    checking here covers what multinomial will see. One host read per step: generate already
+    makes one per step for its stopping check.
+    """
+
+    def __init__(self, prompt_width: int, row_offset: int, micro_batch: int, n: int) -> None:
+        self.prompt_width = prompt_width
+        self.row_offset = row_offset
+        self.micro_batch = micro_batch
+        self.n = n
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        bad = nonfinite_rows_mask(scores)
+        if bool(bad.any()):
+            rows = (torch.nonzero(bad).flatten() + self.row_offset).tolist()
+            step = input_ids.shape[1] - self.prompt_width
+            raise NonFiniteLogitsError("hf", step, rows, self.micro_batch, self.n)
+        return scores
+
+
+class HFRolloutEngine(RolloutEngine):
+    name = "hf"
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int, device: torch.device) -> Iterator[torch.Generator | None]:
+        # generate draws from the global RNG: seed it inside a fork so the caller's state is untouched.
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+            torch.manual_seed(seed)
+            yield None
+
+    def generation_config(self, max_new_tokens: int, sampling: SamplingParams) -> GenerationConfig:
+        """Every field generate uses, set explicitly so a model's own generation_config.json
+        (e.g. a checkpoint's default temperature or repetition penalty) cannot leak in."""
+        # Greedy ignores the sampling fields; leaving them unset avoids transformers' "ignored flag" warning.
+        sample_args = (
+            dict(temperature=sampling.temperature, top_k=sampling.top_k_or_zero, top_p=sampling.top_p)
+            if sampling.do_sample
+            else {}
+        )
+        return GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0,
+            do_sample=sampling.do_sample,
+            num_beams=1,
+            repetition_penalty=1.0,
+            eos_token_id=list(self.eos_token_ids),
+            pad_token_id=self.pad_token_id,
+            use_cache=True,
+            return_dict_in_generate=False,
+            **sample_args,
+        )
+
+    def _generate_rows(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        micro_batch: int,
+        row_offset: int,
+        n: int,
+    ) -> torch.Tensor:
+        width = prompt_ids.shape[1]
+        check = FiniteLogitsCheck(width, row_offset, micro_batch, n)
+        out = self.model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            generation_config=self.generation_config(max_new_tokens, sampling),
+            logits_processor=LogitsProcessorList([check]),
+        )
+        return out[:, width:]

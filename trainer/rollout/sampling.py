@@ -1,0 +1,87 @@
+"""Sampling as small pure functions over a [B, V] logits tensor.
+
+The static engine composes them once per decode step; each works on any device and keeps shapes
+static (filters set logits to -inf rather than dropping columns), so a step can be graph-captured.
+Order as in transformers: temperature, then top-k, then top-p, then sampling.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+TOP_P_ATOL = 1e-6  # float32 softmax sums are good to a few 1e-7
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / T. T must be > 0 (greedy decoding is ``do_sample=False``, not T = 0)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}; use do_sample=False for greedy decoding")
+    if temperature == 1.0:
+        return logits
+    return logits / temperature
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits of each row (ties with the k-th value kept too); k <= 0 is off."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, NEG_INF)
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus filter: keep the smallest set of most likely tokens whose probability sums to >= p.
+
+    A token is kept when the mass of the tokens ranked above it is still below p, so the top token
+    is always kept and the token that crosses p is included. p >= 1 is off. Sums within
+    ``TOP_P_ATOL`` of p count as reaching it, so rounding in softmax does not decide an exact tie
+    (probs [0.5, 0.3, ...] with p = 0.8 keep two tokens, not three).
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {p}")
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    mass_above = torch.cumsum(probs, dim=-1) - probs
+    drop_sorted = mass_above >= p - TOP_P_ATOL
+    drop_sorted[..., 0] = False  # the most likely token always stays
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, NEG_INF)
+
+
+def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Temperature, top-k and top-p in transformers' order."""
+    return top_p_filter(top_k_filter(apply_temperature(logits, temperature), top_k), top_p)
+
+
+def sample(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row, drawn from softmax(logits): [B, V] -> [B] (long).
+
+    Uses the exponential race (argmax of p_i / E_i with E_i ~ Exp(1)), which draws exactly from p
+    like torch.multinomial but never raises a device-side assert on NaN or all-zero rows; callers
+    detect those with ``nonfinite_rows_mask`` instead. Reproducible for a seeded ``generator``.
+    """
+    probs = torch.softmax(logits.float(), dim=-1)
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return torch.argmax(probs / race, dim=-1)
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The most likely token of each row (the first one on ties), [B, V] -> [B]."""
+    return torch.argmax(logits, dim=-1)
+
+
+def nonfinite_rows_mask(logits: torch.Tensor) -> torch.Tensor:
+    """[B] bool, on the logits' device: rows whose softmax would not be a distribution.
+
+    That is a NaN or +inf anywhere in the row, or every entry -inf (-inf alone is fine: it is how
+    filters remove tokens). No host read, so it can run inside a captured decode step.
+    """
+    return torch.isnan(logits).any(dim=-1) | torch.isposinf(logits).any(dim=-1) | torch.isneginf(logits).all(dim=-1)
+
+
+def nonfinite_rows(logits: torch.Tensor) -> list[int]:
+    """Indices of the rows flagged by ``nonfinite_rows_mask`` (a host read)."""
+    return torch.nonzero(nonfinite_rows_mask(logits)).flatten().tolist()

@@ -1,0 +1,181 @@
+"""Our own decode loop over a preallocated KV cache (name "static"): the base for a fast GPU engine.
+
+One micro-batch runs as:
+  1. prefill: the left-padded prompts [b, P] in one forward into a transformers StaticCache sized
+     P + max_new_tokens, asking for the last position's logits only (logits_to_keep=1: full-prompt
+     logits over a 150k vocabulary run out of memory at batch 256, REFERENCE.md section 6);
+  2. ``sample_step`` on those logits gives token 0;
+  3. ``decode_step`` per further token: one forward of [b, 1] then ``sample_step``.
+
+A step has static shapes and keeps its state in device tensors updated in place (``DecodeState``):
+the cache slot, positions, slot mask, finished flags and the first step at which each row saw
+non-finite logits. The loop reads the host only every ``check_every`` steps, to stop early when
+every row has finished and to raise NonFiniteLogitsError (naming the first bad step and its rows);
+sampling uses the exponential race (``sampling.sample``), which cannot device-assert on NaN, so the
+check can wait. CUDA graphs are not implemented; a captured ``decode_step`` would need the model's
+forward to be capture-safe too (REFERENCE.md section 6 saw it fail naively).
+
+Slot layout: cache slot j < P holds prompt column j (left padding included, masked out by the slot
+mask); slot P + t holds the token generated at step t. Position ids count real tokens only, as in
+``trainer.batch.position_ids_from_mask``, so they match the training forward's positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import StaticCache
+
+from trainer.batch import position_ids_from_mask
+from trainer.config import RolloutConfig
+from trainer.rollout.base import NonFiniteLogitsError, RolloutEngine, SamplingParams
+from trainer.rollout.sampling import greedy, nonfinite_rows_mask, process_logits, sample
+
+
+@dataclass
+class DecodeState:
+    """Per-micro-batch decode state; every field a device tensor of fixed shape, updated in place."""
+
+    tokens: torch.Tensor  # [b, max_new] generated tokens (pad where not yet written)
+    last: torch.Tensor  # [b] the token fed to the next forward
+    positions: torch.Tensor  # [b] position id of ``last``
+    slot_mask: torch.Tensor  # [b, P + max_new] 1 on cache slots a query may attend to
+    write_slot: torch.Tensor  # [] cache slot ``last`` is written to
+    step: torch.Tensor  # [] index of the next token to sample
+    finished: torch.Tensor  # [b] bool: the row has produced an EOS
+    first_bad_step: torch.Tensor  # [b] first step with non-finite logits, -1 if none
+    eos: torch.Tensor  # [k] EOS ids
+    pad_token_id: int
+
+    @classmethod
+    def start(
+        cls, prompt_mask: torch.Tensor, max_new_tokens: int, eos_token_ids: tuple[int, ...], pad_token_id: int
+    ) -> DecodeState:
+        b, width = prompt_mask.shape
+        device = prompt_mask.device
+        slot_mask = torch.zeros((b, width + max_new_tokens), dtype=torch.long, device=device)
+        slot_mask[:, :width] = prompt_mask
+        return cls(
+            tokens=torch.full((b, max_new_tokens), pad_token_id, dtype=torch.long, device=device),
+            last=torch.full((b,), pad_token_id, dtype=torch.long, device=device),
+            positions=prompt_mask.sum(dim=1).long(),  # the first generated token follows the prompt
+            slot_mask=slot_mask,
+            write_slot=torch.tensor(width, dtype=torch.long, device=device),
+            step=torch.tensor(0, dtype=torch.long, device=device),
+            finished=torch.zeros(b, dtype=torch.bool, device=device),
+            first_bad_step=torch.full((b,), -1, dtype=torch.long, device=device),
+            eos=torch.tensor(eos_token_ids, dtype=torch.long, device=device),
+            pad_token_id=pad_token_id,
+        )
+
+
+def sample_step(
+    state: DecodeState, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+) -> None:
+    """Pick token ``state.step`` from logits [b, V] and record it; no host reads."""
+    bad = nonfinite_rows_mask(logits)
+    state.first_bad_step.copy_(torch.where(bad & (state.first_bad_step < 0), state.step, state.first_bad_step))
+    if sampling.do_sample:
+        filtered = process_logits(logits, sampling.temperature, sampling.top_k_or_zero, sampling.top_p)
+        token = sample(filtered, generator)
+    else:
+        token = greedy(logits)
+    token = token.masked_fill(state.finished, state.pad_token_id)  # finished rows emit padding
+    state.tokens.index_copy_(1, state.step.view(1), token.view(-1, 1))
+    state.finished.logical_or_(torch.isin(token, state.eos))
+    state.last.copy_(token)
+    state.step.add_(1)
+
+
+def decode_step(
+    model: nn.Module,
+    cache: StaticCache,
+    state: DecodeState,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+) -> None:
+    """Feed ``state.last`` (one token per row) through the model and sample the next token.
+
+    Static shapes: input [b, 1], positions [b, 1], slot mask [b, P + max_new]; the step's slot is
+    a device tensor, so nothing here depends on the step number on the host.
+    """
+    state.slot_mask.index_fill_(1, state.write_slot.view(1), 1)
+    out = model(
+        input_ids=state.last.view(-1, 1),
+        attention_mask=state.slot_mask,
+        position_ids=state.positions.view(-1, 1),
+        past_key_values=cache,
+        use_cache=True,
+    )
+    state.write_slot.add_(1)
+    state.positions.add_(1)
+    sample_step(state, out.logits[:, -1, :], sampling, generator)
+
+
+def prefill(
+    model: nn.Module, cache: StaticCache, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
+) -> torch.Tensor:
+    """Write the prompts into the cache; return the last position's logits [b, V]."""
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=position_ids_from_mask(prompt_mask),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1, :]
+
+
+class StaticRolloutEngine(RolloutEngine):
+    name = "static"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        config: RolloutConfig | None = None,
+        share_weights: bool = True,
+        check_every: int = 8,
+    ) -> None:
+        super().__init__(model, tokenizer, config, share_weights)
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
+        self.check_every = check_every
+
+    def _generate_rows(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        micro_batch: int,
+        row_offset: int,
+        n: int,
+    ) -> torch.Tensor:
+        width = prompt_ids.shape[1]
+        cache = StaticCache(config=self.model.config, max_cache_len=width + max_new_tokens)
+        state = DecodeState.start(prompt_mask, max_new_tokens, self.eos_token_ids, self.pad_token_id)
+        sample_step(state, prefill(self.model, cache, prompt_ids, prompt_mask), sampling, generator)
+        steps = 1
+        while steps < max_new_tokens:
+            if steps % self.check_every == 0 and self._all_done(state, micro_batch, row_offset, n):
+                break
+            decode_step(self.model, cache, state, sampling, generator)
+            steps += 1
+        self._all_done(state, micro_batch, row_offset, n)  # the last steps' non-finite flags
+        return state.tokens[:, :steps]
+
+    def _all_done(self, state: DecodeState, micro_batch: int, row_offset: int, n: int) -> bool:
+        """The loop's only host read: raise on recorded non-finite logits; else whether all finished."""
+        any_bad, all_finished = torch.stack([(state.first_bad_step >= 0).any(), state.finished.all()]).tolist()
+        if any_bad:
+            flagged = state.first_bad_step >= 0
+            first = int(state.first_bad_step[flagged].min())
+            rows = (torch.nonzero(state.first_bad_step == first).flatten() + row_offset).tolist()
+            raise NonFiniteLogitsError(self.name, first, rows, micro_batch, n)
+        return bool(all_finished)

@@ -1,0 +1,46 @@
+"""Wall-clock timing of phases under the seed's keys, synchronised with the device.
+
+A phase's time is what a user waits for: the device queue is drained before the clock starts and
+before it stops, so asynchronous CUDA work is counted in the phase that launched it. A key timed
+twice in one step is summed, as VERL's ``marked_timer`` does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+def device_synchronize() -> None:
+    """Wait for queued device work (no-op on CPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+class PhaseTimer:
+    """Collects phase durations (seconds) for one step."""
+
+    def __init__(self, synchronize: bool = True) -> None:
+        self.synchronize = synchronize
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, key: str) -> Iterator[None]:
+        if self.synchronize:
+            device_synchronize()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.synchronize:
+                device_synchronize()
+            self.add(key, time.perf_counter() - start)
+
+    def add(self, key: str, seconds: float) -> None:
+        self.seconds[key] = self.seconds.get(key, 0.0) + seconds
+
+    def reset(self) -> None:
+        self.seconds = {}
