@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainer.algorithms.advantages import (
     ADV_ESTIMATORS,
@@ -254,3 +256,35 @@ def test_estimators_do_not_track_gradients() -> None:
     rewards = REWARDS.clone().requires_grad_(True)
     adv, _ = compute_advantage("grpo", token_level_rewards=rewards, response_mask=MASK, index=UIDS)
     assert not adv.requires_grad
+
+
+def loop_grpo(scores: list[float], uids: list[int], norm: bool, eps: float = 1e-6) -> list[float]:
+    """The formula written group by group, with torch.std (unbiased) as the reference."""
+    out = []
+    for s, u in zip(scores, uids, strict=True):
+        group = torch.tensor([x for x, v in zip(scores, uids, strict=True) if v == u], dtype=torch.float64)
+        mu, sigma = (group.mean(), group.std()) if len(group) > 1 else (0.0, 1.0)
+        out.append(float((s - mu) / (sigma + eps)) if norm else float(s - mu))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.lists(
+        st.tuples(st.sampled_from([0.0, 0.5, 1.0, -1.0, 2.25]), st.integers(0, 4)), min_size=1, max_size=24
+    ),
+    norm=st.booleans(),
+)
+def test_property_grpo_matches_group_loop(data: list[tuple[float, int]], norm: bool) -> None:
+    scores = [s for s, _ in data]
+    uids = [u for _, u in data]
+    rewards = torch.zeros(len(data), 2, dtype=torch.float64)
+    rewards[:, 1] = torch.tensor(scores, dtype=torch.float64)
+    adv, _ = compute_advantage(
+        "grpo",
+        token_level_rewards=rewards,
+        response_mask=torch.ones(len(data), 2),
+        index=uids,
+        norm_adv_by_std_in_grpo=norm,
+    )
+    assert torch.allclose(adv[:, 0], torch.tensor(loop_grpo(scores, uids, norm), dtype=torch.float64))

@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    from trainer.ray_local import init_local_ray, use_loopback
+
+    if not os.environ.get("RAY_ADDRESS"):
+        use_loopback()  # before Ray is imported: an embedded Ray listens on 127.0.0.1 only
     import ray
 
     from trainer.data.source import load_train_dataset
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
-            ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+            init_local_ray()
             started = True
     log_dir = Path(cfg.trainer.log_dir) / cfg.trainer.project_name / cfg.trainer.experiment_name
     tracking = Tracking(cfg.trainer.logger, log_dir)

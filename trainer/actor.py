@@ -192,7 +192,7 @@ def update_policy(
                     sums[key] += value * tokens
                     counts[key] += int(tokens)
                 if kl is not None:
-                    sums["actor/kl_loss"] += float((kl * mask).sum())
+                    sums["actor/kl_loss"] += float((kl.detach() * mask).sum())
                     counts["actor/kl_loss"] += int(tokens)
                 if entropy is not None:
                     sums["actor/entropy"] += float((entropy.detach() * mask).sum())

@@ -68,10 +68,11 @@ def num_micro_batches(lengths: Lengths, max_token_len: int) -> int:
 
 @dataclass(order=True)
 class _PartialPartition:
-    """k sets, kept sorted by sum (largest first); ordered in the heap by spread, largest first.
+    """k sets, of which only the non-empty ones are stored, sorted by sum (largest first).
 
-    ``key`` = (-spread, tiebreak) so heapq (a min-heap) pops the largest spread; the tiebreak keeps
-    the result deterministic.
+    Ordered in the heap by ``key`` = (-spread, tiebreak): heapq (a min-heap) pops the largest
+    spread first, and the tiebreak keeps the result deterministic. Storing only the non-empty sets
+    makes a merge cost O(p + q), not O(k): early in the run every partial partition holds one item.
     """
 
     key: tuple[int, int]
@@ -79,11 +80,38 @@ class _PartialPartition:
     sums: list[int] = field(compare=False)
 
     @staticmethod
-    def make(sets: list[list[int]], sums: list[int], tiebreak: int) -> _PartialPartition:
-        order = sorted(range(len(sets)), key=lambda j: (-sums[j], j))
+    def make(sets: list[list[int]], sums: list[int], k: int, tiebreak: int) -> _PartialPartition:
+        # reverse=True keeps equal sums in their order (stable), so the result is deterministic
+        order = sorted(range(len(sets)), key=sums.__getitem__, reverse=True)
         sets = [sets[j] for j in order]
         sums = [sums[j] for j in order]
-        return _PartialPartition((-(sums[0] - sums[-1]), tiebreak), sets, sums)
+        smallest = sums[-1] if len(sums) == k else 0  # an empty set has sum 0
+        return _PartialPartition((-(sums[0] - smallest), tiebreak), sets, sums)
+
+
+def _merge(a: _PartialPartition, b: _PartialPartition, k: int) -> tuple[list[list[int]], list[int]]:
+    """Pair a's j-th largest set with b's j-th smallest (a_j + b_{k-1-j}) so the differences cancel.
+
+    With p and q non-empty sets: a_j meets a non-empty b_{k-1-j} for j >= k - q; below that a_j
+    stays alone, and b's sets with index < k - p meet one of a's empty sets.
+    """
+    p, q = len(a.sets), len(b.sets)
+    a_alone = min(p, k - q)
+    sets = a.sets[:a_alone]
+    sums = a.sums[:a_alone]
+    for j in range(a_alone, p):
+        x, y = a.sets[j], b.sets[k - 1 - j]
+        # Extend the longer list with the shorter, in place (a and b are consumed): each index is
+        # copied O(log n) times in all, not once per merge.
+        if len(x) < len(y):
+            x, y = y, x
+        x.extend(y)
+        sets.append(x)
+        sums.append(a.sums[j] + b.sums[k - 1 - j])
+    b_alone = min(q, k - p)
+    sets.extend(b.sets[:b_alone])
+    sums.extend(b.sums[:b_alone])
+    return sets, sums
 
 
 def karmarkar_karp(lengths: Lengths, k: int) -> list[list[int]]:
@@ -97,24 +125,18 @@ def karmarkar_karp(lengths: Lengths, k: int) -> list[list[int]]:
     values = _as_int_list(lengths)
     if k < 1:
         raise ValueError(f"the number of groups k must be >= 1; got {k}")
-    heap: list[_PartialPartition] = []
-    tiebreak = 0
-    for i, v in enumerate(values):
-        sets: list[list[int]] = [[i]] + [[] for _ in range(k - 1)]
-        heap.append(_PartialPartition.make(sets, [v] + [0] * (k - 1), tiebreak))
-        tiebreak += 1
+    heap = [_PartialPartition.make([[i]], [v], k, i) for i, v in enumerate(values)]
     if not heap:
         return [[] for _ in range(k)]
     heapq.heapify(heap)
+    tiebreak = len(heap)
     while len(heap) > 1:
         a = heapq.heappop(heap)
         b = heapq.heappop(heap)
-        # a's sets sorted descending, b's reversed (ascending): largest meets smallest.
-        sets = [a.sets[j] + b.sets[k - 1 - j] for j in range(k)]
-        sums = [a.sums[j] + b.sums[k - 1 - j] for j in range(k)]
-        heapq.heappush(heap, _PartialPartition.make(sets, sums, tiebreak))
+        heapq.heappush(heap, _PartialPartition.make(*_merge(a, b, k), k, tiebreak))
         tiebreak += 1
-    return [sorted(s) for s in heap[0].sets]
+    groups = [sorted(g) for g in heap[0].sets]
+    return groups + [[] for _ in range(k - len(groups))]
 
 
 def _group_sum(group: Sequence[int], values: Sequence[int]) -> int:
@@ -128,17 +150,20 @@ def _fits(groups: Sequence[Sequence[int]], values: Sequence[int], max_token_len:
 def _split_to(groups: list[list[int]], values: Sequence[int], k: int) -> list[list[int]]:
     """Refine a fitting partition to exactly k groups by halving (KK 2-way) the heaviest splittable
     group; splitting never raises a group's sum, so the budget still holds. Pads with empty groups."""
-    groups = [list(g) for g in groups]
-    while len(groups) < k:
-        splittable = [g for g in groups if len(g) > 1]
-        if not splittable:
-            groups.append([])
-            continue
-        heaviest = max(splittable, key=lambda g: (_group_sum(g, values), -g[0]))
-        groups.remove(heaviest)
-        halves = karmarkar_karp([values[i] for i in heaviest], 2)
-        groups.extend([heaviest[j] for j in half] for half in halves)
-    return groups
+    done: list[list[int]] = [g for g in groups if len(g) <= 1]
+    # heap of splittable groups, heaviest first (ties by first index, for determinism)
+    heap = [(-_group_sum(g, values), g[0], g) for g in groups if len(g) > 1]
+    heapq.heapify(heap)
+    while len(done) + len(heap) < k and heap:
+        _, _, heaviest = heapq.heappop(heap)
+        for half in karmarkar_karp([values[i] for i in heaviest], 2):
+            g = sorted(heaviest[j] for j in half)
+            if len(g) > 1:
+                heapq.heappush(heap, (-_group_sum(g, values), g[0], g))
+            else:
+                done.append(g)
+    out = done + [g for _, _, g in heap]
+    return out + [[] for _ in range(k - len(out))]
 
 
 def _order(groups: list[list[int]], values: Sequence[int]) -> list[list[int]]:
@@ -157,7 +182,8 @@ def balanced_micro_batches(
     """Sample indices of each micro-batch: balanced by KK, every group within ``max_token_len``.
 
     1. k = num_micro_batches(lengths); while a KK split into k groups has a group over budget and
-       k < n, k += 1 (at k = n every sample is alone, and fits by ``check_lengths``).
+       k < n, raise k and retry (a guess, then bisection; at k = n every sample is alone, and fits
+       by ``check_lengths``).
     2. K = max(k, *dp_ks, reduce_max(k)): the data-parallel group agrees on the largest count.
        ``dp_ks``: the k of every rank, gathered by the caller (each rank's k from
        ``fitting_num_micro_batches``); ``reduce_max``: a collective max, e.g. ``dist_reduce_max()``.
@@ -179,17 +205,49 @@ def balanced_micro_batches(
 
 
 def _fitting_partition(values: list[int], max_token_len: int) -> tuple[int, list[list[int]]]:
-    n = len(values)
-    k = num_micro_batches(values, max_token_len)
-    while True:
+    """A small k >= num_micro_batches whose KK split fits the budget, and that split.
+
+    Stepping k up by one can take dozens of KK runs on a big batch, so: guess, then bisect.
+    KK's groups sit close to the mean total/k, the heaviest delta = max - mean above it; it fits
+    once total/k + delta <= max_token_len, so guess ceil(total / (max_token_len - delta)) (at least
+    k + 1, at most n). If the guess fails it becomes the new lower end; once one fits, bisect
+    between the last failing and the fitting k. At k >= n every sample is alone, which always fits.
+    """
+    n, total = len(values), sum(values)
+
+    def attempt(k: int) -> tuple[list[list[int]] | None, int]:
         groups = karmarkar_karp(values, k)
-        if _fits(groups, values, max_token_len) or k >= n:
+        heaviest = max(_group_sum(g, values) for g in groups)
+        if heaviest <= max_token_len:
+            return groups, heaviest
+        if k >= n:  # KK pairs nothing here in practice; singletons are the sure answer
+            return [[i] for i in range(n)] + [[] for _ in range(k - n)], max(values, default=0)
+        return None, heaviest
+
+    lo = num_micro_batches(values, max_token_len)
+    groups, heaviest = attempt(lo)
+    if groups is not None:
+        return lo, groups
+    # lo fails; find some hi that fits
+    while True:
+        delta = heaviest - total / lo
+        guess = lo + 1
+        if delta < max_token_len:
+            guess = max(guess, math.ceil(total / (max_token_len - delta)))
+        hi = min(max(n, lo + 1), guess)
+        best, heaviest = attempt(hi)
+        if best is not None:
             break
-        k += 1
-    if not _fits(groups, values, max_token_len):
-        # Only reachable if KK ever paired samples with k >= n; one sample per group always fits.
-        groups = [[i] for i in range(n)] + [[] for _ in range(k - n)]
-    return k, groups
+        lo = hi
+    # bisect: lo fails, hi fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        groups, _ = attempt(mid)
+        if groups is not None:
+            hi, best = mid, groups
+        else:
+            lo = mid
+    return hi, best
 
 
 def fitting_num_micro_batches(lengths: Lengths, max_token_len: int) -> int:

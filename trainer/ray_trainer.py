@@ -115,15 +115,16 @@ class GRPOTrainer:
                 [prompts.input_ids[i] for i in rows],
                 [uids[i] for i in rows],
                 [prompts.ground_truths[i] for i in rows],
-                self._rollout_seed(rank),
+                self._rollout_seed(),
             )
-            for rank, rows in enumerate(parts)
+            for rows in parts
         ]
         shards = self.workers.each("generate", args)
         return concat_batches([s for s in shards if s.size])
 
-    def _rollout_seed(self, rank: int) -> int:
-        return (self.cfg.trainer.seed * 1_000_003 + self.global_step * 1_009 + rank) % (2**31 - 1)
+    def _rollout_seed(self) -> int:
+        """One seed per step for every worker: the static engine keys each row's noise by its uid."""
+        return (self.cfg.trainer.seed * 1_000_003 + self.global_step * 1_009) % (2**31 - 1)
 
     def compute_reward(self, batch: Batch) -> Batch:
         """Rule-based math reward on the decoded responses, as token-level scores on the last token."""

@@ -46,7 +46,7 @@ def last_boxed(text: str) -> str | None:
 
     Returns None when there is none or its braces never close (a truncated response).
     """
-    starts = [m for m in re.finditer(r"\\(?:boxed|fbox)", text)]
+    starts = list(re.finditer(r"\\(?:boxed|fbox)", text))
     for m in reversed(starts):
         i = m.end()
         # "\boxed 5" form: a space, then the token up to whitespace or "$".

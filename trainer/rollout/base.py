@@ -159,6 +159,8 @@ class RolloutEngine(ABC):
         prompt_ids, prompt_mask = left_pad(rows, self.pad_token_id)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         step = self.micro_batch_size or len(rows)
+        # Row j of prompt uid u has key u * n + j: its own sampling noise, wherever it runs.
+        row_keys = torch.as_tensor([u * n + j for u in uids for j in range(n)], dtype=torch.long, device=device)
         parts: list[torch.Tensor] = []
         with self._generation_mode(), self._seeded(seed, device) as generator:
             for mb, start in enumerate(range(0, len(rows), step)):
@@ -168,6 +170,8 @@ class RolloutEngine(ABC):
                     max_new_tokens=max_new_tokens,
                     sampling=sampling,
                     generator=generator,
+                    row_keys=row_keys[start : start + step],
+                    seed=seed,
                     micro_batch=mb,
                     row_offset=start,
                     n=n,
@@ -195,6 +199,8 @@ class RolloutEngine(ABC):
         max_new_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None,
+        row_keys: torch.Tensor,
+        seed: int,
         micro_batch: int,
         row_offset: int,
         n: int,

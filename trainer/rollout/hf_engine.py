@@ -48,8 +48,9 @@ class HFRolloutEngine(RolloutEngine):
     @contextlib.contextmanager
     def _seeded(self, seed: int, device: torch.device) -> Iterator[torch.Generator | None]:
         # generate draws from the global RNG: seed it inside a fork so the caller's state is untouched.
-        devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+        # The CPU state is always forked; an accelerator's only for the model's own device.
+        on_cpu = device.type == "cpu"
+        with torch.random.fork_rng(devices=[] if on_cpu else [device], device_type=None if on_cpu else device.type):
             torch.manual_seed(seed)
             yield None
 
@@ -83,6 +84,8 @@ class HFRolloutEngine(RolloutEngine):
         max_new_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None,
+        row_keys: torch.Tensor,  # unused: transformers samples from the seeded global stream
+        seed: int,
         micro_batch: int,
         row_offset: int,
         n: int,

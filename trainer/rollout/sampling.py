@@ -68,6 +68,45 @@ def sample(logits: torch.Tensor, generator: torch.Generator | None = None) -> to
     return torch.argmax(probs / race, dim=-1)
 
 
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser (lowbias32) on int64 tensors holding 32-bit values.
+
+    Products may wrap past 2**63; masking keeps the low 32 bits, which two's complement preserves.
+    """
+    h = h ^ (h >> 16)
+    h = (h * 0x7FEB352D) & _M32
+    h = h ^ (h >> 15)
+    h = (h * 0x846CA68B) & _M32
+    return h ^ (h >> 16)
+
+
+def keyed_exponential(row_keys: torch.Tensor, step: torch.Tensor | int, vocab: int, seed: int) -> torch.Tensor:
+    """Exp(1) noise [B, V] that depends only on (seed, row key, step, token id).
+
+    A counter-based hash instead of a generator's stream: a row draws the same noise whatever
+    batch or worker it is in, so rollouts do not depend on how the batch is split over workers
+    (1 and N data-parallel workers sample the same responses, and so do the same work).
+    """
+    keys = row_keys.long()
+    step_t = torch.as_tensor(step, dtype=torch.long, device=keys.device)
+    row = _mix32((keys * 0x9E3779B1 + (seed & _M32)) & _M32)
+    row = _mix32((row ^ ((step_t * 0x85EBCA6B + 0x165667B1) & _M32)) & _M32)
+    token = torch.arange(vocab, dtype=torch.long, device=keys.device) * 0x27D4EB2F
+    h = _mix32((row.unsqueeze(-1) + token) & _M32)
+    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits: exact in float32, never 0 or 1
+    return -torch.log(u)
+
+
+def sample_keyed(logits: torch.Tensor, row_keys: torch.Tensor, step: torch.Tensor | int, seed: int) -> torch.Tensor:
+    """``sample`` with the exponential race driven by ``keyed_exponential`` instead of a generator."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    race = keyed_exponential(row_keys, step, logits.shape[-1], seed)
+    return torch.argmax(probs / race, dim=-1)
+
+
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """The most likely token of each row (the first one on ties), [B, V] -> [B]."""
     return torch.argmax(logits, dim=-1)

@@ -11,8 +11,9 @@ A step has static shapes and keeps its state in device tensors updated in place 
 the cache slot, positions, slot mask, finished flags and the first step at which each row saw
 non-finite logits. The loop reads the host only every ``check_every`` steps, to stop early when
 every row has finished and to raise NonFiniteLogitsError (naming the first bad step and its rows);
-sampling uses the exponential race (``sampling.sample``), which cannot device-assert on NaN, so the
-check can wait. CUDA graphs are not implemented; a captured ``decode_step`` would need the model's
+sampling uses the exponential race driven by per-row keyed noise (``sampling.sample_keyed``), which
+cannot device-assert on NaN, so the check can wait, and which gives a row the same draw whichever
+worker or micro-batch it lands in. CUDA graphs are not implemented; a captured ``decode_step`` would need the model's
 forward to be capture-safe too (REFERENCE.md section 6 saw it fail naively).
 
 Slot layout: cache slot j < P holds prompt column j (left padding included, masked out by the slot
@@ -23,15 +24,18 @@ mask); slot P + t holds the token generated at step t. Position ids count real t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from transformers import StaticCache
 
 from trainer.batch import position_ids_from_mask
-from trainer.config import RolloutConfig
 from trainer.rollout.base import NonFiniteLogitsError, RolloutEngine, SamplingParams
-from trainer.rollout.sampling import greedy, nonfinite_rows_mask, process_logits, sample
+from trainer.rollout.sampling import greedy, nonfinite_rows_mask, process_logits, sample_keyed
+
+if TYPE_CHECKING:
+    from trainer.config import RolloutConfig
 
 
 @dataclass
@@ -47,11 +51,19 @@ class DecodeState:
     finished: torch.Tensor  # [b] bool: the row has produced an EOS
     first_bad_step: torch.Tensor  # [b] first step with non-finite logits, -1 if none
     eos: torch.Tensor  # [k] EOS ids
+    row_keys: torch.Tensor  # [b] each row's sampling key (see sampling.keyed_exponential)
     pad_token_id: int
+    seed: int
 
     @classmethod
     def start(
-        cls, prompt_mask: torch.Tensor, max_new_tokens: int, eos_token_ids: tuple[int, ...], pad_token_id: int
+        cls,
+        prompt_mask: torch.Tensor,
+        max_new_tokens: int,
+        eos_token_ids: tuple[int, ...],
+        pad_token_id: int,
+        row_keys: torch.Tensor,
+        seed: int,
     ) -> DecodeState:
         b, width = prompt_mask.shape
         device = prompt_mask.device
@@ -67,19 +79,21 @@ class DecodeState:
             finished=torch.zeros(b, dtype=torch.bool, device=device),
             first_bad_step=torch.full((b,), -1, dtype=torch.long, device=device),
             eos=torch.tensor(eos_token_ids, dtype=torch.long, device=device),
+            row_keys=row_keys.to(device),
             pad_token_id=pad_token_id,
+            seed=seed,
         )
 
 
 def sample_step(
-    state: DecodeState, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+    state: DecodeState, logits: torch.Tensor, sampling: SamplingParams
 ) -> None:
     """Pick token ``state.step`` from logits [b, V] and record it; no host reads."""
     bad = nonfinite_rows_mask(logits)
     state.first_bad_step.copy_(torch.where(bad & (state.first_bad_step < 0), state.step, state.first_bad_step))
     if sampling.do_sample:
         filtered = process_logits(logits, sampling.temperature, sampling.top_k_or_zero, sampling.top_p)
-        token = sample(filtered, generator)
+        token = sample_keyed(filtered, state.row_keys, state.step, state.seed)
     else:
         token = greedy(logits)
     token = token.masked_fill(state.finished, state.pad_token_id)  # finished rows emit padding
@@ -94,7 +108,6 @@ def decode_step(
     cache: StaticCache,
     state: DecodeState,
     sampling: SamplingParams,
-    generator: torch.Generator | None,
 ) -> None:
     """Feed ``state.last`` (one token per row) through the model and sample the next token.
 
@@ -111,7 +124,7 @@ def decode_step(
     )
     state.write_slot.add_(1)
     state.positions.add_(1)
-    sample_step(state, out.logits[:, -1, :], sampling, generator)
+    sample_step(state, out.logits[:, -1, :], sampling)
 
 
 def prefill(
@@ -135,7 +148,7 @@ class StaticRolloutEngine(RolloutEngine):
     def __init__(
         self,
         model: nn.Module,
-        tokenizer,
+        tokenizer: Any,
         config: RolloutConfig | None = None,
         share_weights: bool = True,
         check_every: int = 8,
@@ -152,20 +165,22 @@ class StaticRolloutEngine(RolloutEngine):
         *,
         max_new_tokens: int,
         sampling: SamplingParams,
-        generator: torch.Generator | None,
+        generator: torch.Generator | None,  # unused: sampling noise is keyed by row (sample_keyed)
+        row_keys: torch.Tensor,
+        seed: int,
         micro_batch: int,
         row_offset: int,
         n: int,
     ) -> torch.Tensor:
         width = prompt_ids.shape[1]
         cache = StaticCache(config=self.model.config, max_cache_len=width + max_new_tokens)
-        state = DecodeState.start(prompt_mask, max_new_tokens, self.eos_token_ids, self.pad_token_id)
-        sample_step(state, prefill(self.model, cache, prompt_ids, prompt_mask), sampling, generator)
+        state = DecodeState.start(prompt_mask, max_new_tokens, self.eos_token_ids, self.pad_token_id, row_keys, seed)
+        sample_step(state, prefill(self.model, cache, prompt_ids, prompt_mask), sampling)
         steps = 1
         while steps < max_new_tokens:
             if steps % self.check_every == 0 and self._all_done(state, micro_batch, row_offset, n):
                 break
-            decode_step(self.model, cache, state, sampling, generator)
+            decode_step(self.model, cache, state, sampling)
             steps += 1
         self._all_done(state, micro_batch, row_offset, n)  # the last steps' non-finite flags
         return state.tokens[:, :steps]

@@ -1,0 +1,198 @@
+"""pytest-rlbench's pytest hooks: options, markers, the start-up checks and the clean-up.
+
+Loaded through the ``pytest11`` entry point. The order of a session:
+
+1. ``pytest_addoption``: the ``--rl-*`` options and their ini twins (group "rlbench").
+2. ``pytest_configure``: markers registered; options parsed (a bad value is a usage error, exit 4).
+3. collection: an ``rl_phase`` marker with an unknown phase key is a collection error.
+4. ``pytest_collection_finish``: if any selected test uses an rl_* fixture, the resources those tests
+   need (model, data set, trainer config, Ray cluster) are built and checked before the first test
+   runs; a failure ends the session at once (exit 4) with a message naming what is wrong.
+5. ``pytest_sessionfinish``: an embedded Ray is stopped (an atexit guard covers harder exits).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import pytest
+
+from pytest_rlbench import hookspec
+from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attributes of the plugin)
+    FIXTURE_NEEDS,
+    SESSION_KEY,
+    RLBenchSession,
+    SetupError,
+    rl_cluster,
+    rl_config,
+    rl_dataset,
+    rl_model,
+    rl_options,
+)
+from pytest_rlbench.options import OPTIONS, OptionError, RawValue, parse_options
+from trainer.phases import PHASE_KEYS
+
+PHASE_MARKER = "rl_phase"
+GPU_MARKER = "rl_gpu"
+MARKERS = (
+    f"{PHASE_MARKER}(name): the phase key this benchmark times; one of: {', '.join(PHASE_KEYS)}",
+    f"{GPU_MARKER}: the test needs GPUs; skipped without --gpu",
+)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspec)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("rlbench", "RL post-training benchmarks (pytest-rlbench)")
+    for spec in OPTIONS:
+        if spec.kind == "flag":
+            group.addoption(spec.flag, action="store_true", default=None, dest=spec.dest, help=spec.help)
+        elif spec.kind == "multi":
+            group.addoption(
+                spec.flag, action="append", default=None, dest=spec.dest, metavar=spec.metavar, help=spec.help
+            )
+        else:
+            group.addoption(spec.flag, default=None, dest=spec.dest, metavar=spec.metavar, help=spec.help)
+        ini_type = "linelist" if spec.kind == "multi" else "string"
+        order = f"applied before {spec.flag}'s" if spec.accumulates else f"{spec.flag} wins"
+        parser.addini(spec.dest, f"{spec.help} ({order})", type=ini_type)
+
+
+def read_raw_options(config: pytest.Config) -> dict[str, RawValue | None]:
+    """Each option's raw value: the command line's if given, else the ini file's, else None.
+
+    --rl-config is the exception: the ini file's overrides come first, then the command line's."""
+    cli_dir = config.invocation_params.dir
+    ini_dir = config.inipath.parent if config.inipath else config.rootpath
+    raw: dict[str, RawValue | None] = {}
+    for spec in OPTIONS:
+        value = config.getoption(spec.dest)
+        ini_value = config.getini(spec.dest)
+        if ini_value in ("", [], None):
+            ini_value = None
+        if value is not None and ini_value is not None and spec.accumulates:
+            raw[spec.dest] = RawValue(
+                [*ini_value, *value], f"{spec.flag} (after {spec.dest} of the ini file)", cli_dir
+            )
+        elif value is not None:
+            raw[spec.dest] = RawValue(value, spec.flag, cli_dir)
+        elif ini_value is not None:
+            raw[spec.dest] = RawValue(ini_value, f"{spec.dest} (ini)", ini_dir)
+        else:
+            raw[spec.dest] = None
+    return raw
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    if config.option.help or config.option.version:
+        return  # --help must work even with a bad value in the ini file
+    try:
+        opts = parse_options(read_raw_options(config), os.environ, cwd=config.invocation_params.dir)
+    except OptionError as exc:
+        raise pytest.UsageError(f"pytest-rlbench: {exc}") from None
+    config.stash[SESSION_KEY] = RLBenchSession(config, opts)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return None
+    o = session.opts
+    ray = f"{o.ray_address} (from {o.ray_address_source})" if o.ray_address else "embedded local Ray"
+    gpus = f"gpu, {o.gpus_per_node or 'all'} per node" if o.gpu else "cpu"
+    return [
+        f"rlbench: model {o.model}, rollout {o.rollout}, {o.nodes} node(s), {gpus}, ray {ray}, "
+        f"data {o.dataset or 'synthetic'}, tolerance {o.tolerance:g}"
+    ]
+
+
+# ----------------------------------------------------------------------------- markers
+def phase_of(item: pytest.Item) -> str | None:
+    """The phase key an item benchmarks (its closest rl_phase marker), or None."""
+    mark = item.get_closest_marker(PHASE_MARKER)
+    return mark.args[0] if mark is not None and mark.args else None
+
+
+def check_phase_marks(item: pytest.Item) -> str | None:
+    """None if every rl_phase marker on ``item`` names one known phase key, else the problem."""
+    for mark in item.iter_markers(PHASE_MARKER):
+        name = mark.args[0] if len(mark.args) == 1 and not mark.kwargs else None
+        if not isinstance(name, str):
+            given = ", ".join([*map(repr, mark.args), *(f"{k}={v!r}" for k, v in mark.kwargs.items())])
+            return (
+                f"{item.nodeid}: @pytest.mark.{PHASE_MARKER} takes one phase key, got ({given}); "
+                f"valid keys: {', '.join(PHASE_KEYS)}"
+            )
+        if name not in PHASE_KEYS:
+            return (
+                f"{item.nodeid}: @pytest.mark.{PHASE_MARKER}({name!r}) is not a phase key; "
+                f"valid keys: {', '.join(PHASE_KEYS)}"
+            )
+    return None
+
+
+def _items(result: Any) -> Sequence[Any]:
+    if result is None:
+        return []
+    return result if isinstance(result, list) else [result]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pycollect_makeitem(
+    collector: pytest.Module | pytest.Class, name: str, obj: object
+) -> Generator[None, Any, Any]:
+    # Checked where the test is made, so a bad phase key is a collection error of its module.
+    result = yield
+    for item in _items(result):
+        if isinstance(item, pytest.Item):
+            problem = check_phase_marks(item)
+            if problem:
+                raise collector.CollectError(problem)
+    return result
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    session = item.config.stash.get(SESSION_KEY, None)
+    if item.get_closest_marker(GPU_MARKER) is not None and not (session and session.opts.gpu):
+        pytest.skip("needs GPUs: run with --gpu")
+
+
+# ----------------------------------------------------------------------------- start-up and end
+def rl_fixtures_used(items: Sequence[pytest.Item]) -> set[str]:
+    """The plugin's fixtures that the selected tests use (with everything they depend on)."""
+    used: set[str] = set()
+    for item in items:
+        used.update(name for name in getattr(item, "fixturenames", ()) if name in FIXTURE_NEEDS)
+    return used
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    state = config.stash.get(SESSION_KEY, None)
+    if state is None or config.option.collectonly:
+        return
+    used = rl_fixtures_used(session.items)
+    if not used:
+        return  # plain unit tests: never start Ray or load a model
+    try:
+        state.prepare(used)
+    except SetupError as exc:
+        pytest.exit(f"pytest-rlbench: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    state = session.config.stash.get(SESSION_KEY, None)
+    if state is not None:
+        state.close()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(SESSION_KEY, None)
+    if state is not None:
+        state.close()  # idempotent; covers a session that ended before pytest_sessionfinish

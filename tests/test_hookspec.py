@@ -1,0 +1,109 @@
+"""The plugin's hookspecs: registered, documented, and called on a conftest.py that implements them."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from pytest_rlbench import hookspec
+
+pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
+
+HOOKS = [name for name, obj in vars(hookspec).items() if name.startswith("pytest_rlbench_") and callable(obj)]
+
+
+def test_every_hook_is_typed_and_documented() -> None:
+    assert set(HOOKS) >= {
+        "pytest_rlbench_baselines",
+        "pytest_rlbench_make_trainer",
+        "pytest_rlbench_update_report",
+        "pytest_rlbench_update_run_record",
+        "pytest_rlbench_update_config",
+    }
+    for name in HOOKS:
+        fn = getattr(hookspec, name)
+        doc = inspect.getdoc(fn) or ""
+        assert "Called" in doc and "conftest.py" in doc, (
+            f"{name}: docstring must say when it is called and how to use it"
+        )
+        params = inspect.signature(fn).parameters
+        assert list(params)[0] == "config"
+        assert all(p.annotation is not inspect.Parameter.empty for p in params.values()), name
+        assert inspect.signature(fn).return_annotation is not inspect.Signature.empty, name
+
+
+def test_make_trainer_is_firstresult_and_the_others_collect_every_result(pytestconfig: pytest.Config) -> None:
+    hooks = pytestconfig.pluginmanager.hook
+    assert hooks.pytest_rlbench_make_trainer.spec.opts["firstresult"] is True
+    for name in set(HOOKS) - {"pytest_rlbench_make_trainer"}:
+        assert not getattr(hooks, name).spec.opts["firstresult"], name
+
+
+CONFTEST = """
+import pytest
+
+class Trainer:
+    def __init__(self, cfg, cluster):
+        self.cfg, self.cluster = cfg, cluster
+
+def pytest_rlbench_baselines(config):
+    return ["from-conftest", {"source": "inline"}]
+
+def pytest_rlbench_update_config(rl_config):
+    rl_config.actor_rollout_ref.rollout.n = 2
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_rlbench_make_trainer(rl_config, cluster):
+    return None  # declines: the next implementation decides
+
+def pytest_rlbench_update_run_record(record):
+    record.setdefault("source", {})["commit"] = "abc123"
+
+def pytest_rlbench_update_report(config, report):
+    report["site"] = {"rack": "b12", "tolerance": config.getoption("rl_tolerance")}
+"""
+
+PLUGIN = """
+def pytest_rlbench_make_trainer(rl_config, cluster):
+    from conftest import Trainer
+    return Trainer(rl_config, cluster)
+
+def pytest_rlbench_baselines():
+    return None  # adds nothing
+"""
+
+TESTS = """
+from pytest_rlbench.fixtures import get_session
+
+def test_hooks(request, rl_config):
+    config = request.config
+    # update_config ran when the session built the trainer config
+    assert rl_config.actor_rollout_ref.rollout.n == 2
+    # baselines: --rl-baseline first, then the hooks' lists
+    assert get_session(config).baselines() == ["verl-7b", "from-conftest", {"source": "inline"}]
+    trainer = config.hook.pytest_rlbench_make_trainer(config=config, rl_config=rl_config, cluster="the-cluster")
+    assert type(trainer).__name__ == "Trainer" and trainer.cluster == "the-cluster"
+    record = {}
+    config.hook.pytest_rlbench_update_run_record(config=config, record=record)
+    assert record == {"source": {"commit": "abc123"}}
+    report = {}
+    config.hook.pytest_rlbench_update_report(config=config, report=report)
+    assert report == {"site": {"rack": "b12", "tolerance": "0.2"}}
+"""
+
+
+def test_a_conftest_implementing_the_hooks_is_called(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(other_plugin=PLUGIN, test_hooks=TESTS)
+    pytester.syspathinsert()
+    result = pytester.runpytest("-p", "other_plugin", "--rl-baseline=verl-7b", "--rl-tolerance=0.2")
+    result.assert_outcomes(passed=1)
+
+
+def test_a_misspelled_hook_is_an_error_because_the_specs_are_registered(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("def pytest_rlbench_baseline(config):\n    return []\n")
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest()
+    assert result.ret != pytest.ExitCode.OK
+    assert "unknown hook 'pytest_rlbench_baseline'" in result.stdout.str() + result.stderr.str()

@@ -1,0 +1,36 @@
+"""Keep a Ray started on this machine on the loopback address.
+
+Ray's default is the machine's outward IP. Setting RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray
+reads its constants (and in the environment that Ray's own processes inherit) keeps every process of
+a local Ray, and of a ``ray.cluster_utils.Cluster``, on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def use_loopback() -> None:
+    """Make Ray (in this process and those it starts) use 127.0.0.1 as this node's address."""
+    os.environ[LOOPBACK_ENV] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:  # Ray was imported before: its constant was read already
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def init_local_ray(num_cpus: int | None = None, **kwargs) -> None:
+    """Start a new single-node Ray on 127.0.0.1 (never attach to a leftover one)."""
+    use_loopback()
+    import ray
+
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=kwargs.pop("log_to_driver", False),
+        **kwargs,
+    )
