@@ -38,6 +38,9 @@ FIXTURE_NEEDS: dict[str, tuple[str, ...]] = {
     "rl_config": ("config",),
     "rl_model": ("model",),
     "rl_dataset": ("model", "config", "dataset"),
+    "rl_trainer": ("model", "config", "dataset", "cluster"),
+    "rl_batch": ("model", "config", "dataset", "cluster"),
+    "rl_bench": ("model", "config"),
 }
 WEIGHT_FILES = (
     "model.safetensors",

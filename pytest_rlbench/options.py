@@ -34,6 +34,8 @@ from trainer.config import (
 DEFAULT_MODEL = "tiny"
 DEFAULT_ROLLOUT = "hf"
 DEFAULT_TOLERANCE = 0.10
+DEFAULT_ROUNDS = 5
+DEFAULT_WARMUP_ROUNDS = 1
 ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
 # Ray addresses we refuse: "auto" attaches to whichever cluster was started last on this machine and
 # "local" is what leaving the option out means.
@@ -123,6 +125,18 @@ OPTIONS: tuple[OptionSpec, ...] = (
         f"Allowed fraction of slowdown against a baseline, 0 <= t < 1 (default {DEFAULT_TOLERANCE}).",
         "FRACTION",
     ),
+    OptionSpec(
+        "--rl-rounds",
+        "int",
+        f"Timed rounds per phase benchmark; the median is compared (default {DEFAULT_ROUNDS}).",
+        "N",
+    ),
+    OptionSpec(
+        "--rl-warmup-rounds",
+        "int",
+        f"Untimed rounds before a phase's timed ones (default {DEFAULT_WARMUP_ROUNDS}).",
+        "N",
+    ),
     OptionSpec("--rl-report", "str", "Write the benchmark report as JSON to this file.", "PATH"),
     OptionSpec("--rl-save-baseline", "str", "Record this run as a baseline file at PATH.", "PATH"),
 )
@@ -159,6 +173,8 @@ class RLBenchOptions:
     config_overrides: tuple[str, ...] = ()
     baselines: tuple[str, ...] = ()
     tolerance: float = DEFAULT_TOLERANCE
+    rounds: int = DEFAULT_ROUNDS
+    warmup_rounds: int = DEFAULT_WARMUP_ROUNDS
     report: Path | None = None
     save_baseline: Path | None = None
     sources: Mapping[str, str] = field(default_factory=dict)  # dest -> where the value came from
@@ -183,6 +199,8 @@ class RLBenchOptions:
             "config_overrides": list(self.config_overrides),
             "baselines": list(self.baselines),
             "tolerance": self.tolerance,
+            "rounds": self.rounds,
+            "warmup_rounds": self.warmup_rounds,
             "report": str(self.report) if self.report else None,
             "save_baseline": str(self.save_baseline) if self.save_baseline else None,
         }
@@ -201,6 +219,17 @@ def _positive_int(raw: RawValue, what: str) -> int:
         raise OptionError(f"{raw.source} expects a whole number of {what} >= 1, got {text!r}") from None
     if number < 1:
         raise OptionError(f"{raw.source} expects a whole number of {what} >= 1, got {number}")
+    return number
+
+
+def _non_negative_int(raw: RawValue, what: str) -> int:
+    text = _text(raw)
+    try:
+        number = int(text)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise OptionError(f"{raw.source} expects a whole number of {what} >= 0, got {text!r}")
     return number
 
 
@@ -461,6 +490,8 @@ def parse_options(
         config_overrides=overrides,
         baselines=baselines,
         tolerance=_tolerance(r) if (r := get("rl_tolerance")) else DEFAULT_TOLERANCE,
+        rounds=_positive_int(r, "rounds") if (r := get("rl_rounds")) else DEFAULT_ROUNDS,
+        warmup_rounds=_non_negative_int(r, "rounds") if (r := get("rl_warmup_rounds")) else DEFAULT_WARMUP_ROUNDS,
         report=_output_path(r) if (r := get("rl_report")) else None,
         save_baseline=_output_path(r) if (r := get("rl_save_baseline")) else None,
         sources=sources,

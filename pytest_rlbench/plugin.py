@@ -8,7 +8,11 @@ Loaded through the ``pytest11`` entry point. The order of a session:
 4. ``pytest_collection_finish``: if any selected test uses an rl_* fixture, the resources those tests
    need (model, data set, trainer config, Ray cluster) are built and checked before the first test
    runs; a failure ends the session at once (exit 4) with a message naming what is wrong.
-5. ``pytest_sessionfinish``: an embedded Ray is stopped (an atexit guard covers harder exits).
+5. the tests: ``rl_bench`` records each phase's timed rounds (pytest_rlbench/bench.py).
+6. ``pytest_sessionfinish``: the run record is built and compared with every baseline; the JSON
+   report, its chart and the saved baseline are written; a regression makes the exit status 1. An
+   embedded Ray is stopped (an atexit guard covers harder exits).
+7. ``pytest_terminal_summary``: the comparison table, consistency findings and files written.
 """
 
 from __future__ import annotations
@@ -20,6 +24,16 @@ from typing import Any
 import pytest
 
 from pytest_rlbench import hookspec
+from pytest_rlbench.baselines import BaselineError, RunRecord, load_baseline, record_from_dict
+from pytest_rlbench.bench import (  # noqa: F401  (fixtures are found as attributes of the plugin)
+    RECORDER_KEY,
+    describe_config,
+    describe_model,
+    get_recorder,
+    rl_batch,
+    rl_bench,
+    rl_trainer,
+)
 from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attributes of the plugin)
     FIXTURE_NEEDS,
     SESSION_KEY,
@@ -32,7 +46,14 @@ from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attr
     rl_options,
 )
 from pytest_rlbench.options import OPTIONS, OptionError, RawValue, parse_options
+from pytest_rlbench.recorder import BenchRecorder, SessionOutcome, local_hardware
+from pytest_rlbench.report_terminal import terminal_lines
 from trainer.phases import PHASE_KEYS
+
+# Compared with when no --rl-baseline is given: the seed's published runs, as references.
+SEED_BASELINES = ("verl-7b", "verl-v0.5.0-1.5b", "rlinf-1.5b")
+BASELINES_KEY = pytest.StashKey[list[RunRecord]]()
+OUTCOME_KEY = pytest.StashKey[SessionOutcome]()
 
 PHASE_MARKER = "rl_phase"
 GPU_MARKER = "rl_gpu"
@@ -96,7 +117,26 @@ def pytest_configure(config: pytest.Config) -> None:
         opts = parse_options(read_raw_options(config), os.environ, cwd=config.invocation_params.dir)
     except OptionError as exc:
         raise pytest.UsageError(f"pytest-rlbench: {exc}") from None
-    config.stash[SESSION_KEY] = RLBenchSession(config, opts)
+    session = RLBenchSession(config, opts)
+    config.stash[SESSION_KEY] = session
+    config.stash[BASELINES_KEY] = load_baselines(session)
+    name = opts.save_baseline.stem if opts.save_baseline else "this-run"
+    config.stash[RECORDER_KEY] = BenchRecorder(name, config.rootpath)
+
+
+def load_baselines(session: RLBenchSession) -> list[RunRecord]:
+    """Every baseline, loaded and validated now: a bad file is a usage error before any test runs."""
+    entries = session.baselines() or list(SEED_BASELINES)
+    records = []
+    for entry in entries:
+        try:
+            if isinstance(entry, dict):
+                records.append(record_from_dict(entry, source="a baseline from pytest_rlbench_baselines"))
+            else:
+                records.append(load_baseline(entry))
+        except BaselineError as exc:
+            raise pytest.UsageError(f"pytest-rlbench: --rl-baseline {exc}") from None
+    return records
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -187,9 +227,56 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    state = session.config.stash.get(SESSION_KEY, None)
-    if state is not None:
+    config = session.config
+    state = config.stash.get(SESSION_KEY, None)
+    if state is None:
+        return
+    recorder = config.stash.get(RECORDER_KEY, None)
+    try:
+        if recorder is not None and recorder.measured_anything:
+            outcome = finish_run(config, state, recorder)
+            config.stash[OUTCOME_KEY] = outcome
+            if outcome.regressions and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    finally:
         state.close()
+
+
+def finish_run(config: pytest.Config, state: RLBenchSession, recorder: BenchRecorder) -> SessionOutcome:
+    """Describe what the trainer fixtures did not (a run of rl_bench alone), then compare and report."""
+    ctx = recorder.context
+    if ctx.hardware is None:  # no cluster was used: a CPU run on this machine
+        from pytest_rlbench.cluster import cpu_model
+
+        ctx.hardware = local_hardware(cpu_model(), os.cpu_count())
+    if ctx.model is None:
+        ctx.model = describe_model(state.model(), state.trainer_config())
+    if ctx.config is None:
+        ctx.config = describe_config(state.trainer_config())
+    opts = state.opts
+    return recorder.finish(
+        config.stash[BASELINES_KEY],
+        opts.tolerance,
+        opts.report,
+        opts.save_baseline,
+        update_record=lambda record: config.hook.pytest_rlbench_update_run_record(config=config, record=record),
+        update_report=lambda report: config.hook.pytest_rlbench_update_report(config=config, report=report),
+    )
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    outcome = config.stash.get(OUTCOME_KEY, None)
+    if outcome is None:
+        return
+    terminalreporter.section("rlbench")
+    for line in terminal_lines(outcome.results, outcome.findings, verbose=config.option.verbose > 0):
+        terminalreporter.write_line(line)
+    for path in outcome.written:
+        terminalreporter.write_line(f"wrote {path}")
+    if outcome.regressions:
+        terminalreporter.write_line(f"{len(outcome.regressions)} regression(s):", red=True, bold=True)
+        for message in outcome.regressions:
+            terminalreporter.write_line(f"  {message}", red=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -104,8 +104,12 @@ def write_json_report(
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write the report to ``path`` (parents created) and return the path."""
+    return write_report_dict(path, build_report(run, results, findings, extra))
+
+
+def write_report_dict(path: str | Path, report: dict[str, Any]) -> Path:
+    """Write an already built report (``build_report``, perhaps extended by a hook)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(build_report(run, results, findings, extra), indent=2, allow_nan=False)
-    path.write_text(text + "\n", encoding="utf-8")
+    path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return path

@@ -47,8 +47,16 @@ class Trainer:
     def __init__(self, cfg, cluster):
         self.cfg, self.cluster = cfg, cluster
 
+def inline_baseline():
+    import json
+    from pytest_rlbench.baselines import resolve_baseline
+
+    data = json.loads(resolve_baseline("rlinf-1.5b").read_text())
+    data["name"] = "inline"
+    return data
+
 def pytest_rlbench_baselines(config):
-    return ["from-conftest", {"source": "inline"}]
+    return ["verl-v0.5.0-1.5b", inline_baseline()]
 
 def pytest_rlbench_update_config(rl_config):
     rl_config.actor_rollout_ref.rollout.n = 2
@@ -81,7 +89,9 @@ def test_hooks(request, rl_config):
     # update_config ran when the session built the trainer config
     assert rl_config.actor_rollout_ref.rollout.n == 2
     # baselines: --rl-baseline first, then the hooks' lists
-    assert get_session(config).baselines() == ["verl-7b", "from-conftest", {"source": "inline"}]
+    from conftest import inline_baseline
+
+    assert get_session(config).baselines() == ["verl-7b", "verl-v0.5.0-1.5b", inline_baseline()]
     trainer = config.hook.pytest_rlbench_make_trainer(config=config, rl_config=rl_config, cluster="the-cluster")
     assert type(trainer).__name__ == "Trainer" and trainer.cluster == "the-cluster"
     record = {}
@@ -107,3 +117,15 @@ def test_a_misspelled_hook_is_an_error_because_the_specs_are_registered(pytester
     result = pytester.runpytest()
     assert result.ret != pytest.ExitCode.OK
     assert "unknown hook 'pytest_rlbench_baseline'" in result.stdout.str() + result.stderr.str()
+
+
+def test_a_bad_baseline_from_a_hook_ends_the_session_naming_it(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(
+        "def pytest_rlbench_baselines(config):\n"
+        "    return [{'format_version': 1, 'name': 'broken', 'phases': {'gen': {'seconds': -1}}}]\n"
+    )
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "a baseline from pytest_rlbench_baselines" in err and "$.phases.gen.seconds" in err

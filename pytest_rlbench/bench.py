@@ -1,0 +1,254 @@
+"""The benchmark fixtures: the trainer under test, a warmed-up batch, and ``rl_bench``.
+
+``rl_bench`` is pytest-benchmark's ``benchmark`` in pedantic mode (fixed rounds after warm-up
+rounds, one call per round) with the device drained before and after every timed call, so a round's
+time is the phase's wall time including its asynchronous GPU work. Each test's rounds are recorded
+under the phase key of its ``rl_phase`` marker for the session's comparison with baselines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_rlbench.baselines import Hardware, ModelArch, RunConfig, TokenCounts
+from pytest_rlbench.cluster import ClusterInfo
+from pytest_rlbench.derived import derive
+from pytest_rlbench.fixtures import RLDataset, RLModel, get_session
+from pytest_rlbench.recorder import BenchRecorder
+from trainer.phases import PHASE_KEYS
+
+if TYPE_CHECKING:
+    from trainer.batch import Batch
+    from trainer.config import Config
+    from trainer.data.loader import PromptBatch
+    from trainer.ray_trainer import GRPOTrainer, StepResult
+
+RECORDER_KEY = pytest.StashKey[BenchRecorder]()
+DEFAULT_CHECKPOINT_DIR = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+
+
+def get_recorder(config: pytest.Config) -> BenchRecorder:
+    return config.stash[RECORDER_KEY]
+
+
+def _sync() -> None:
+    from trainer.timing import device_synchronize
+
+    device_synchronize()
+
+
+# ----------------------------------------------------------------------------- describing the run
+def batch_tokens(batch: Batch, prompts_per_worker: list[int] | None = None, n: int = 1) -> TokenCounts:
+    """Token counts of a batch; decode steps summed over rollout workers when their split is known."""
+    prompt = [int(x) for x in batch.prompt_lengths.tolist()]
+    response = [int(x) for x in batch.response_lengths.tolist()]
+    decode_steps = None
+    if prompts_per_worker:
+        decode_steps, start = 0, 0
+        for count in prompts_per_worker:
+            rows = response[start : start + count * n]
+            decode_steps += max(rows, default=0)
+            start += count * n
+    return TokenCounts(
+        num_sequences=len(prompt),
+        prompt_tokens=sum(prompt),
+        response_tokens=sum(response),
+        prompt_length_mean=sum(prompt) / len(prompt),
+        response_length_mean=sum(response) / len(response),
+        prompt_lengths=prompt,
+        response_lengths=response,
+        decode_steps=decode_steps,
+    )
+
+
+def describe_hardware(cluster: ClusterInfo, cfg: Config, workers: list[dict[str, Any]]) -> Hardware:
+    on_gpu = cfg.trainer.device == "cuda"
+    # The workers' own view names the GPU exactly ("NVIDIA H100 80GB HBM3"); Ray's is coarser ("H100").
+    names = sorted({w.get("device_name") for w in workers if w.get("device_name") not in (None, "cpu")})
+    gpu_model = names[0] if names else (cluster.gpu_models[0] if cluster.gpu_models else None)
+    return Hardware(
+        device="gpu" if on_gpu else "cpu",
+        nodes=cfg.trainer.nnodes,
+        world_size=cfg.world_size,
+        gpus_per_node=cfg.trainer.n_gpus_per_node if on_gpu else 0,
+        gpu_model=gpu_model if on_gpu else None,
+        cpu_model=cluster.cpu_model,
+        cpus_per_node=int(min(n.cpus for n in cluster.nodes)) if cluster.nodes else None,
+    )
+
+
+def describe_model(model: RLModel, cfg: Config) -> ModelArch:
+    from trainer.models import resolve_dtype
+
+    dtype = resolve_dtype(cfg.actor_rollout_ref.actor.fsdp_config.model_dtype, cfg.trainer.device)
+    arch = model.spec.arch.to_dict()
+    return ModelArch(
+        name=model.name_or_path, model_type=model.spec.model_type, dtype=str(dtype).removeprefix("torch."), **arch
+    )
+
+
+def describe_config(cfg: Config) -> RunConfig:
+    arr = cfg.actor_rollout_ref
+    return RunConfig(
+        algorithm=cfg.algorithm.adv_estimator,
+        train_batch_size=cfg.data.train_batch_size,
+        rollout_n=arr.rollout.n,
+        max_prompt_length=cfg.data.max_prompt_length,
+        max_response_length=cfg.data.max_response_length,
+        ppo_epochs=arr.actor.ppo_epochs,
+        parallelism={"dp": cfg.world_size},
+        settings={
+            "rollout": arr.rollout.name,
+            "temperature": arr.rollout.temperature,
+            "ppo_mini_batch_size": arr.actor.ppo_mini_batch_size,
+            "use_kl_loss": arr.actor.use_kl_loss,
+            "use_dynamic_bsz": arr.actor.use_dynamic_bsz,
+            "gradient_checkpointing": arr.model.enable_gradient_checkpointing,
+            "param_offload": arr.actor.fsdp_config.param_offload,
+            "optimizer_offload": arr.actor.fsdp_config.optimizer_offload,
+            "dataset": cfg.data.train_files[0] if cfg.data.train_files else "synthetic",
+        },
+    )
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def rl_trainer(
+    pytestconfig: pytest.Config,
+    rl_cluster: ClusterInfo,
+    rl_config: Config,
+    rl_model: RLModel,
+    rl_dataset: RLDataset,
+) -> Iterator[GRPOTrainer]:
+    """The GRPO trainer under test, its workers placed on the cluster (or what a plugin's
+    ``pytest_rlbench_make_trainer`` returns instead). Shut down at the end of the session."""
+    session = get_session(pytestconfig)
+    cfg = rl_config
+    if cfg.trainer.default_local_dir == _resolved_default_dir(cfg):  # not chosen by the user
+        cfg.trainer.default_local_dir = str(session.workdir() / "checkpoints")
+    trainer = pytestconfig.hook.pytest_rlbench_make_trainer(config=pytestconfig, rl_config=cfg, cluster=rl_cluster)
+    if trainer is None:
+        from trainer.ray_trainer import GRPOTrainer
+
+        trainer = GRPOTrainer(cfg, rl_dataset.prompts)
+    recorder = get_recorder(pytestconfig)
+    workers = getattr(getattr(trainer, "workers", None), "info", [])
+    recorder.context.hardware = describe_hardware(rl_cluster, cfg, workers)
+    recorder.context.model = describe_model(rl_model, cfg)
+    recorder.context.config = describe_config(cfg)
+    try:
+        yield trainer
+    finally:
+        trainer.shutdown()
+
+
+def _resolved_default_dir(cfg: Config) -> str:
+    return DEFAULT_CHECKPOINT_DIR.replace("${trainer.project_name}", cfg.trainer.project_name).replace(
+        "${trainer.experiment_name}", cfg.trainer.experiment_name
+    )
+
+
+@dataclass
+class WarmStep:
+    """The prompts of one full training step run before any benchmark, and the batch it produced
+    (every phase's inputs filled in: responses, scores, log-probs, advantages)."""
+
+    prompts: PromptBatch
+    batch: Batch
+    result: StepResult
+    tokens: TokenCounts
+
+
+@pytest.fixture(scope="session")
+def rl_batch(pytestconfig: pytest.Config, rl_trainer: GRPOTrainer) -> WarmStep:
+    """One untimed training step (warm-up: kernels, caches, allocator) and the batch it produced."""
+    from trainer.sharding import even_split
+
+    prompts = next(rl_trainer.loader)
+    result = rl_trainer.train_step(prompts)
+    batch = rl_trainer.last_batch
+    split = [len(rows) for rows in even_split(len(prompts), rl_trainer.cfg.world_size)]
+    tokens = batch_tokens(batch, split, rl_trainer.cfg.actor_rollout_ref.rollout.n)
+    get_recorder(pytestconfig).context.tokens = tokens
+    return WarmStep(prompts, batch, result, tokens)
+
+
+class PhaseBench:
+    """Times one phase: ``rl_bench(fn, setup=None, tokens=None)`` runs warm-up rounds, then timed
+    rounds, each with the device drained before and after ``fn``; returns the last round's result.
+
+    tokens: the phase's token counts when they are not the warm step's batch (e.g. a generation that
+    produced its own responses): a TokenCounts, or a function of ``fn``'s result that returns one."""
+
+    def __init__(self, benchmark: Any, recorder: BenchRecorder, item: pytest.Item, rounds: int, warmup: int) -> None:
+        self.benchmark = benchmark
+        self.recorder = recorder
+        self.item = item
+        self.rounds = rounds
+        self.warmup = warmup
+        self.samples: list[float] = []
+
+    @property
+    def phase(self) -> str:
+        mark = self.item.get_closest_marker("rl_phase")
+        if mark is None:
+            raise pytest.UsageError(
+                f"{self.item.nodeid}: rl_bench needs @pytest.mark.rl_phase(KEY) on the test; keys: {', '.join(PHASE_KEYS)}"
+            )
+        return mark.args[0]
+
+    def __call__(
+        self,
+        fn: Callable[[], Any],
+        setup: Callable[[], Any] | None = None,
+        tokens: TokenCounts | Callable[[Any], TokenCounts] | None = None,
+    ) -> Any:
+        phase = self.phase
+        times: list[float] = []
+
+        def prepare() -> None:
+            if setup is not None:
+                setup()
+            _sync()
+
+        def timed() -> Any:
+            start = time.perf_counter()
+            out = fn()
+            _sync()
+            times.append(time.perf_counter() - start)
+            return out
+
+        result = self.benchmark.pedantic(timed, setup=prepare, rounds=self.rounds, warmup_rounds=self.warmup)
+        # Warm-up rounds come first; with --benchmark-disable pytest-benchmark makes a single call.
+        self.samples = times[-self.rounds :] if len(times) > self.rounds else times
+        counts = tokens(result) if callable(tokens) else tokens
+        self.recorder.record(phase, self.samples, self.item.nodeid, counts)
+        self._describe(phase, counts)
+        return result
+
+    def _describe(self, phase: str, counts: TokenCounts | None) -> None:
+        """Token counts and derived figures of this phase in pytest-benchmark's extra_info."""
+        info = self.benchmark.extra_info
+        info["phase"] = phase
+        info["rounds_s"] = self.samples
+        if counts is not None:
+            info["tokens"] = {"prompt": counts.prompt_tokens, "response": counts.response_tokens}
+        try:
+            figures = derive(self.recorder.build_record())
+        except RuntimeError:  # the run was not described (rl_bench without the trainer fixtures)
+            return
+        for fig in figures.values():
+            if fig.phase == phase and fig.value is not None:
+                info[fig.metric] = fig.value
+
+
+@pytest.fixture
+def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytest.Config) -> PhaseBench:
+    """Time a phase (see PhaseBench); the test must carry ``@pytest.mark.rl_phase(KEY)``."""
+    opts = get_session(pytestconfig).opts
+    return PhaseBench(benchmark, get_recorder(pytestconfig), request.node, opts.rounds, opts.warmup_rounds)

@@ -1,0 +1,159 @@
+"""What a benchmark session measured, turned into a run record, compared, reported and saved.
+
+The ``rl_bench`` fixture hands each phase's timed rounds to ``BenchRecorder.record``; the trainer
+fixtures describe the work (model, config, the batch's token counts) and where it ran. At the end of
+the session ``finish`` builds one ``RunRecord`` (the same format as a stored baseline), compares it
+with every baseline, and writes the JSON report, its chart and, if asked, the record as a baseline.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_rlbench import __version__
+from pytest_rlbench.baselines import (
+    Hardware,
+    Metric,
+    ModelArch,
+    PhaseRecord,
+    Provenance,
+    RunConfig,
+    RunRecord,
+    TokenCounts,
+    record_from_dict,
+    record_to_dict,
+    save_record,
+)
+from pytest_rlbench.compare import BaselineComparison, compare_all
+from pytest_rlbench.consistency import Finding, check_record
+from pytest_rlbench.report_chart import chart_path_for, write_chart
+from pytest_rlbench.report_json import build_report, write_report_dict
+from trainer.phases import PHASE_KEYS
+
+
+@dataclass
+class RunContext:
+    """Where and on what the benchmarks ran; filled in by the fixtures that build those things."""
+
+    hardware: Hardware | None = None
+    model: ModelArch | None = None
+    config: RunConfig | None = None
+    tokens: TokenCounts | None = None  # of the batch the phase benchmarks ran on
+
+
+@dataclass
+class SessionOutcome:
+    run: RunRecord
+    results: list[BaselineComparison]
+    findings: list[Finding]
+    written: list[Path] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[str]:
+        return [c.message for r in self.results for c in r.failures]
+
+
+def git_commit(cwd: Path) -> str | None:
+    """The checked-out commit of the code under test, when it is a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def local_hardware(cpu_model: str, cpus: int | None) -> Hardware:
+    """A CPU run on this machine alone (no cluster was needed)."""
+    return Hardware(device="cpu", nodes=1, world_size=1, gpus_per_node=0, cpu_model=cpu_model, cpus_per_node=cpus)
+
+
+class BenchRecorder:
+    """Collects a session's measurements; one per pytest session."""
+
+    def __init__(self, name: str, code_dir: Path) -> None:
+        self.name = name
+        self.code_dir = code_dir
+        self.context = RunContext()
+        self.phases: dict[str, PhaseRecord] = {}
+        self.sources: dict[str, str] = {}  # phase -> test node id that measured it
+        self.metrics: dict[str, Metric] = {}
+        self.step_breakdown: list[dict[str, float]] = []  # per whole-step round: seconds by key
+
+    def record(self, phase: str, samples: list[float], nodeid: str, tokens: TokenCounts | None = None) -> None:
+        if phase not in PHASE_KEYS:
+            raise ValueError(f"{nodeid}: {phase!r} is not a phase key; valid keys: {', '.join(PHASE_KEYS)}")
+        if phase in self.phases:
+            raise ValueError(
+                f"{nodeid}: phase {phase!r} was already timed by {self.sources[phase]}; one benchmark per phase"
+            )
+        if not samples:
+            raise ValueError(f"{nodeid}: no timed rounds for phase {phase!r}")
+        self.phases[phase] = PhaseRecord(seconds=[float(s) for s in samples], tokens=tokens)
+        self.sources[phase] = nodeid
+
+    def add_metric(self, name: str, values: list[float], unit: str, higher_is_better: bool) -> None:
+        self.metrics[name] = Metric(value=[float(v) for v in values], unit=unit, higher_is_better=higher_is_better)
+
+    @property
+    def measured_anything(self) -> bool:
+        return bool(self.phases)
+
+    def build_record(self) -> RunRecord:
+        ctx = self.context
+        missing = [name for name in ("hardware", "model", "config") if getattr(ctx, name) is None]
+        if missing:
+            raise RuntimeError(f"the run's {', '.join(missing)} were never described: no rl_* fixture ran")
+        notes = [f"{phase}: {nodeid}" for phase, nodeid in self.sources.items()]
+        return RunRecord(
+            name=self.name,
+            provenance=Provenance(
+                source=f"pytest-rlbench {__version__} run on {platform.node()}",
+                framework="pytest-rlbench",
+                commit=git_commit(self.code_dir),
+                date=datetime.date.today().isoformat(),
+                notes=notes,
+            ),
+            hardware=ctx.hardware,
+            model=ctx.model,
+            config=ctx.config,
+            tokens=ctx.tokens or TokenCounts(),
+            phases=dict(self.phases),
+            metrics=dict(self.metrics),
+        )
+
+    def finish(
+        self,
+        baselines: list[RunRecord],
+        tolerance: float,
+        report_path: Path | None,
+        save_path: Path | None,
+        update_record: Any = None,
+        update_report: Any = None,
+    ) -> SessionOutcome:
+        """Compare with every baseline, write the report and chart, save the record if asked.
+
+        ``update_record(record_dict)`` and ``update_report(report_dict)`` are the plugin hooks."""
+        run = self.build_record()
+        if update_record is not None:  # a hook may add metadata; the result must still be valid
+            data = record_to_dict(run)
+            update_record(data)
+            run = record_from_dict(data, source="the run record after pytest_rlbench_update_run_record")
+        results = compare_all(run, baselines, tolerance)
+        findings = [f for b in baselines for f in check_record(b)]
+        outcome = SessionOutcome(run, results, findings)
+        if save_path is not None:
+            outcome.written.append(save_record(run, save_path))
+        if report_path is not None:
+            report = build_report(run, results, findings, {"step_breakdown": self.step_breakdown})
+            if update_report is not None:  # a hook may add sections to the report
+                update_report(report)
+            outcome.written.append(write_report_dict(report_path, report))
+            outcome.written.append(write_chart(chart_path_for(report_path), run, baselines))
+        return outcome
