@@ -273,10 +273,6 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(line)
     for path in outcome.written:
         terminalreporter.write_line(f"wrote {path}")
-    if outcome.regressions:
-        terminalreporter.write_line(f"{len(outcome.regressions)} regression(s):", red=True, bold=True)
-        for message in outcome.regressions:
-            terminalreporter.write_line(f"  {message}", red=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
