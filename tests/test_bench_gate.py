@@ -115,4 +115,10 @@ def test_the_real_suites_write_every_phase_key_and_gate_against_their_own_baseli
     data = json.loads(report.read_text())
     modes = {c["mode"] for c in data["comparisons"]}
     assert modes == {"gate"}, data["baselines"]
-    assert second.ret == pytest.ExitCode.OK, second.stdout.str()[-3000:]
+    assert {c["verdict"] for c in data["comparisons"]} <= {"pass", "fail"}
+    # Timing on a shared 2-core machine can move several-fold between runs, so whether this run
+    # regressed is not the point here (the sleep-based tests above pin the verdicts); that every
+    # test passed and a non-zero exit comes only from reported regressions is.
+    second.assert_outcomes(passed=10)
+    if second.ret != pytest.ExitCode.OK:
+        assert second.ret == pytest.ExitCode.TESTS_FAILED and "regression(s):" in second.stdout.str()

@@ -17,16 +17,14 @@ from trainer.config import (
     parse_literal,
 )
 
-SEED = next((Path(__file__).resolve().parents[2] / "shared" / "seed").glob("*.txt"), None)
+SEED_COMMAND = Path(__file__).parent / "data" / "seed_verl_command.sh"
 
 
 def seed_overrides() -> list[str]:
     """The key=value arguments of the seed's VERL command line, paths and sizes for this machine."""
-    assert SEED is not None, "the seed document is expected at ../shared/seed/"
-    text = SEED.read_text()
+    text = SEED_COMMAND.read_text()
     start = text.index("python3 -m verl.trainer.main_ppo")
-    end = text.index("$@", start)
-    args = [a for a in shlex.split(text[start:end].replace("\\\n", " ")) if "=" in a]
+    args = [a for a in shlex.split(text[start:].replace("\\\n", " ")) if "=" in a]
     sizes = {
         "data.train_files": "train.parquet",
         "data.val_files": "val.parquet",

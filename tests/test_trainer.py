@@ -5,6 +5,7 @@ These tests start Ray once (module fixture) and run real training steps of the t
 
 from __future__ import annotations
 
+import math
 import statistics
 import subprocess
 import sys
@@ -74,6 +75,40 @@ def test_a_step_records_every_phase_and_its_tokens(local_ray, tmp_path):
     assert 1 <= result.metrics["response_length/mean"] <= 8
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac"):
         assert key in result.metrics
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.adv_estimator=rloo", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum"],
+        ["algorithm.adv_estimator=reinforce_plus_plus", "algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=kl"],
+        [
+            "algorithm.adv_estimator=reinforce_plus_plus_baseline",
+            "algorithm.use_kl_in_reward=True",
+            "algorithm.kl_ctrl.type=adaptive",
+            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+        ],
+        [
+            "algorithm.norm_adv_by_std_in_grpo=False",
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=400",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=400",
+            "actor_rollout_ref.actor.ppo_epochs=2",
+        ],
+    ],
+    ids=["rloo", "reinforce++-kl-in-reward", "reinforce++-baseline-adaptive-kl", "dr-grpo-dynamic-bsz"],
+)
+def test_each_algorithm_variant_takes_a_finite_step(local_ray, tmp_path, overrides):
+    trainer = make_trainer(["data.max_response_length=6", "actor_rollout_ref.actor.optim.lr=1e-3"] + overrides, tmp_path)
+    try:
+        result = trainer.train_step(next(trainer.loader))
+    finally:
+        trainer.shutdown()
+    assert math.isfinite(result.metrics["actor/pg_loss"]) and result.metrics["actor/grad_norm"] > 0
+    if "algorithm.use_kl_in_reward=True" in overrides:
+        assert "actor/reward_kl_penalty" in result.metrics
+        assert "ref" in result.timing_s
 
 
 def test_resume_continues_with_identical_state(local_ray, tmp_path):
