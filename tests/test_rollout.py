@@ -1,4 +1,4 @@
-"""The rollout engines (hf and static) on the tiny preset, on CPU in fp32."""
+"""The rollout engines (hf, static and fast) on the tiny preset, on CPU in fp32."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from trainer.rollout import (
     register_engine,
 )
 
-ENGINE_NAMES = ["hf", "static"]
+ENGINE_NAMES = ["hf", "static", "fast"]
 TEXTS = ["What is 2+3?", "Hi", "Compute 17*4 please", "x", "Solve: 9-4", "abc", "The answer is", "1+1="]
 GREEDY = SamplingParams(do_sample=False)
 EOS, PAD = 1, 0
@@ -341,7 +341,7 @@ def test_load_weights_rejects_mismatched_state(tok):
 def test_make_engine_by_name_and_unknown_names(model, tok):
     assert type(engine("hf", model, tok)).name == "hf"
     assert type(engine("static", model, tok)).name == "static"
-    with pytest.raises(ValueError, match="unknown rollout engine 'vllm'; available: hf, static"):
+    with pytest.raises(ValueError, match="unknown rollout engine 'vllm'; available: fast, hf, static"):
         make_engine("vllm", model, tok)
     with pytest.raises(ValueError, match="already registered"):
         register_engine("hf", ENGINES["static"])

@@ -8,18 +8,20 @@ whole global mini-batch: 1 worker and N workers take the same optimizer step.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 
-from trainer.algorithms.entropy import entropy_from_logits, logprobs_from_logits
 from trainer.algorithms.kl import kl_penalty
 from trainer.algorithms.policy_loss import actor_loss, vanilla_policy_loss
 from trainer.batch import Batch
 from trainer.config import ActorConfig, clip_ratios
 from trainer.distributed import DataParallel
 from trainer.dynamic_batch import balanced_micro_batches
+from trainer.fsdp import accumulate_gradients, clip_grad_norm, is_fsdp, keep_gathered, move_optimizer_state
 
 
 # ----------------------------------------------------------------------------- micro-batching
@@ -39,43 +41,67 @@ def trim_padding(batch: Batch) -> Batch:
 
 
 def micro_batch_groups(
-    batch: Batch, micro_batch_size: int, use_dynamic_bsz: bool, max_token_len: int, dp: DataParallel
+    batch: Batch,
+    micro_batch_size: int,
+    use_dynamic_bsz: bool,
+    max_token_len: int,
+    dp: DataParallel,
+    lockstep: bool = False,
 ) -> list[list[int]]:
-    """Row indices of each micro-batch: fixed size, or by token budget (VERL's use_dynamic_bsz)."""
+    """Row indices of each micro-batch: fixed size, or by token budget (VERL's use_dynamic_bsz).
+
+    ``lockstep`` (FSDP over several workers, where every forward and backward is a collective):
+    every worker gets the same number of groups, the group-wide maximum; a worker with fewer rows
+    gets empty groups, which the caller runs as dummy micro-batches. Otherwise empty groups are dropped.
+    """
     n = batch.size
     if use_dynamic_bsz:
         lengths = batch.sequence_lengths.tolist()
-        groups = balanced_micro_batches(lengths, max_token_len, reduce_max=dp.reduce_max_int)
+        groups = balanced_micro_batches(lengths, max_token_len, reduce_max=dp.reduce_max_int) if n else []
+    else:
+        groups = [list(range(i, min(i + micro_batch_size, n))) for i in range(0, n, micro_batch_size)]
+    if not lockstep:
         return [g for g in groups if g]
-    return [list(range(i, min(i + micro_batch_size, n))) for i in range(0, n, micro_batch_size)]
+    count = dp.reduce_max_int(len(groups))
+    return groups + [[] for _ in range(count - len(groups))]
+
+
+def dummy_micro_batch(batch: Batch, device: torch.device) -> Batch:
+    """One short row to run where a worker has no rows left, so its collectives match the others'.
+
+    Its results are thrown away (log-probs) or weighted by zero (the update)."""
+    if batch.size:
+        return trim_padding(batch.select([0])).to(device)
+    one = torch.ones((1, 1), dtype=torch.long, device=device)
+    zero = torch.zeros((1, 1), dtype=torch.float32, device=device)
+    return Batch(
+        prompt_ids=one, prompt_mask=one, response_ids=one, response_mask=one, uids=one[0],
+        old_log_probs=zero, ref_log_probs=zero, advantages=zero,
+    )
 
 
 # ----------------------------------------------------------------------------- forward
-def response_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """Logits that predict each response token: [B, R, V], in the model's dtype.
-
-    Position P-1+t predicts response token t, so the model is asked for the last R+1 positions only
-    (logits_to_keep): the prompt's logits over the vocabulary are never built.
-    """
-    r = batch.response_ids.shape[1]
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        logits_to_keep=r + 1,
-        use_cache=False,
-    )
-    return out.logits[:, :-1, :]
-
-
 def response_log_probs(
     model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(response token) at the sampling temperature, [B, R] float32 (and entropy if asked)."""
-    logits = response_logits(model, batch)
-    logp = logprobs_from_logits(logits, batch.response_ids, temperature)
-    entropy = entropy_from_logits(logits, temperature) if with_entropy else None
-    return logp, entropy
+    """log pi(response token) at the sampling temperature, [B, R] float32 (and entropy if asked).
+
+    ``model`` is a trainer.fsdp.PolicyModel: the LM head and log-softmax run in token chunks from the
+    final hidden states, so the [B, R, V] logits are never built.
+    """
+    return model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        response_ids=batch.response_ids,
+        temperature=temperature,
+        with_entropy=with_entropy,
+    )
+
+
+def needs_lockstep(model: torch.nn.Module, dp: DataParallel) -> bool:
+    """FSDP over several workers: every worker must run the same number of forward passes."""
+    return dp.active and is_fsdp(model)
 
 
 @torch.no_grad()
@@ -93,11 +119,16 @@ def compute_log_probs(
     was_training = model.training
     model.eval()
     out = torch.zeros(batch.response_ids.shape, dtype=torch.float32)
+    lockstep = needs_lockstep(model, dp)
     try:
-        for rows in micro_batch_groups(batch, micro_batch_size, use_dynamic_bsz, max_token_len, dp):
-            micro = trim_padding(batch.select(rows)).to(device)
-            logp, _ = response_log_probs(model, micro, temperature)
-            out[torch.as_tensor(rows), : logp.shape[1]] = logp.float().cpu()
+        with keep_gathered(model):  # one all-gather of the weights for all micro-batches
+            for rows in micro_batch_groups(batch, micro_batch_size, use_dynamic_bsz, max_token_len, dp, lockstep):
+                if not rows:
+                    response_log_probs(model, dummy_micro_batch(batch, device), temperature)
+                    continue
+                micro = trim_padding(batch.select(rows)).to(device)
+                logp, _ = response_log_probs(model, micro, temperature)
+                out[torch.as_tensor(rows), : logp.shape[1]] = logp.float().cpu()
     finally:
         model.train(was_training)
     return out
@@ -132,6 +163,7 @@ class UpdateSettings:
     max_response_length: int
     n_mini_batches: int
     device: torch.device
+    optimizer_offload: bool = False  # keep AdamW's moments on the CPU between steps (VERL's key)
 
 
 def update_policy(
@@ -155,6 +187,7 @@ def update_policy(
     with_entropy = cfg.entropy_coeff != 0.0
     mode = cfg.loss_agg_mode
     rows_per_mini = shard.size // settings.n_mini_batches
+    lockstep = needs_lockstep(model, dp)
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     model.train()
@@ -163,50 +196,76 @@ def update_policy(
             mini = shard.select(list(range(k * rows_per_mini, (k + 1) * rows_per_mini)))
             global_norm = dp.all_reduce_sum(global_normaliser(mode, mini.response_mask))
             optimizer.zero_grad(set_to_none=True)
-            mini_loss = 0.0
-            for rows in micro_batch_groups(
-                mini, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, dp
-            ):
-                micro = trim_padding(mini.select(rows)).to(settings.device)
-                mask = micro.response_mask.float()
-                logp, entropy = response_log_probs(model, micro, settings.temperature, with_entropy)
-                pg = vanilla_policy_loss(
-                    logp, micro.old_log_probs, micro.advantages, mask, eps_low, eps_high, cfg.clip_ratio_c
-                )
-                kl = kl_penalty(logp, micro.ref_log_probs, cfg.kl_loss_type) if use_kl else None
-                loss = actor_loss(
-                    pg.pg_losses,
-                    mask,
-                    mode,
-                    entropy=entropy,
-                    entropy_coeff=cfg.entropy_coeff,
-                    kl=kl,
-                    kl_loss_coef=cfg.kl_loss_coef if use_kl else 0.0,
-                    max_response_length=settings.max_response_length,
-                )
-                weight = loss_normaliser(mode, mask) / max(global_norm, 1.0)
-                (loss * weight).backward()
-                mini_loss += float(loss.detach()) * weight
-                tokens = float(mask.sum())
-                for key, value in pg.metrics().items():
-                    sums[key] += value * tokens
-                    counts[key] += int(tokens)
-                if kl is not None:
-                    sums["actor/kl_loss"] += float((kl.detach() * mask).sum())
-                    counts["actor/kl_loss"] += int(tokens)
-                if entropy is not None:
-                    sums["actor/entropy"] += float((entropy.detach() * mask).sum())
-                    counts["actor/entropy"] += int(tokens)
-            dp.all_reduce_grads(model)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            if torch.isfinite(grad_norm):
+            device_sums: dict[str, torch.Tensor] = {}
+            groups = micro_batch_groups(
+                mini, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, dp, lockstep
+            )
+            with keep_gathered(model):  # FSDP: one all-gather and one reduce-scatter per mini-batch
+                for index, rows in enumerate(groups):
+                    # FSDP: gradients reduce-scatter once, after the last micro-batch (every worker has the
+                    # same number of groups under lockstep, so they agree on which one is last).
+                    accumulate_gradients(model, last_micro_batch=index == len(groups) - 1)
+                    if not rows:  # this worker is out of rows: a zero-weighted pass keeps FSDP's collectives in step
+                        logp, _ = response_log_probs(model, dummy_micro_batch(mini, settings.device), settings.temperature)
+                        (logp.sum() * 0.0).backward()
+                        continue
+                    cpu_micro = trim_padding(mini.select(rows))
+                    micro = cpu_micro.to(settings.device)
+                    mask = micro.response_mask.float()
+                    logp, entropy = response_log_probs(model, micro, settings.temperature, with_entropy)
+                    pg = vanilla_policy_loss(
+                        logp, micro.old_log_probs, micro.advantages, mask, eps_low, eps_high, cfg.clip_ratio_c
+                    )
+                    kl = kl_penalty(logp, micro.ref_log_probs, cfg.kl_loss_type) if use_kl else None
+                    loss = actor_loss(
+                        pg.pg_losses,
+                        mask,
+                        mode,
+                        entropy=entropy,
+                        entropy_coeff=cfg.entropy_coeff,
+                        kl=kl,
+                        kl_loss_coef=cfg.kl_loss_coef if use_kl else 0.0,
+                        max_response_length=settings.max_response_length,
+                    )
+                    # The weight and token count come from the host copy of the mask: no device sync here.
+                    cpu_mask = cpu_micro.response_mask.float()
+                    weight = loss_normaliser(mode, cpu_mask) / max(global_norm, 1.0)
+                    (loss * weight).backward()
+                    tokens = float(cpu_mask.sum())
+                    # Metrics stay on the device until the mini-batch ends (one host read per optimizer step).
+                    parts = {"actor/pg_loss": loss.detach() * weight}
+                    for f in dataclasses.fields(pg):
+                        if f.name != "pg_losses":
+                            parts[f"actor/{f.name}"] = getattr(pg, f.name).detach() * tokens
+                            counts[f"actor/{f.name}"] += int(tokens)
+                    if kl is not None:
+                        parts["actor/kl_loss"] = (kl.detach() * mask).sum()
+                        counts["actor/kl_loss"] += int(tokens)
+                    if entropy is not None:
+                        parts["actor/entropy"] = (entropy.detach() * mask).sum()
+                        counts["actor/entropy"] += int(tokens)
+                    for key, value in parts.items():
+                        device_sums[key] = device_sums[key] + value.float() if key in device_sums else value.float()
+            if not is_fsdp(model):  # FSDP reduce-scatters in the backward pass itself
+                dp.all_reduce_grads(model)
+            grad_norm = clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.grad_clip)
+            if math.isfinite(grad_norm):
+                if settings.optimizer_offload:
+                    move_optimizer_state(optimizer, settings.device)
                 optimizer.step()
+                if settings.optimizer_offload:
+                    move_optimizer_state(optimizer, torch.device("cpu"))
             else:  # a non-finite gradient would poison the weights: skip, and say so in the metrics
                 sums["actor/skipped_steps"] += 1.0
             optimizer.zero_grad(set_to_none=True)
-            sums["actor/pg_loss"] += dp.all_reduce_sum(mini_loss)
+            keys = list(device_sums)
+            values = torch.stack([device_sums[k] for k in keys]).tolist() if keys else []
+            mini_sums = dict(zip(keys, values, strict=True))
+            sums["actor/pg_loss"] += dp.all_reduce_sum(mini_sums.pop("actor/pg_loss", 0.0))
             counts["actor/pg_loss"] += 1
-            sums["actor/grad_norm"] += float(grad_norm)
+            for key, value in mini_sums.items():
+                sums[key] += value
+            sums["actor/grad_norm"] += grad_norm
             counts["actor/grad_norm"] += 1
     return _finish_metrics(sums, counts, dp)
 

@@ -76,6 +76,10 @@ class ActorConfig:
     ppo_epochs: int = 1
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384
+    # VERL's key; here: fsdp2 (FSDP2 over all workers, one included), dp (a full replica per worker and
+    # one flat all-reduce of gradients per mini-batch) or auto (fsdp2 on GPU, dp on CPU). The
+    # reference model follows the actor's strategy.
+    strategy: str = "auto"
     ulysses_sequence_parallel_size: int = 1
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None  # None: clip_ratio
@@ -112,6 +116,14 @@ class RolloutConfig:
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
     micro_batch_size: int = 0  # sequences per generate call; 0: the whole batch at once
+    # Our extension (as vLLM's SamplingParams.ignore_eos): keep sampling after an EOS, so every
+    # response is exactly max_response_length tokens (a benchmark's fixed work with random weights).
+    ignore_eos: bool = False
+    # VERL's vLLM key: True runs the decode step eagerly; False lets the "fast" engine replay CUDA
+    # graphs of its decode step on GPU (other engines and CPU runs are always eager).
+    enforce_eager: bool = False
+    # VERL's key: release the engine's KV cache (and its captured graphs) after each generate call.
+    free_cache_engine: bool = False
 
 
 @dataclass
@@ -186,7 +198,8 @@ class Config:
 SUPPORTED_CHOICES: dict[str, tuple[str, ...]] = {
     "data.truncation": ("error", "left", "right", "middle"),
     "data.synthetic_difficulty": ("tiny", "easy", "standard", "hard"),
-    "actor_rollout_ref.rollout.name": ("hf", "static"),
+    "actor_rollout_ref.rollout.name": ("hf", "static", "fast"),
+    "actor_rollout_ref.actor.strategy": ("auto", "fsdp2", "dp"),
     "algorithm.adv_estimator": ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
     "actor_rollout_ref.actor.loss_agg_mode": (
         "token-mean",
@@ -206,6 +219,10 @@ KNOWN_BUT_UNSUPPORTED: dict[str, dict[str, str]] = {
     "actor_rollout_ref.rollout.name": {
         "sglang": "the SGLang engine is not bundled",
         "vllm": "the vLLM engine is not bundled",
+    },
+    "actor_rollout_ref.actor.strategy": {
+        "fsdp": "FSDP1 is not used here; fsdp2 is",
+        "megatron": "the Megatron back end is not bundled",
     },
     "algorithm.adv_estimator": {"gae": "GAE needs a critic worker, which this trainer does not have yet"},
 }

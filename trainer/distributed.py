@@ -7,6 +7,7 @@ the global mini-batch (see trainer/actor.py).
 
 from __future__ import annotations
 
+import os
 import socket
 from datetime import timedelta
 
@@ -32,9 +33,16 @@ class DataParallel:
     def active(self) -> bool:
         return self.world_size > 1
 
-    def init(self, master_addr: str, master_port: int, backend: str, timeout_s: float = 600.0) -> None:
-        if not self.active:
+    def init(
+        self, master_addr: str, master_port: int, backend: str, timeout_s: float = 600.0, force: bool = False
+    ) -> None:
+        """Join the group; with one worker only when ``force`` (FSDP2 needs a group even of one)."""
+        if not (self.active or force):
             return
+        if backend == "nccl":
+            # NVLink multicast (NVLS) can take a shared host's GPUs out of service: never use it.
+            os.environ["NCCL_NVLS_ENABLE"] = "0"
+            torch.cuda.set_device(self.device)
         dist.init_process_group(
             backend=backend,
             init_method=f"tcp://{master_addr}:{master_port}",
@@ -79,5 +87,5 @@ class DataParallel:
             dist.barrier()
 
     def shutdown(self) -> None:
-        if self.active and dist.is_initialized():
+        if dist.is_initialized():
             dist.destroy_process_group()

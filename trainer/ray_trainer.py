@@ -196,7 +196,7 @@ class GRPOTrainer:
         return results
 
     def save_checkpoint(self) -> Path:
-        state = self.workers.rank0("state")
+        state = self.workers.all("state")[0]  # all: under FSDP gathering the shards is a collective
         driver = {
             "global_step": self.global_step,
             "loader": self.loader.state_dict(),

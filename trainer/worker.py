@@ -1,12 +1,16 @@
 """One training worker: the actor, the reference and the rollout engine, colocated in one process.
 
-Run as a Ray actor (see trainer/worker_group.py). Each worker holds a full replica of the weights
-and its shard of every batch; the workers form one torch.distributed group for gradient sums.
+Run as a Ray actor (see trainer/worker_group.py). The workers form one torch.distributed group.
+With the fsdp2 strategy (the default on GPU) the actor and the reference are sharded over the group
+with FSDP2 (trainer/fsdp.py), a group of one included; with dp (the default on CPU) each worker holds
+a full replica and gradients are summed by one all-reduce per mini-batch. Either way each worker
+holds its shard of every batch, and its rollout engine holds a full copy of the weights (or, on dp,
+shares the actor's module), refreshed in the reshard phase on the device, without a trip through
+the CPU or disk.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 from typing import Any
 
@@ -16,6 +20,17 @@ from trainer.actor import UpdateSettings, compute_log_probs, update_policy
 from trainer.batch import Batch
 from trainer.config import Config
 from trainer.distributed import DataParallel, free_port
+from trainer.fsdp import (
+    PolicyModel,
+    compute_dtype,
+    full_model_state,
+    load_full_model_state,
+    load_optimizer_state,
+    move_optimizer_state,
+    optimizer_state,
+    resolve_strategy,
+    shard_model,
+)
 from trainer.models import build_model, load_tokenizer, resolve_dtype
 from trainer.rollout import make_engine
 from trainer.rollout.base import SamplingParams
@@ -31,8 +46,9 @@ class TrainWorker:
             raise RuntimeError(f"worker {rank}: trainer.device=cuda but torch sees no GPU in this process")
         self.device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
         if not on_gpu:
-            # Ray pins actors to one thread; a CPU worker may use its node's share of the cores.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.trainer.n_gpus_per_node))
+            # One thread per CPU worker, as its one Ray CPU: OpenMP threads spin-wait on each other,
+            # and on an oversubscribed machine that turned a phase 100x slower instead of 2x.
+            torch.set_num_threads(1)
         self.dp = DataParallel(rank, world_size, self.device)
         self.actor: torch.nn.Module | None = None
         self.ref: torch.nn.Module | None = None
@@ -45,37 +61,72 @@ class TrainWorker:
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         cfg = self.cfg
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        self.dp.init(master_addr, master_port, backend)
         arr = cfg.actor_rollout_ref
+        self.strategy = resolve_strategy(arr.actor.strategy, self.device.type)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        self.dp.init(master_addr, master_port, backend, force=self.strategy == "fsdp2")
         path = arr.model.path
-        dtype = resolve_dtype(arr.actor.fsdp_config.model_dtype, cfg.trainer.device)
-        # Every rank builds the same seeded weights, so the replicas start identical.
-        self.actor = build_model(path, dtype=dtype, device=self.device, seed=cfg.trainer.seed)
+        fsdp = arr.actor.fsdp_config
+        dtype = resolve_dtype(fsdp.model_dtype, cfg.trainer.device)
+        # Every rank builds the same seeded weights, so the replicas (or the shards) start identical.
+        lm = build_model(path, dtype=dtype, device=self.device, seed=cfg.trainer.seed)
         if arr.model.enable_gradient_checkpointing:
-            self.actor.gradient_checkpointing_enable()
+            # non-reentrant checkpointing is the kind that composes with FSDP2's hooks
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.actor = self._wrap(PolicyModel(lm), fsdp.param_offload)
         optim = arr.actor.optim
         self.optimizer = torch.optim.AdamW(
             self.actor.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
         )
+        # With param_offload the optimizer steps on the CPU already (CPUOffloadPolicy).
+        self.optimizer_offload = fsdp.optimizer_offload and not fsdp.param_offload and self.device.type == "cuda"
         if cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-            ref_dtype = resolve_dtype(arr.ref.fsdp_config.model_dtype, cfg.trainer.device)
-            self.ref = build_model(path, dtype=ref_dtype, device=self.device, seed=cfg.trainer.seed)
-            self.ref.requires_grad_(False).eval()
+            ref_fsdp = arr.ref.fsdp_config
+            ref_dtype = resolve_dtype(ref_fsdp.model_dtype, cfg.trainer.device)
+            ref = build_model(path, dtype=ref_dtype, device=self.device, seed=cfg.trainer.seed)
+            ref.requires_grad_(False).eval()
+            self.ref = self._wrap(PolicyModel(ref), ref_fsdp.param_offload)
         self.tokenizer = load_tokenizer(path)
-        self.engine = make_engine(arr.rollout.name, self.actor, self.tokenizer, arr.rollout)
+        self.engine = self._make_engine(path, dtype)
         return {
             "rank": self.rank,
             "host": socket.gethostname(),
             "device": str(self.device),
             "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "threads": torch.get_num_threads(),
+            "strategy": self.strategy,
         }
+
+    def _wrap(self, policy: PolicyModel, param_offload: bool) -> PolicyModel:
+        if self.strategy == "fsdp2":
+            return shard_model(policy, self.device, self.world_size, param_offload=param_offload)
+        if param_offload:
+            raise ValueError("fsdp_config.param_offload=True needs actor_rollout_ref.actor.strategy=fsdp2")
+        return policy
+
+    def _make_engine(self, path: str, actor_dtype: torch.dtype):
+        """The rollout engine, holding its own full copy of the weights unless it can share the actor's.
+
+        The fast engine always keeps its own (fused, fixed-address) buffers. The transformers-based
+        engines share the actor's module on dp; under FSDP they get a replica of their own, since
+        every forward of a sharded module is a collective that the workers' rollouts cannot keep in step.
+        """
+        rollout = self.cfg.actor_rollout_ref.rollout
+        if rollout.name == "fast" or self.strategy == "dp":
+            engine = make_engine(rollout.name, self.actor.lm, self.tokenizer, rollout)
+        else:
+            replica = build_model(
+                path, dtype=compute_dtype(actor_dtype, self.device.type), device=self.device, seed=self.cfg.trainer.seed
+            )
+            replica.requires_grad_(False)
+            engine = make_engine(rollout.name, replica, self.tokenizer, rollout, share_weights=False)
+        engine.sync_from(self.actor.lm)
+        return engine
 
     # -- phases -------------------------------------------------------------------------------
     def reshard(self) -> None:
         """Hand the actor's current weights to the rollout engine."""
-        self.engine.sync_from(self.actor)
+        self.engine.sync_from(self.actor.lm)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -121,6 +172,7 @@ class TrainWorker:
             max_response_length=self.cfg.data.max_response_length,
             n_mini_batches=n_mini_batches,
             device=self.device,
+            optimizer_offload=self.optimizer_offload,
         )
         metrics = update_policy(self.actor, self.optimizer, shard, self.cfg.actor_rollout_ref.actor, settings, self.dp)
         if self.device.type == "cuda":
@@ -129,16 +181,45 @@ class TrainWorker:
 
     # -- state --------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """Model and optimizer state on the CPU (replicas are identical: rank 0's is the model's)."""
+        """Model and optimizer state on the CPU, in the model's own parameter names.
+
+        Under FSDP this gathers the shards: every worker must call it (WorkerGroup.all); rank 0
+        returns the whole state and the others an empty dict.
+        """
+        if self.strategy == "fsdp2":
+            model = full_model_state(self.actor.lm)
+            optimizer = optimizer_state(self.actor, self.optimizer)
+            return {"model": model, "optimizer": optimizer} if self.rank == 0 else {}
         return {
-            "model": {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()},
+            "model": {k: v.detach().cpu().clone() for k, v in self.actor.lm.state_dict().items()},
             "optimizer": _to_cpu(self.optimizer.state_dict()),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.actor.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.engine.sync_from(self.actor)
+        if self.strategy == "fsdp2":
+            load_full_model_state(self.actor.lm, state["model"])
+            load_optimizer_state(self.actor, self.optimizer, state["optimizer"])
+            if self.optimizer_offload:
+                move_optimizer_state(self.optimizer, torch.device("cpu"))
+        else:
+            self.actor.lm.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.engine.sync_from(self.actor.lm)
+
+    def rollout_stats(self) -> dict[str, float]:
+        """What the rollout engine reports about itself (the fast engine: graph capture seconds and count)."""
+        return dict(getattr(self.engine, "stats", {}))
+
+    def memory_stats(self) -> dict[str, float]:
+        """Peak GPU memory of this worker since the last call, GiB (empty on CPU); resets the peak."""
+        if self.device.type != "cuda":
+            return {}
+        out = {
+            "max_allocated_gib": torch.cuda.max_memory_allocated(self.device) / 2**30,
+            "max_reserved_gib": torch.cuda.max_memory_reserved(self.device) / 2**30,
+        }
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return out
 
     def shutdown(self) -> None:
         self.dp.shutdown()

@@ -13,12 +13,14 @@ from torch import nn
 
 from trainer.config import RolloutConfig
 from trainer.rollout.base import NonFiniteLogitsError, RolloutEngine, SamplingParams, finalize_responses
+from trainer.rollout.fast_engine import FastRolloutEngine
 from trainer.rollout.hf_engine import HFRolloutEngine
 from trainer.rollout.static_engine import StaticRolloutEngine
 
 ENGINES: dict[str, type[RolloutEngine]] = {
     HFRolloutEngine.name: HFRolloutEngine,
     StaticRolloutEngine.name: StaticRolloutEngine,
+    FastRolloutEngine.name: FastRolloutEngine,
 }
 
 
@@ -40,6 +42,7 @@ def make_engine(
 
 __all__ = [
     "ENGINES",
+    "FastRolloutEngine",
     "HFRolloutEngine",
     "NonFiniteLogitsError",
     "RolloutEngine",

@@ -2,7 +2,8 @@
 
 An engine turns prompts into a ``Batch``: each prompt repeated ``n`` times in consecutive rows
 ([p0, p0, ..., p1, p1, ...]), prompts left-padded, responses right-padded with the response mask
-covering the generated tokens up to and including the first EOS. The common work (repeating,
+covering the generated tokens up to and including the first EOS (with rollout.ignore_eos, every
+generated token: an EOS then neither stops a row nor ends its mask). The common work (repeating,
 padding, micro-batching, eval mode, masks, assembling the Batch) lives here; an engine only
 implements ``_generate_rows``, the decoding of one left-padded micro-batch.
 
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from trainer.batch import Batch, left_pad
+from trainer.fsdp import full_tensor
 
 if TYPE_CHECKING:
     from trainer.config import RolloutConfig
@@ -93,7 +95,7 @@ def finalize_responses(
     The mask is 1 up to and including each row's first EOS and 0 after it; a row without EOS (it
     hit max_new_tokens) is all 1. Tokens after the first EOS become padding.
     """
-    eos = torch.as_tensor(list(eos_token_ids), device=tokens.device)
+    eos = torch.as_tensor(list(eos_token_ids), dtype=torch.long, device=tokens.device)
     is_eos = torch.isin(tokens, eos).long()
     eos_before = is_eos.cumsum(dim=1) - is_eos  # EOS tokens strictly before each position
     mask = (eos_before == 0).long()
@@ -136,6 +138,18 @@ class RolloutEngine(ABC):
         self.eos_token_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_ids[0]
+        # ignore_eos: an EOS neither stops a row nor ends its response mask (fixed-length work).
+        self.ignore_eos = bool(config.ignore_eos) if config is not None else False
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The tokens that end a response: the EOS ids, or none with ignore_eos."""
+        return () if self.ignore_eos else self.eos_token_ids
+
+    @property
+    def device(self) -> torch.device:
+        """Where the engine decodes (the model's device; engines with their own weights override)."""
+        return model_device(self.model)
 
     # ------------------------------------------------------------------ the one public call
     def generate(
@@ -155,7 +169,7 @@ class RolloutEngine(ABC):
         """
         self._check_inputs(prompt_token_lists, uids, ground_truths, n, max_new_tokens)
         rows = [list(p) for p in prompt_token_lists for _ in range(n)]
-        device = model_device(self.model)
+        device = self.device
         prompt_ids, prompt_mask = left_pad(rows, self.pad_token_id)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         step = self.micro_batch_size or len(rows)
@@ -179,7 +193,7 @@ class RolloutEngine(ABC):
                 parts.append(tokens)
         width = max(p.shape[1] for p in parts)
         tokens = torch.cat([pad_right(p, width, self.pad_token_id) for p in parts])
-        response_ids, response_mask = finalize_responses(tokens, self.eos_token_ids, self.pad_token_id)
+        response_ids, response_mask = finalize_responses(tokens, self.stop_token_ids, self.pad_token_id)
         longest = int(response_mask.sum(dim=1).max())  # one host read, after decoding
         return Batch(
             prompt_ids=prompt_ids,
@@ -293,7 +307,9 @@ class RolloutEngine(ABC):
         seen: set[int] = set()
         with torch.no_grad():
             for name, dst in target.items():
-                src = source[name]
+                # A sharded (FSDP2) parameter is gathered whole on this device: a collective, made in
+                # the same order on every worker since they hold the same model.
+                src = full_tensor(source[name], dst.device)
                 if src.shape != dst.shape:
                     raise ValueError(f"load_weights: {name} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
                 if dst.data_ptr() in seen:

@@ -50,7 +50,8 @@ class HFRolloutEngine(RolloutEngine):
         # generate draws from the global RNG: seed it inside a fork so the caller's state is untouched.
         # The CPU state is always forked; an accelerator's only for the model's own device.
         on_cpu = device.type == "cpu"
-        with torch.random.fork_rng(devices=[] if on_cpu else [device], device_type=None if on_cpu else device.type):
+        # device_type must name a real type even when no device is forked (torch 2.11 rejects None)
+        with torch.random.fork_rng(devices=[] if on_cpu else [device], device_type="cuda" if on_cpu else device.type):
             torch.manual_seed(seed)
             yield None
 
@@ -69,12 +70,19 @@ class HFRolloutEngine(RolloutEngine):
             do_sample=sampling.do_sample,
             num_beams=1,
             repetition_penalty=1.0,
-            eos_token_id=list(self.eos_token_ids),
+            eos_token_id=self._generate_eos_ids(),
             pad_token_id=self.pad_token_id,
             use_cache=True,
             return_dict_in_generate=False,
             **sample_args,
         )
+
+    def _generate_eos_ids(self) -> list[int]:
+        """What generate stops on. For ignore_eos, an id past the vocabulary that no step can sample:
+        with None, generate would fall back to the model's own generation_config and stop at EOS."""
+        if self.ignore_eos:
+            return [int(self.model.config.vocab_size)]
+        return list(self.eos_token_ids)
 
     def _generate_rows(
         self,

@@ -83,12 +83,15 @@ def _mix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-def keyed_exponential(row_keys: torch.Tensor, step: torch.Tensor | int, vocab: int, seed: int) -> torch.Tensor:
+def keyed_exponential(
+    row_keys: torch.Tensor, step: torch.Tensor | int, vocab: int, seed: int | torch.Tensor
+) -> torch.Tensor:
     """Exp(1) noise [B, V] that depends only on (seed, row key, step, token id).
 
     A counter-based hash instead of a generator's stream: a row draws the same noise whatever
     batch or worker it is in, so rollouts do not depend on how the batch is split over workers
-    (1 and N data-parallel workers sample the same responses, and so do the same work).
+    (1 and N data-parallel workers sample the same responses, and so do the same work). ``seed``
+    may be a device tensor, so that a captured decode step reads this step's seed rather than baking one in.
     """
     keys = row_keys.long()
     step_t = torch.as_tensor(step, dtype=torch.long, device=keys.device)
@@ -100,7 +103,9 @@ def keyed_exponential(row_keys: torch.Tensor, step: torch.Tensor | int, vocab: i
     return -torch.log(u)
 
 
-def sample_keyed(logits: torch.Tensor, row_keys: torch.Tensor, step: torch.Tensor | int, seed: int) -> torch.Tensor:
+def sample_keyed(
+    logits: torch.Tensor, row_keys: torch.Tensor, step: torch.Tensor | int, seed: int | torch.Tensor
+) -> torch.Tensor:
     """``sample`` with the exponential race driven by ``keyed_exponential`` instead of a generator."""
     probs = torch.softmax(logits.float(), dim=-1)
     race = keyed_exponential(row_keys, step, logits.shape[-1], seed)

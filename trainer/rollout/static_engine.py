@@ -13,8 +13,9 @@ non-finite logits. The loop reads the host only every ``check_every`` steps, to 
 every row has finished and to raise NonFiniteLogitsError (naming the first bad step and its rows);
 sampling uses the exponential race driven by per-row keyed noise (``sampling.sample_keyed``), which
 cannot device-assert on NaN, so the check can wait, and which gives a row the same draw whichever
-worker or micro-batch it lands in. CUDA graphs are not implemented; a captured ``decode_step`` would need the model's
-forward to be capture-safe too (REFERENCE.md section 6 saw it fail naively).
+worker or micro-batch it lands in. CUDA graphs are not used here: transformers' forward with its StaticCache
+is not capture-safe (REFERENCE.md section 6 saw it fail); the "fast" engine (fast_engine.py) has a lean
+forward of its own that is.
 
 Slot layout: cache slot j < P holds prompt column j (left padding included, masked out by the slot
 mask); slot P + t holds the token generated at step t. Position ids count real tokens only, as in
@@ -78,7 +79,7 @@ class DecodeState:
             step=torch.tensor(0, dtype=torch.long, device=device),
             finished=torch.zeros(b, dtype=torch.bool, device=device),
             first_bad_step=torch.full((b,), -1, dtype=torch.long, device=device),
-            eos=torch.tensor(eos_token_ids, dtype=torch.long, device=device),
+            eos=torch.tensor(list(eos_token_ids), dtype=torch.long, device=device),
             row_keys=row_keys.to(device),
             pad_token_id=pad_token_id,
             seed=seed,
@@ -174,7 +175,7 @@ class StaticRolloutEngine(RolloutEngine):
     ) -> torch.Tensor:
         width = prompt_ids.shape[1]
         cache = StaticCache(config=self.model.config, max_cache_len=width + max_new_tokens)
-        state = DecodeState.start(prompt_mask, max_new_tokens, self.eos_token_ids, self.pad_token_id, row_keys, seed)
+        state = DecodeState.start(prompt_mask, max_new_tokens, self.stop_token_ids, self.pad_token_id, row_keys, seed)
         sample_step(state, prefill(self.model, cache, prompt_ids, prompt_mask), sampling)
         steps = 1
         while steps < max_new_tokens:

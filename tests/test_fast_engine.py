@@ -1,0 +1,227 @@
+"""The fast rollout engine: its lean forward, decode buffers and sampling against the other engines.
+
+On CPU the engine runs its decode step eagerly and samples through ``sampling.sample_keyed``, so its
+tokens must equal the static engine's exactly (same keyed noise) and, greedy, the hf engine's too.
+The CUDA-graph and Triton paths are checked on a GPU only (skipped here with the reason).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen3Config
+
+from trainer.config import RolloutConfig
+from trainer.models import build_model, load_tokenizer
+from trainer.rollout import FastRolloutEngine, SamplingParams, make_engine
+from trainer.rollout.fast_engine import DecodeBuffers, LeanWeights, lean_shape, prefill_logits
+from trainer.rollout.sampling import keyed_exponential, sample_keyed
+
+EOS = 1
+TEXTS = ["What is 2+3?", "Hi", "Compute 17*4 please", "x", "Solve: 9-4", "abc", "The answer is", "1+1="]
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs and the Triton sampler need a GPU")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("tiny")
+
+
+@pytest.fixture(scope="module")
+def prompts(tok) -> list[list[int]]:
+    return [tok.encode(t) for t in TEXTS]
+
+
+def lively_tiny(seed: int = 0) -> torch.nn.Module:
+    """The tiny preset scaled so that greedy text varies and often ends with EOS (as test_rollout)."""
+    model = build_model("tiny", seed=seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                p.mul_(4.0)
+        model.get_input_embeddings().weight[EOS] *= 2.0
+    return model
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return lively_tiny()
+
+
+def run(name: str, model, tok, prompts, sampling: SamplingParams, max_new: int = 24, seed: int = 3, **cfg):
+    engine = make_engine(name, model, tok, RolloutConfig(name=name, **cfg))
+    return engine.generate(prompts, list(range(len(prompts))), [], 2, max_new, sampling, seed)
+
+
+SAMPLINGS = [
+    SamplingParams(do_sample=False),
+    SamplingParams(),
+    SamplingParams(temperature=0.7, top_k=12),
+    SamplingParams(temperature=1.3, top_p=0.85),
+]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "plain", "top_k", "top_p"])
+@pytest.mark.parametrize("micro", [0, 5])
+def test_tokens_equal_the_static_engines(sampling, micro, model, tok, prompts):
+    static = run("static", model, tok, prompts, sampling, micro_batch_size=micro)
+    fast = run("fast", model, tok, prompts, sampling, micro_batch_size=micro)
+    assert torch.equal(fast.response_ids, static.response_ids)
+    assert torch.equal(fast.response_mask, static.response_mask)
+    lengths = fast.response_mask.sum(dim=1)
+    assert lengths.min() < lengths.max(), "the set-up should give responses of different lengths"
+
+
+def test_greedy_tokens_equal_transformers_generate(model, tok, prompts):
+    greedy = SamplingParams(do_sample=False)
+    assert torch.equal(run("fast", model, tok, prompts, greedy).response_ids, run("hf", model, tok, prompts, greedy).response_ids)
+
+
+def test_prefill_logits_equal_the_transformers_forward(model, tok, prompts):
+    from trainer.batch import left_pad, position_ids_from_mask
+
+    ids, mask = left_pad(prompts, 0)
+    weights = LeanWeights(lean_shape(model.config), torch.float32, torch.device("cpu"))
+    weights.load(model)
+    buf = DecodeBuffers(weights, ids.shape[0], ids.shape[1], 4, (EOS,), 0)
+    with torch.no_grad():
+        ours = prefill_logits(weights, buf.cache_k, buf.cache_v, ids, mask)
+        theirs = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[:, -1]
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["hf", "static", "fast"])
+def test_ignore_eos_runs_every_row_to_the_limit(name, model, tok, prompts):
+    max_new = 24
+    sampling = SamplingParams()
+    stopped = run(name, model, tok, prompts, sampling, max_new)
+    assert int(stopped.response_mask.sum(dim=1).min()) < max_new, "without ignore_eos some rows should end early"
+    batch = run(name, model, tok, prompts, sampling, max_new, ignore_eos=True)
+    assert batch.response_ids.shape == (2 * len(prompts), max_new)
+    assert batch.response_mask.sum(dim=1).tolist() == [max_new] * (2 * len(prompts))
+    # an EOS was sampled and decoding went on past it
+    assert any(EOS in row[:-1] for row in batch.response_ids.tolist())
+
+
+def test_reshard_copies_new_weights_and_reuses_buffers(tok, prompts):
+    actor = lively_tiny(seed=0)
+    engine = make_engine("fast", actor, tok, RolloutConfig(name="fast"))
+    greedy = SamplingParams(do_sample=False)
+    first = engine.generate(prompts, list(range(8)), [], 1, 12, greedy, 0)
+    buffers = engine._buffers
+    other = lively_tiny(seed=7)
+    copied = engine.sync_from(other)
+    n_params = sum(p.numel() for p in other.parameters())
+    assert copied == n_params * 4  # every float32 parameter once (the tied head is the embedding)
+    second = engine.generate(prompts, list(range(8)), [], 1, 12, greedy, 0)
+    assert engine._buffers is buffers, "the same shape must reuse the KV cache and state"
+    expected = make_engine("static", other, tok, RolloutConfig(name="static")).generate(prompts, list(range(8)), [], 1, 12, greedy, 0)
+    assert torch.equal(second.response_ids, expected.response_ids)
+    assert not torch.equal(first.response_ids, second.response_ids)
+    engine.generate(prompts[:3], list(range(3)), [], 1, 12, greedy, 0)
+    assert engine._buffers is not buffers, "a new batch shape needs new buffers"
+
+
+def test_free_cache_engine_releases_the_cache(model, tok, prompts):
+    engine = make_engine("fast", model, tok, RolloutConfig(name="fast", free_cache_engine=True))
+    engine.generate(prompts, list(range(8)), [], 1, 6, SamplingParams(), 0)
+    assert engine._buffers is None
+
+
+def test_attention_buckets_cover_every_written_slot(model):
+    weights = LeanWeights(lean_shape(model.config), torch.float32, torch.device("cpu"))
+    buf = DecodeBuffers(weights, batch=2, prompt_width=128, max_new=300, stop_ids=(EOS,), pad_id=0)
+    assert buf.slots == 512  # 428 rounded up to 128
+    for i in range(1, 300):
+        n = buf.attn_len(i, 128)
+        assert n % 128 == 0 or n == buf.slots
+        assert 128 + i <= n <= buf.slots  # the slot written at step i (128 + i - 1) is inside
+
+
+def test_unsupported_architectures_are_named():
+    qwen3 = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=128)
+    with pytest.raises(ValueError, match="model_type 'qwen3' is not supported"):
+        lean_shape(qwen3)
+    scaled = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128,
+                         rope_scaling={"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(ValueError, match="rope_type 'linear' is not supported"):
+        lean_shape(scaled)
+
+
+def test_llama_without_biases_matches_transformers(tok, prompts):
+    from transformers import AutoModelForCausalLM
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128, max_position_embeddings=512,
+                         eos_token_id=EOS, pad_token_id=0, tie_word_embeddings=False)
+    torch.manual_seed(1)
+    llama = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in llama.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    greedy = SamplingParams(do_sample=False)
+    assert torch.equal(run("fast", llama, tok, prompts, greedy).response_ids, run("hf", llama, tok, prompts, greedy).response_ids)
+
+
+# ----------------------------------------------------------------------------- GPU only
+@needs_cuda
+def test_graph_replay_gives_the_eager_tokens(tok, prompts):
+    model = lively_tiny().to("cuda", torch.bfloat16)
+    greedy = SamplingParams(do_sample=False)
+    graphs = run("fast", model, tok, prompts, greedy, max_new=200)
+    eager = run("fast", model, tok, prompts, greedy, max_new=200, enforce_eager=True)
+    assert torch.equal(graphs.response_ids, eager.response_ids)
+    sampled = [run("fast", model, tok, prompts, SamplingParams(), max_new=200, enforce_eager=e) for e in (False, True)]
+    assert torch.equal(sampled[0].response_ids, sampled[1].response_ids)
+
+
+@needs_cuda
+def test_triton_race_draws_what_sample_keyed_draws():
+    from trainer.rollout.triton_sampling import keyed_race
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 151936, device="cuda") * 3
+    keys = torch.arange(64, device="cuda") * 7 + 3
+    step, seed = torch.tensor(5, device="cuda"), torch.tensor(1234, device="cuda")
+    tokens = torch.empty(64, dtype=torch.long, device="cuda")
+    bad = torch.empty(64, dtype=torch.bool, device="cuda")
+    keyed_race(logits, keys, step, seed, 1.0 / 0.8, tokens, bad)
+    expected = sample_keyed(logits / 0.8, keys, step, seed)
+    # the same noise; only last-bit differences of log in the race could ever split a near tie
+    assert (tokens == expected).float().mean() >= 0.98
+    assert not bad.any()
+    # the noise really is keyed_exponential's: with flat logits the race picks its argmin
+    flat = torch.zeros(4, 1000, device="cuda")
+    keyed_race(flat, keys[:4], step, seed, 1.0, tokens[:4], bad[:4])
+    assert torch.equal(tokens[:4], keyed_exponential(keys[:4], step, 1000, seed).argmin(dim=-1))
+    logits[3, 17] = float("nan")
+    logits[9] = float("-inf")
+    keyed_race(logits, keys, step, seed, 1.0, tokens, bad)
+    assert torch.nonzero(bad).flatten().tolist() == [3, 9]
+
+
+@needs_cuda
+def test_non_finite_logits_raise_on_gpu_with_graphs(tok, prompts):
+    from trainer.rollout import NonFiniteLogitsError
+
+    model = lively_tiny().to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteLogitsError, match="fast rollout: non-finite logits"):
+        run("fast", model, tok, prompts, SamplingParams(), max_new=64)
+
+
+def test_engine_is_registered_under_its_name(model, tok):
+    assert isinstance(make_engine("fast", model, tok), FastRolloutEngine)

@@ -1,0 +1,140 @@
+"""FSDP2 on CPU with two real processes of a gloo group (no Ray; tests/test_fsdp.py has whole steps).
+
+Log-probs and one PPO update over shards of unequal size, where one worker runs out of micro-batches
+first and must run dummy passes to keep FSDP's collectives in step, equal the single-process result
+on the whole batch. This module stays light to import: the spawned workers import it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from trainer.actor import UpdateSettings, compute_log_probs, micro_batch_groups, update_policy
+from trainer.batch import Batch, left_pad
+from trainer.config import ActorConfig
+from trainer.distributed import DataParallel, free_port
+from trainer.fsdp import PolicyModel, full_model_state, resolve_strategy, shard_model
+from trainer.models import build_model
+
+ROWS_PER_RANK = ([0, 1, 2, 3, 4], [5, 6, 7])  # unequal on purpose
+# (micro-batch size, dynamic bsz, token budget, gradient checkpointing on the sharded model):
+# 3 vs 2 fixed groups; by token budget 4 vs 3 + 1 empty; fixed again with checkpointed layers.
+SETTINGS = [
+    (2, False, 0, False),
+    (2, True, 13, False),
+    (2, False, 0, True),
+]
+
+
+def toy_batch() -> Batch:
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, 100, (int(n),), generator=g).tolist() for n in (4, 7, 3, 6, 5, 2, 7, 4)]
+    prompt_ids, prompt_mask = left_pad(prompts, 0)
+    response_ids = torch.randint(5, 100, (8, 6), generator=g)
+    lengths = torch.tensor([6, 3, 5, 6, 1, 4, 6, 2])
+    response_mask = (torch.arange(6)[None, :] < lengths[:, None]).long()
+    return Batch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids * response_mask,
+        response_mask=response_mask,
+        uids=torch.arange(8) // 2,
+        advantages=torch.randn(8, 6, generator=g) * response_mask,
+    )
+
+
+def actor_config(micro: int, dynamic: bool, budget: int, checkpointing: bool = False) -> ActorConfig:
+    return ActorConfig(
+        ppo_micro_batch_size_per_gpu=micro, use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=budget or 16384,
+        grad_clip=0.05,  # small, so that clipping (a global norm over shards) is part of the check
+    )
+
+
+def run_shard(model: torch.nn.Module, batch: Batch, cfg: ActorConfig, dp: DataParallel) -> tuple[torch.Tensor, dict]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    logp = compute_log_probs(model, batch, 1.0, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
+                             cfg.ppo_max_token_len_per_gpu, dp, torch.device("cpu"))
+    batch.old_log_probs = logp - 0.05 * batch.response_mask  # a ratio away from 1, so clipping can act
+    settings = UpdateSettings(temperature=1.0, max_response_length=6, n_mini_batches=1, device=torch.device("cpu"))
+    metrics = update_policy(model, optimizer, batch, cfg, settings, dp)
+    return logp, metrics
+
+
+def _rank_main(rank: int, port: int, out_dir: str) -> None:
+    """One worker of a two-process gloo group: every setting in turn, results saved per setting."""
+    torch.set_num_threads(1)
+    dp = DataParallel(rank, 2, torch.device("cpu"))
+    dp.init("127.0.0.1", port, "gloo")
+    try:
+        for setting, values in enumerate(SETTINGS):
+            cfg = actor_config(*values)
+            lm = build_model("tiny", seed=0)
+            if values[3]:
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            policy = shard_model(PolicyModel(lm), torch.device("cpu"), 2)
+            shard = toy_batch().select(ROWS_PER_RANK[rank])
+            groups = micro_batch_groups(shard, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
+                                        cfg.ppo_max_token_len_per_gpu, dp, lockstep=True)
+            logp, metrics = run_shard(policy, shard, cfg, dp)
+            state = full_model_state(policy.lm)
+            torch.save({"logp": logp, "metrics": metrics, "state": state, "groups": groups},
+                       os.path.join(out_dir, f"setting{setting}_rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_process_results(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp_gloo")
+    mp.start_processes(_rank_main, args=(free_port(), str(out)), nprocs=2, start_method="spawn")
+    return out
+
+
+@pytest.mark.parametrize("setting", range(len(SETTINGS)), ids=["fixed", "dynamic", "checkpointed"])
+def test_fsdp_shards_of_unequal_size_take_the_single_process_step(two_process_results, setting):
+    cfg = actor_config(*SETTINGS[setting])
+    single = PolicyModel(build_model("tiny", seed=0))
+    logp_ref, metrics_ref = run_shard(single, toy_batch(), cfg, DataParallel())
+    ranks = [torch.load(two_process_results / f"setting{setting}_rank{r}.pt") for r in range(2)]
+    counts = [len(r["groups"]) for r in ranks]
+    assert counts[0] == counts[1] and any(not g for r in ranks for g in r["groups"]), (
+        f"the set-up should leave a worker with empty (dummy) micro-batches: {[r['groups'] for r in ranks]}"
+    )
+    mask = toy_batch().response_mask  # padding columns differ with the micro-batching: compare tokens
+    torch.testing.assert_close(torch.cat([ranks[0]["logp"], ranks[1]["logp"]]) * mask, logp_ref * mask, rtol=1e-5, atol=1e-6)
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert ranks[0]["metrics"][key] == pytest.approx(metrics_ref[key], rel=1e-4), key
+    assert metrics_ref["actor/grad_norm"] > cfg.grad_clip, "clipping should act"
+    # Adam's first step moves every weight by about lr = 1e-2; summation order (shards, micro-batches)
+    # moves the result by a few 1e-6 where gradients are near 0: 2e-5 is far below any real difference.
+    expected = single.lm.state_dict()
+    for name, value in ranks[0]["state"].items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=2e-5, msg=name)
+    torch.testing.assert_close(ranks[1]["state"]["model.norm.weight"], expected["model.norm.weight"])
+
+
+def test_strategy_resolution():
+    assert resolve_strategy("auto", "cuda") == "fsdp2"
+    assert resolve_strategy("auto", "cpu") == "dp"
+    assert resolve_strategy("fsdp2", "cpu") == "fsdp2"
+    with pytest.raises(ValueError, match="expected one of auto, fsdp2, dp; found 'megatron'"):
+        resolve_strategy("megatron", "cpu")
+
+
+def test_policy_log_probs_equal_the_models_own_logits():
+    model = build_model("tiny", seed=0)
+    batch = toy_batch()
+    with torch.no_grad():
+        logp, entropy = PolicyModel(model)(batch.input_ids, batch.attention_mask, batch.position_ids,
+                                           batch.response_ids, temperature=0.7, with_entropy=True)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids).logits[:, -7:-1] / 0.7
+    expected = torch.log_softmax(logits, -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(logp, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,274 @@
+"""The actor's and reference's training wrapper, and FSDP2 over the worker group.
+
+``PolicyModel`` wraps a causal LM so that one forward returns what the actor needs, the log-probs of
+the response tokens (and their entropy), straight from the final hidden states: the LM head and the
+log-softmax run in token chunks (trainer/algorithms/entropy.py), so the [tokens, vocab] logits of a
+micro-batch never exist whole. FSDP2 (``torch.distributed.fsdp.fully_shard``) shards every decoder
+layer and, as the root, the wrapper (embeddings, final norm, LM head); calling the root's forward
+is what gathers those root parameters, which is why the head's math lives in the wrapper's forward.
+
+Strategies (actor_rollout_ref.actor.strategy): ``fsdp2`` over all workers, one worker included
+(a process group of one); ``dp``, a full replica per worker with one flat gradient all-reduce per
+mini-batch (trainer/distributed.py); ``auto`` is fsdp2 on GPU and dp on CPU.
+
+Gradients: the actor's loss weights already make the sum over micro-batches and workers equal the
+global mini-batch's loss (trainer/actor.py), so FSDP must sum gradients, not average them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.algorithms.entropy import logprobs_from_hidden
+
+STRATEGIES: tuple[str, ...] = ("fsdp2", "dp")
+
+
+def resolve_strategy(name: str, device_type: str) -> str:
+    """``auto`` is fsdp2 on GPU and dp on CPU; the others are returned as they are."""
+    if name == "auto":
+        return "fsdp2" if device_type == "cuda" else "dp"
+    if name not in STRATEGIES:
+        raise ValueError(f"actor strategy: expected one of auto, {', '.join(STRATEGIES)}; found {name!r}")
+    return name
+
+
+def compute_dtype(param_dtype: torch.dtype, device_type: str) -> torch.dtype:
+    """What the forward computes in: bf16 on GPU for fp32 master weights (VERL's mixed precision),
+    else the parameters' own dtype."""
+    if device_type == "cuda" and param_dtype == torch.float32:
+        return torch.bfloat16
+    return param_dtype
+
+
+class PolicyModel(nn.Module):
+    """A causal LM whose forward gives response-token log-probs [B, R] (float32), and entropy if asked."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+        head = lm.get_output_embeddings()
+        if head is None or not hasattr(head, "weight"):
+            raise ValueError(f"{type(lm).__name__}: expected an output embedding (LM head) with a weight, found {head!r}")
+        for attr in ("final_logit_softcapping", "logit_scale"):
+            if getattr(lm.config, attr, None) not in (None, 1.0):
+                raise ValueError(
+                    f"{type(lm).__name__}: config.{attr}={getattr(lm.config, attr)} changes the logits after the LM "
+                    "head; the chunked log-prob path supports plain heads (logits = h W^T + b) only"
+                )
+
+    @property
+    def config(self) -> Any:
+        return self.lm.config
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        response_ids: torch.Tensor,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log pi(response token) at the sampling temperature, [B, R] float32 (and entropy [B, R]).
+
+        Position P-1+t predicts response token t: the last R+1 hidden states but one are used.
+        """
+        r = response_ids.shape[1]
+        hidden = self.lm.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        head = self.lm.get_output_embeddings()
+        return logprobs_from_hidden(
+            hidden[:, -r - 1 : -1, :],
+            head.weight,
+            response_ids,
+            temperature,
+            bias=getattr(head, "bias", None),
+            with_entropy=with_entropy,
+        )
+
+
+# ----------------------------------------------------------------------------- FSDP2
+def decoder_layers(lm: nn.Module) -> list[nn.Module]:
+    """The transformer blocks, each its own FSDP unit (the classes HF lists in _no_split_modules)."""
+    names = set(getattr(lm, "_no_split_modules", None) or ())
+    layers = [m for m in lm.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(
+            f"{type(lm).__name__}: found no decoder layers to shard (expected modules of the classes in "
+            f"_no_split_modules, {sorted(names) or 'none listed'})"
+        )
+    return layers
+
+
+def shard_model(
+    policy: PolicyModel,
+    device: torch.device,
+    world_size: int,
+    param_offload: bool = False,
+    reshard_after_forward: bool = True,
+) -> PolicyModel:
+    """Apply FSDP2 in place: each decoder layer, then the wrapper as the root. Needs a process group.
+
+    param_offload keeps the sharded parameters, gradients and optimizer step on the CPU
+    (CPUOffloadPolicy); the forward and backward still run on ``device``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if not dist.is_initialized():
+        raise RuntimeError("FSDP2 needs an initialised process group (trainer.distributed.DataParallel.init)")
+    mesh = init_device_mesh(device.type, (world_size,))
+    param_dtype = next(policy.parameters()).dtype
+    compute = compute_dtype(param_dtype, device.type)
+    mp = (
+        MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+        if compute != param_dtype
+        else MixedPrecisionPolicy()
+    )
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if param_offload else OffloadPolicy()
+    kwargs = dict(mesh=mesh, mp_policy=mp, offload_policy=offload)
+    for layer in decoder_layers(policy.lm):
+        fully_shard(layer, reshard_after_forward=reshard_after_forward, **kwargs)
+    fully_shard(policy, reshard_after_forward=reshard_after_forward, **kwargs)
+    for module in policy.modules():
+        if is_fsdp(module):
+            _sum_gradients(module)
+    return policy
+
+
+def _sum_gradients(module: nn.Module) -> None:
+    """Make the gradient reduce-scatter a plain sum (the loss weights are global already)."""
+    module.set_gradient_divide_factor(1.0)
+    # gloo has no PREMUL_SUM: ask for SUM with the divide factor applied (a no-op at 1) around it.
+    force_sum = getattr(module, "set_force_sum_reduction_for_comms", None)
+    if force_sum is not None:
+        force_sum(True)
+
+
+def is_fsdp(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def _fsdp_modules(model: nn.Module) -> list[nn.Module]:
+    """The FSDP units of a model, unless its shards live on the CPU (CPUOffloadPolicy: left alone)."""
+    mods = [m for m in model.modules() if is_fsdp(m)]
+    params = list(model.parameters())
+    if params and _is_dtensor(params[0]) and params[0].to_local().device.type == "cpu":
+        return []
+    return mods
+
+
+@contextlib.contextmanager
+def keep_gathered(model: nn.Module) -> Iterator[None]:
+    """Keep FSDP's gathered parameters across the forward passes of several micro-batches
+    (one all-gather per unit for the whole block instead of one per forward), then reshard.
+
+    Plain modules and CPU-offloaded ones are left as they are."""
+    mods = _fsdp_modules(model)
+    for m in mods:
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.set_reshard_after_forward(True, recurse=False)
+            m.reshard()
+
+
+def accumulate_gradients(model: nn.Module, last_micro_batch: bool) -> None:
+    """Gradient accumulation under FSDP: reduce-scatter (and reshard) only after the mini-batch's last
+    micro-batch; before it, gradients accumulate unsharded on each worker. A no-op for plain modules."""
+    for m in _fsdp_modules(model):
+        m.set_requires_gradient_sync(last_micro_batch, recurse=False)
+        m.set_reshard_after_backward(last_micro_batch, recurse=False)
+
+
+def _is_dtensor(t: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def full_tensor(t: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """The whole tensor behind a (possibly sharded) parameter, on ``device`` (a collective for a
+    DTensor: every rank must call it in the same order). Shards offloaded to the CPU are moved to
+    ``device`` first, since NCCL gathers device tensors only."""
+    if not _is_dtensor(t):
+        return t if device is None else t.to(device)
+    from torch.distributed.tensor import DTensor
+
+    if device is not None and t.device != device:
+        t = DTensor.from_local(t.to_local().to(device), t.device_mesh, t.placements, shape=t.shape, stride=t.stride())
+    return t.full_tensor()
+
+
+def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> float:
+    """clip_grad_norm_ over plain tensors or DTensors (the total norm of a sharded model is gathered)."""
+    total = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    if _is_dtensor(total):
+        total = total.full_tensor()
+    return float(total)
+
+
+# ----------------------------------------------------------------------------- state
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """{name: whole tensor on the CPU}; a collective under FSDP (every rank calls it)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, value in model.state_dict().items():
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        out[name] = full_tensor(value, device if _is_dtensor(value) else None).detach().cpu().clone()
+    return out
+
+
+def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy whole tensors into a model whose parameters may be sharded DTensors (each rank keeps its shard)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    own = model.state_dict()
+    missing = sorted(own.keys() - state.keys())
+    unexpected = sorted(state.keys() - own.keys())
+    if missing or unexpected:
+        raise ValueError(f"load_full_model_state: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
+    with torch.no_grad():
+        for name, dst in own.items():
+            src = state[name]
+            if _is_dtensor(dst):
+                local = dst.to_local()
+                shard = distribute_tensor(src.to(dst.device_mesh.device_type), dst.device_mesh, dst.placements)
+                local.copy_(shard.to_local())
+            else:
+                dst.copy_(src)
+
+
+def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's whole (unsharded) state keyed by parameter name; a collective under FSDP."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move AdamW's moments (plain tensors or DTensors) to ``device``: VERL's optimizer_offload
+    keeps them on the CPU between updates."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step" and value.device != device:
+                state[key] = value.to(device, non_blocking=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,101 @@
+"""One fused GPU kernel for keyed sampling: the exponential race of ``sampling.sample_keyed`` in one pass.
+
+``sample_keyed`` builds [B, V] float32 probabilities and [B, V] keyed Exp(1) noise through a dozen
+int64 tensor operations: at a 152k vocabulary and batch 128 that is several GB of memory traffic per
+decode step. Here one program per row streams the logits once, hashes each (row key, step, token)
+to its uniform exactly as ``sampling.keyed_exponential`` does (the same 32-bit integer mixing), and
+keeps the running argmax of z / T - log(E), which is the argmax of softmax(z / T) / E. The same
+pass flags rows whose softmax is no distribution (a NaN or +inf logit, or every logit -inf).
+
+The seed and the step are read from device tensors, so a CUDA graph that captured this kernel
+samples a new draw at every replay. Only imported where Triton and a GPU exist.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 2048
+
+
+@triton.jit
+def _mix32(h):
+    # lowbias32 on int64 values that hold 32 bits, as sampling._mix32
+    h = h ^ (h >> 16)
+    h = (h * 0x7FEB352D) & 0xFFFFFFFF
+    h = h ^ (h >> 15)
+    h = (h * 0x846CA68B) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def _keyed_race_kernel(
+    logits_ptr,
+    stride_row,
+    keys_ptr,
+    step_ptr,
+    seed_ptr,
+    tokens_ptr,
+    bad_ptr,
+    vocab,
+    inv_temperature,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0)
+    key = tl.load(keys_ptr + row).to(tl.int64)
+    step = tl.load(step_ptr).to(tl.int64)
+    seed = tl.load(seed_ptr).to(tl.int64)
+    h_row = _mix32((key * 0x9E3779B1 + (seed & 0xFFFFFFFF)) & 0xFFFFFFFF)
+    h_row = _mix32((h_row ^ ((step * 0x85EBCA6B + 0x165667B1) & 0xFFFFFFFF)) & 0xFFFFFFFF)
+    best = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    best_idx = tl.full([BLOCK_V], 0, tl.int32)
+    row_max = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    bad = tl.full([BLOCK_V], 0, tl.int32)
+    base = logits_ptr + row.to(tl.int64) * stride_row
+    for start in range(0, vocab, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        inside = offs < vocab
+        z = tl.load(base + offs, mask=inside, other=float("-inf")).to(tl.float32)
+        h = _mix32((h_row + offs.to(tl.int64) * 0x27D4EB2F) & 0xFFFFFFFF)
+        u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        score = z * inv_temperature - tl.log(-tl.log(u))
+        is_nan = z != z
+        bad = bad | (is_nan | (z == float("inf"))).to(tl.int32)
+        score = tl.where(is_nan, float("-inf"), score)
+        take = score > best
+        best = tl.where(take, score, best)
+        best_idx = tl.where(take, offs, best_idx)
+        row_max = tl.maximum(row_max, tl.where(is_nan, float("-inf"), z))
+    top = tl.max(best, axis=0)
+    # the smallest token id among ties, as torch.argmax takes the first
+    token = tl.min(tl.where(best == top, best_idx, vocab), axis=0)
+    token = tl.where(token == vocab, 0, token)  # a row of -inf only: any id, it is flagged bad
+    all_neg_inf = tl.max(row_max, axis=0) == float("-inf")
+    tl.store(tokens_ptr + row, token.to(tl.int64))
+    tl.store(bad_ptr + row, (tl.max(bad, axis=0) > 0) | all_neg_inf)
+
+
+def keyed_race(
+    logits: torch.Tensor,
+    row_keys: torch.Tensor,
+    step: torch.Tensor,
+    seed: torch.Tensor,
+    inv_temperature: float,
+    tokens_out: torch.Tensor,
+    bad_out: torch.Tensor,
+) -> None:
+    """tokens_out[b] = argmax_v softmax(logits[b] * inv_temperature)_v / E[b, v] with E keyed by
+    (seed, row_keys[b], step, v); bad_out[b] = the row's softmax is not a distribution.
+
+    logits [B, V] (any float dtype, unit stride in V), row_keys [B] int64, step and seed 0-d int64,
+    tokens_out [B] int64, bad_out [B] bool: all on one CUDA device. No host synchronisation.
+    """
+    if logits.stride(-1) != 1:
+        raise ValueError(f"keyed_race: logits must be contiguous in the vocabulary dim; strides {logits.stride()}")
+    b, vocab = logits.shape
+    _keyed_race_kernel[(b,)](
+        logits, logits.stride(0), row_keys, step, seed, tokens_out, bad_out, vocab, float(inv_temperature),
+        BLOCK_V=BLOCK, num_warps=8,
+    )
