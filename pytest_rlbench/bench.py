@@ -104,7 +104,9 @@ def describe_config(cfg: Config) -> RunConfig:
         parallelism={"dp": cfg.world_size},
         settings={
             "rollout": arr.rollout.name,
+            "ignore_eos": arr.rollout.ignore_eos,
             "temperature": arr.rollout.temperature,
+            "strategy": arr.actor.strategy,
             "ppo_mini_batch_size": arr.actor.ppo_mini_batch_size,
             "use_kl_loss": arr.actor.use_kl_loss,
             "use_dynamic_bsz": arr.actor.use_dynamic_bsz,

@@ -26,3 +26,19 @@ def plugin_deps_loaded() -> None:
 
     model_spec("tiny")
     load_tokenizer("tiny")
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    """A real two-node Ray cluster on this machine (ray.cluster_utils.Cluster: a head and a second
+    node, one CPU each, both on 127.0.0.1), connected for the module's tests and stopped after."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()

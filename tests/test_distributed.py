@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
-from ray.cluster_utils import Cluster
 
 from trainer.config import build_config
 from trainer.data.source import load_train_dataset
@@ -28,21 +27,6 @@ COMMON = [
     "actor_rollout_ref.actor.use_kl_loss=True",
     "actor_rollout_ref.actor.optim.lr=1e-2",
 ]
-
-
-@pytest.fixture(scope="module")
-def two_node_cluster():
-    cluster = Cluster(
-        initialize_head=True,
-        connect=False,
-        head_node_args={"num_cpus": 1, "include_dashboard": False},
-    )
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
 
 
 def one_step(overrides: list[str], workdir) -> tuple[dict, dict, torch.Tensor]:
