@@ -42,3 +42,56 @@ def two_node_cluster():
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+
+
+# ----------------------------------------------------------------------------- rollout engines
+ROLLOUT_TEXTS = ["What is 2+3?", "Hi", "Compute 17*4 please", "x", "Solve: 9-4", "abc", "The answer is", "1+1="]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module: tiny matmuls gain nothing from threads, and on a busy small
+    machine spinning threads make these tests many times slower. Restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The tiny preset's tokenizer."""
+    from trainer.models import load_tokenizer
+
+    return load_tokenizer("tiny")
+
+
+@pytest.fixture(scope="session")
+def prompts(tok) -> list[list[int]]:
+    """Eight short prompts of different lengths, tokenized."""
+    return [tok.encode(t) for t in ROLLOUT_TEXTS]
+
+
+@pytest.fixture(scope="session")
+def liven():
+    """A function that scales a tiny model so that its greedy text varies and sometimes ends with EOS.
+
+    At its initial scale a random tiny model repeats the prompt's last character forever; rollout
+    tests need responses that end at different steps (EOS embedding x2 makes EOS likelier)."""
+    import torch
+
+    from trainer.tokenizer import build_tokenizer
+
+    eos = build_tokenizer().eos_token_id
+
+    def scale(model):
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 2 and "embed" not in name:
+                    p.mul_(4.0)
+            model.get_input_embeddings().weight[eos] *= 2.0
+        return model
+
+    return scale

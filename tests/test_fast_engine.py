@@ -12,49 +12,22 @@ import torch
 from transformers import LlamaConfig, Qwen3Config
 
 from trainer.config import RolloutConfig
-from trainer.models import build_model, load_tokenizer
+from trainer.models import build_model
 from trainer.rollout import FastRolloutEngine, SamplingParams, make_engine
 from trainer.rollout.fast_engine import DecodeBuffers, LeanWeights, lean_shape, prefill_logits
 from trainer.rollout.sampling import keyed_exponential, sample_keyed
 
 EOS = 1
-TEXTS = ["What is 2+3?", "Hi", "Compute 17*4 please", "x", "Solve: 9-4", "abc", "The answer is", "1+1="]
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs and the Triton sampler need a GPU")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny")
-
-
-@pytest.fixture(scope="module")
-def prompts(tok) -> list[list[int]]:
-    return [tok.encode(t) for t in TEXTS]
-
-
-def lively_tiny(seed: int = 0) -> torch.nn.Module:
-    """The tiny preset scaled so that greedy text varies and often ends with EOS (as test_rollout)."""
-    model = build_model("tiny", seed=seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and "embed" not in name:
-                p.mul_(4.0)
-        model.get_input_embeddings().weight[EOS] *= 2.0
-    return model
-
-
-@pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    return lively_tiny()
+def model(liven) -> torch.nn.Module:
+    return liven(build_model("tiny", seed=0))
 
 
 def run(name: str, model, tok, prompts, sampling: SamplingParams, max_new: int = 24, seed: int = 3, **cfg):
@@ -112,13 +85,13 @@ def test_ignore_eos_runs_every_row_to_the_limit(name, model, tok, prompts):
     assert any(EOS in row[:-1] for row in batch.response_ids.tolist())
 
 
-def test_reshard_copies_new_weights_and_reuses_buffers(tok, prompts):
-    actor = lively_tiny(seed=0)
+def test_reshard_copies_new_weights_and_reuses_buffers(tok, prompts, liven):
+    actor = liven(build_model("tiny", seed=0))
     engine = make_engine("fast", actor, tok, RolloutConfig(name="fast"))
     greedy = SamplingParams(do_sample=False)
     first = engine.generate(prompts, list(range(8)), [], 1, 12, greedy, 0)
     buffers = engine._buffers
-    other = lively_tiny(seed=7)
+    other = liven(build_model("tiny", seed=7))
     copied = engine.sync_from(other)
     n_params = sum(p.numel() for p in other.parameters())
     assert copied == n_params * 4  # every float32 parameter once (the tied head is the embedding)
@@ -177,8 +150,8 @@ def test_llama_without_biases_matches_transformers(tok, prompts):
 
 # ----------------------------------------------------------------------------- GPU only
 @needs_cuda
-def test_graph_replay_gives_the_eager_tokens(tok, prompts):
-    model = lively_tiny().to("cuda", torch.bfloat16)
+def test_graph_replay_gives_the_eager_tokens(tok, prompts, liven):
+    model = liven(build_model("tiny", seed=0)).to("cuda", torch.bfloat16)
     greedy = SamplingParams(do_sample=False)
     graphs = run("fast", model, tok, prompts, greedy, max_new=200)
     eager = run("fast", model, tok, prompts, greedy, max_new=200, enforce_eager=True)
@@ -213,10 +186,10 @@ def test_triton_race_draws_what_sample_keyed_draws():
 
 
 @needs_cuda
-def test_non_finite_logits_raise_on_gpu_with_graphs(tok, prompts):
+def test_non_finite_logits_raise_on_gpu_with_graphs(tok, prompts, liven):
     from trainer.rollout import NonFiniteLogitsError
 
-    model = lively_tiny().to("cuda", torch.bfloat16)
+    model = liven(build_model("tiny", seed=0)).to("cuda", torch.bfloat16)
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight.fill_(float("nan"))
     with pytest.raises(NonFiniteLogitsError, match="fast rollout: non-finite logits"):

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from trainer.batch import Batch, left_pad
 from trainer.config import RolloutConfig
-from trainer.models import build_model, load_tokenizer, preset_config
+from trainer.models import build_model, preset_config
 from trainer.rollout import (
     ENGINES,
     NonFiniteLogitsError,
@@ -22,52 +22,20 @@ from trainer.rollout import (
 )
 
 ENGINE_NAMES = ["hf", "static", "fast"]
-TEXTS = ["What is 2+3?", "Hi", "Compute 17*4 please", "x", "Solve: 9-4", "abc", "The answer is", "1+1="]
 GREEDY = SamplingParams(do_sample=False)
 EOS, PAD = 1, 0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny matmuls gain nothing from threads, and on a busy small machine spinning threads make
-    # these tests many times slower; restore the setting for whatever runs next.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny")
-
-
-@pytest.fixture(scope="module")
-def prompts(tok) -> list[list[int]]:
-    return [tok.encode(t) for t in TEXTS]
-
-
-def liven(model: torch.nn.Module) -> torch.nn.Module:
-    """Scale the tiny model's matrices so that its greedy text varies and sometimes ends with EOS.
-
-    At its initial scale a random tiny model repeats the prompt's last character forever; these
-    tests need responses that end at different steps (EOS embedding x2 makes EOS likelier).
-    """
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and "embed" not in name:
-                p.mul_(4.0)
-        model.get_input_embeddings().weight[EOS] *= 2.0
-    return model
-
-
-@pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
+def model(liven) -> torch.nn.Module:
     return liven(build_model("tiny", seed=0))
 
 
 @pytest.fixture(scope="module")
-def untied_model() -> torch.nn.Module:
+def untied_model(liven) -> torch.nn.Module:
     """Separate input and output embeddings, so a NaN input row leaves every logit alone."""
     config = preset_config("tiny")
     config.tie_word_embeddings = False
