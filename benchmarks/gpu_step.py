@@ -129,10 +129,8 @@ def overrides(args: argparse.Namespace, rollout: str, gpus: int, data: Path) -> 
 def make_record(name: str, trainer, timings: list[dict[str, float]], batch, gpus: int, notes: list[str]):
     from pytest_rlbench.baselines import Hardware, ModelArch, PhaseRecord, Provenance, RunRecord
     from pytest_rlbench.bench import batch_tokens, describe_config
-    from trainer.sharding import even_split
 
     cfg = trainer.cfg
-    split = [len(rows) for rows in even_split(batch.size // cfg.actor_rollout_ref.rollout.n, gpus)]
     phases = {k: PhaseRecord(seconds=[t[k] for t in timings]) for k in timings[0]}
     spec = trainer.spec
     return RunRecord(
@@ -143,7 +141,7 @@ def make_record(name: str, trainer, timings: list[dict[str, float]], batch, gpus
                           gpu_model=trainer.workers.info[0]["device_name"] if cfg.trainer.device == "cuda" else None),
         model=ModelArch(name=spec.name, model_type=spec.model_type, dtype="bfloat16", **spec.arch.to_dict()),
         config=describe_config(cfg),
-        tokens=batch_tokens(batch, split, cfg.actor_rollout_ref.rollout.n),
+        tokens=batch_tokens(batch, cfg.actor_rollout_ref.rollout.n, gpus),
         phases=phases,
     )
 

@@ -17,15 +17,7 @@ from pytest_rlbench.bench import batch_tokens
 
 def generated_tokens(trainer):
     """Token counts of what a timed generation produced (its own responses, not the warm batch's)."""
-    from trainer.sharding import even_split
-
-    n = trainer.cfg.actor_rollout_ref.rollout.n
-
-    def counts(batch):
-        split = [len(rows) for rows in even_split(batch.size // n, trainer.cfg.world_size)]
-        return batch_tokens(batch, split, n)
-
-    return counts
+    return lambda batch: batch_tokens(batch, trainer.cfg.actor_rollout_ref.rollout.n, trainer.cfg.world_size)
 
 
 @pytest.mark.rl_phase("reshard")

@@ -23,7 +23,6 @@ from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoi
 from trainer.config import Config
 from trainer.data.loader import PromptBatch, PromptDataset
 from trainer.models import load_tokenizer, model_spec
-from trainer.phases import PHASE_KEYS
 from trainer.reward import score_batch, scores_to_token_rewards
 from trainer.sharding import even_split, mini_batch_shards
 from trainer.timing import PhaseTimer
@@ -255,7 +254,3 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
         diff = batch.old_log_probs - batch.ref_log_probs
         out["actor/ref_kl"] = float(masked_mean(diff, batch.response_mask.float()))
     return {k: v for k, v in out.items() if not math.isnan(v)}
-
-
-def phase_order(timing: dict[str, float]) -> list[str]:
-    return [k for k in PHASE_KEYS if k in timing]
