@@ -72,7 +72,7 @@ def engine_bench(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from trainer.config import RolloutConfig
-    from trainer.models import build_model, load_tokenizer
+    from trainer.models.presets import build_model, load_tokenizer
     from trainer.rollout import SamplingParams, make_engine
 
     model = build_model(args.model, dtype=torch.bfloat16, device="cuda", seed=1)
@@ -167,9 +167,9 @@ def step_bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     from benchmarks.long_prompts import write_padded_parquet
     from trainer.config import build_config
     from trainer.data.source import load_train_dataset
-    from trainer.models import load_tokenizer
-    from trainer.ray_local import init_local_ray
-    from trainer.ray_trainer import GRPOTrainer
+    from trainer.driver.grpo_trainer import GRPOTrainer
+    from trainer.driver.ray_local import init_local_ray
+    from trainer.models.presets import load_tokenizer
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     work = Path(tempfile.mkdtemp(prefix="gpu_step-"))

@@ -17,7 +17,7 @@ from pathlib import Path
 from trainer.data.loader import template_prompts
 from trainer.data.schema import write_rows
 from trainer.data.synthetic import generate_rows
-from trainer.models import load_tokenizer
+from trainer.models.presets import load_tokenizer
 
 PREAMBLE = "Work carefully: read the question, write each step of the arithmetic, check it, then answer. "
 

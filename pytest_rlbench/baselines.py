@@ -91,7 +91,7 @@ class Hardware:
 
 @dataclass
 class ModelArch:
-    """A dense decoder's cost-defining numbers (names as in trainer.flops.DecoderArch)."""
+    """A dense decoder's cost-defining numbers (names as in trainer.models.flops.DecoderArch)."""
 
     name: str
     num_layers: int = field(metadata=_POSITIVE)

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trainer.ray_local import use_loopback
+from trainer.driver.ray_local import use_loopback
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 NAMESPACE = "rlbench"

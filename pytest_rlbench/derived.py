@@ -38,9 +38,9 @@ from pytest_rlbench.baselines import (
     RunRecord,
     TokenCounts,
 )
-from trainer.flops import DecoderArch, flops_params
-from trainer.flops import forward_flops as _forward_flops
-from trainer.flops import train_flops as _train_flops
+from trainer.models.flops import DecoderArch, flops_params
+from trainer.models.flops import forward_flops as _forward_flops
+from trainer.models.flops import train_flops as _train_flops
 from trainer.phases import PHASE_KEYS
 
 # Peak dense bf16 FLOP/s per device, as VERL's flops counter tables them (matched by substring, in
@@ -143,7 +143,7 @@ def _layer_params(arch: ModelArch) -> int:
 
 
 def dense_decoder_flops_params(arch: ModelArch) -> int:
-    """N = L (3 H I + H (q + k + v + n_h d)) + 2 V H (trainer/flops.py holds the one formula)."""
+    """N = L (3 H I + H (q + k + v + n_h d)) + 2 V H (trainer/models/flops.py holds the one formula)."""
     return flops_params(decoder_arch(arch))
 
 

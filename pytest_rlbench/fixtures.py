@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from trainer.config import Config
     from trainer.data.loader import PromptDataset
-    from trainer.models import ModelSpec
+    from trainer.models.presets import ModelSpec
 
 # The fixtures this module provides, and the resources each one needs built before tests run.
 # A fixture that depends on one of these (rl_trainer takes rl_cluster, ...) inherits its needs,
@@ -77,7 +77,7 @@ class RLModel:
 
     def flops_per_token(self, context_length: int = 0, train: bool = True) -> float:
         """FLOPs per token at ``context_length`` (train: forward and backward; else forward only)."""
-        from trainer.flops import flops_per_token
+        from trainer.models.flops import flops_per_token
 
         return flops_per_token(self.spec.arch, context_length, train=train)
 
@@ -85,7 +85,7 @@ class RLModel:
         """The causal LM: a preset with seeded random weights, or the directory via from_pretrained."""
         import torch
 
-        from trainer.models import build_model
+        from trainer.models.presets import build_model
 
         return build_model(self.name_or_path, dtype=dtype or torch.float32, device=device, seed=seed)
 
@@ -229,7 +229,7 @@ class RLBenchSession:
         """The model's spec and tokenizer; a directory must hold a readable config and weights."""
         if self._model is not None:
             return self._model
-        from trainer.models import ModelError, is_preset, load_tokenizer, model_spec
+        from trainer.models.presets import ModelError, is_preset, load_tokenizer, model_spec
 
         name = self.opts.model
         try:

@@ -307,7 +307,7 @@ def check_model(name: str, source: str, base_dir: Path) -> str:
     start (reading config.json means importing transformers)."""
     if name == DEFAULT_MODEL:
         return name  # the default preset: no need to import torch just to look it up
-    from trainer.models import PRESETS  # imports torch and transformers: only when asked for
+    from trainer.models.presets import PRESETS  # imports torch and transformers: only when asked for
 
     if name in PRESETS:
         return name

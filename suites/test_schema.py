@@ -32,7 +32,7 @@ from trainer.data.validate import (
     validate_parquet,
     validate_rows,
 )
-from trainer.tokenizer import build_tokenizer
+from trainer.models.tokenizer import build_tokenizer
 
 PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 QUICK = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

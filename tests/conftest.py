@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.ray_local import use_loopback
+from trainer.driver.ray_local import use_loopback
 
 pytest_plugins = ["pytester"]
 
@@ -22,7 +22,7 @@ def plugin_deps_loaded() -> None:
     import pyarrow.parquet  # noqa: F401
 
     import trainer.data.source  # noqa: F401
-    from trainer.models import load_tokenizer, model_spec
+    from trainer.models.presets import load_tokenizer, model_spec
 
     model_spec("tiny")
     load_tokenizer("tiny")
@@ -63,7 +63,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def tok():
     """The tiny preset's tokenizer."""
-    from trainer.models import load_tokenizer
+    from trainer.models.presets import load_tokenizer
 
     return load_tokenizer("tiny")
 
@@ -82,7 +82,7 @@ def liven():
     tests need responses that end at different steps (EOS embedding x2 makes EOS likelier)."""
     import torch
 
-    from trainer.tokenizer import build_tokenizer
+    from trainer.models.tokenizer import build_tokenizer
 
     eos = build_tokenizer().eos_token_id
 

@@ -1,4 +1,4 @@
-"""trainer.checkpoint: atomic saves, verification, the latest-step tracker."""
+"""trainer.driver.checkpoint: atomic saves, verification, the latest-step tracker."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from trainer.checkpoint import (
+from trainer.driver.checkpoint import (
     TRACKER,
     CheckpointError,
     latest_checkpoint,

@@ -21,7 +21,7 @@ from trainer.data.loader import (
 from trainer.data.schema import write_rows
 from trainer.data.synthetic import generate_rows
 from trainer.data.validate import DatasetError
-from trainer.tokenizer import build_tokenizer
+from trainer.models.tokenizer import build_tokenizer
 
 TEN = list(range(10))
 

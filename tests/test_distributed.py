@@ -13,8 +13,8 @@ import torch
 
 from trainer.config import build_config
 from trainer.data.source import load_train_dataset
-from trainer.models import build_model, load_tokenizer
-from trainer.ray_trainer import GRPOTrainer
+from trainer.driver.grpo_trainer import GRPOTrainer
+from trainer.models.presets import build_model, load_tokenizer
 
 COMMON = [
     "data.synthetic_difficulty=tiny",

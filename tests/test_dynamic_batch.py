@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.dynamic_batch import (
+from trainer.workers.dynamic_batch import (
     balanced_micro_batches,
     check_lengths,
     dist_reduce_max,

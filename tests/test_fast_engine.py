@@ -12,7 +12,7 @@ import torch
 from transformers import LlamaConfig, Qwen3Config
 
 from trainer.config import RolloutConfig
-from trainer.models import build_model
+from trainer.models.presets import build_model
 from trainer.rollout import FastRolloutEngine, SamplingParams, make_engine
 from trainer.rollout.fast_engine import DecodeBuffers, LeanWeights, lean_shape, prefill_logits
 from trainer.rollout.sampling import keyed_exponential, sample_keyed
@@ -162,7 +162,7 @@ def test_graph_replay_gives_the_eager_tokens(tok, prompts, liven):
 
 @needs_cuda
 def test_triton_race_draws_what_sample_keyed_draws():
-    from trainer.rollout.triton_sampling import keyed_race
+    from trainer.kernels.triton_sampling import keyed_race
 
     torch.manual_seed(0)
     logits = torch.randn(64, 151936, device="cuda") * 3

@@ -12,10 +12,10 @@ import torch
 
 from trainer.config import build_config
 from trainer.data.source import load_train_dataset
-from trainer.distributed import DataParallel, free_port
-from trainer.fsdp import PolicyModel, full_model_state, is_fsdp, shard_model
-from trainer.models import build_model, load_tokenizer
-from trainer.ray_trainer import GRPOTrainer
+from trainer.driver.grpo_trainer import GRPOTrainer
+from trainer.models.presets import build_model, load_tokenizer
+from trainer.workers.distributed import DataParallel, free_port
+from trainer.workers.fsdp import PolicyModel, full_model_state, is_fsdp, shard_model
 
 # ----------------------------------------------------------------------------- whole steps over Ray
 COMMON = [

@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer.actor import UpdateSettings, compute_log_probs, micro_batch_groups, update_policy
 from trainer.batch import Batch, left_pad
 from trainer.config import ActorConfig
-from trainer.distributed import DataParallel, free_port
-from trainer.fsdp import PolicyModel, full_model_state, resolve_strategy, shard_model
-from trainer.models import build_model
+from trainer.models.presets import build_model
+from trainer.workers.actor import UpdateSettings, compute_log_probs, micro_batch_groups, update_policy
+from trainer.workers.distributed import DataParallel, free_port
+from trainer.workers.fsdp import PolicyModel, full_model_state, resolve_strategy, shard_model
 
 ROWS_PER_RANK = ([0, 1, 2, 3, 4], [5, 6, 7])  # unequal on purpose
 # (micro-batch size, dynamic bsz, token budget, gradient checkpointing on the sharded model):

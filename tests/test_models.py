@@ -1,4 +1,4 @@
-"""trainer.models and trainer.flops: presets, model directories, parameter and FLOPs formulas."""
+"""trainer.models.presets and trainer.models.flops: presets, model directories, parameter and FLOPs formulas."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from trainer.flops import DecoderArch, flops_params, forward_flops, parameter_count, train_flops
-from trainer.models import ModelError, build_model, load_tokenizer, model_spec, save_preset
+from trainer.models.flops import DecoderArch, flops_params, forward_flops, parameter_count, train_flops
+from trainer.models.presets import ModelError, build_model, load_tokenizer, model_spec, save_preset
 
 
 def test_seed_architectures_have_the_published_parameter_counts():

@@ -25,7 +25,7 @@ from pytest_rlbench.cluster import (
     precheck_embedded,
     resolve_gpus_per_node,
 )
-from trainer.ray_local import LOOPBACK_ENV, use_loopback
+from trainer.driver.ray_local import LOOPBACK_ENV, use_loopback
 
 RUN_TIMEOUT = 180  # seconds for one pytest subprocess
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer.data.synthetic import write_synthetic_parquet
-from trainer.models import save_preset
+from trainer.models.presets import save_preset
 from trainer.phases import PHASE_KEYS
 
 pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
@@ -150,8 +150,8 @@ def test_a_saved_preset_directory_loads_through_from_pretrained(
     pytester.makepyfile(
         f"""
         import torch
-        from trainer.flops import flops_per_token
-        from trainer.models import build_model
+        from trainer.models.flops import flops_per_token
+        from trainer.models.presets import build_model
 
         def test_model(rl_model, rl_config):
             assert rl_model.name_or_path == {str(model_dir)!r} and not rl_model.is_preset

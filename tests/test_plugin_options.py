@@ -21,7 +21,7 @@ from pytest_rlbench.options import (
 )
 from trainer.config import SUPPORTED_CHOICES
 from trainer.data.synthetic import write_synthetic_parquet
-from trainer.models import PRESETS
+from trainer.models.presets import PRESETS
 
 pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
 

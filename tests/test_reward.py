@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.reward import (
+from trainer.driver.reward import (
     answers_match,
     compute_score,
     extract_answer,

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from trainer.batch import Batch, left_pad
 from trainer.config import RolloutConfig
-from trainer.models import build_model, preset_config
+from trainer.models.presets import build_model, preset_config
 from trainer.rollout import (
     ENGINES,
     NonFiniteLogitsError,

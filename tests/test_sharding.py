@@ -1,4 +1,4 @@
-"""trainer.sharding: how rows are spread over data-parallel workers."""
+"""trainer.driver.sharding: how rows are spread over data-parallel workers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainer.sharding import even_split, mini_batch_shards
+from trainer.driver.sharding import even_split, mini_batch_shards
 
 
 def test_even_split_by_hand():

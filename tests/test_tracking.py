@@ -1,10 +1,10 @@
-"""trainer.tracking: the console line and TensorBoard scalars (trainer.logger)."""
+"""trainer.driver.tracking: the console line and TensorBoard scalars (trainer.logger)."""
 
 from __future__ import annotations
 
 import io
 
-from trainer.tracking import Tracking, format_console
+from trainer.driver.tracking import Tracking, format_console
 
 
 def test_console_puts_the_seed_timing_keys_first_in_the_seed_order():

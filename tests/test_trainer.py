@@ -14,13 +14,13 @@ import pytest
 import ray
 import torch
 
-from trainer.checkpoint import load_checkpoint, step_dir
 from trainer.config import build_config
 from trainer.data.source import load_train_dataset
-from trainer.models import load_tokenizer
+from trainer.driver.checkpoint import load_checkpoint, step_dir
+from trainer.driver.grpo_trainer import GRPOTrainer
+from trainer.driver.ray_local import init_local_ray
+from trainer.models.presets import load_tokenizer
 from trainer.phases import STEP_PHASES
-from trainer.ray_local import init_local_ray
-from trainer.ray_trainer import GRPOTrainer
 
 TOY = [
     "data.synthetic_difficulty=tiny",

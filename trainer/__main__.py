@@ -37,16 +37,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    from trainer.ray_local import init_local_ray, use_loopback
+    from trainer.driver.ray_local import init_local_ray, use_loopback
 
     if not os.environ.get("RAY_ADDRESS"):
         use_loopback()  # before Ray is imported: an embedded Ray listens on 127.0.0.1 only
     import ray
 
     from trainer.data.source import load_train_dataset
-    from trainer.models import load_tokenizer
-    from trainer.ray_trainer import GRPOTrainer
-    from trainer.tracking import Tracking
+    from trainer.driver.grpo_trainer import GRPOTrainer
+    from trainer.driver.tracking import Tracking
+    from trainer.models.presets import load_tokenizer
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rlbench-"))
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)

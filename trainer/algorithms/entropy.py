@@ -203,7 +203,7 @@ def _fused_available(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
     if not (hidden.is_cuda and weight.dtype in (torch.float16, torch.bfloat16, torch.float32)):
         return False
     try:
-        import trainer.algorithms.triton_logprobs  # noqa: F401
+        import trainer.kernels.triton_logprobs  # noqa: F401
     except ImportError:
         return False
     return True
@@ -247,7 +247,7 @@ class _HiddenTokenLogProbs(torch.autograd.Function):
     the forward keeps only the per-token log-sum-exp; the backward recomputes each chunk's logits,
     turns them into dL/dz, and multiplies straight into dL/dh and dL/dW (accumulated in the
     weights' dtype by addmm, whose products accumulate in float32). On a GPU the softmax part of
-    each chunk is one fused kernel each way (trainer/algorithms/triton_logprobs.py).
+    each chunk is one fused kernel each way (trainer/kernels/triton_logprobs.py).
     """
 
     @staticmethod
@@ -270,7 +270,7 @@ class _HiddenTokenLogProbs(torch.autograd.Function):
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             if fused:
-                from trainer.algorithms.triton_logprobs import head_forward
+                from trainer.kernels.triton_logprobs import head_forward
 
                 logits = torch.nn.functional.linear(hidden[s:e], weight, bias)
                 logp[s:e], lse_all[s:e], ent = head_forward(logits, labels[s:e], 1.0 / temperature, with_entropy)
@@ -315,7 +315,7 @@ class _HiddenTokenLogProbs(torch.autograd.Function):
             ent = entropy[s:e] if use_entropy else None
             g_ent = grad_entropy[s:e] if use_entropy else None
             if ctx.fused:
-                from trainer.algorithms.triton_logprobs import head_backward_
+                from trainer.kernels.triton_logprobs import head_backward_
 
                 g_lp = grad_logp[s:e] if grad_logp is not None else torch.zeros(e - s, device=hidden.device)
                 logits = torch.nn.functional.linear(hidden[s:e], weight, bias)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from trainer.batch import Batch, left_pad
-from trainer.fsdp import full_tensor
+from trainer.workers.fsdp import full_tensor
 
 if TYPE_CHECKING:
     from trainer.config import RolloutConfig

@@ -12,7 +12,7 @@ What makes it fast, and why each piece is there:
 - Attention over a bucket of slots: a step attends over the first ``attn_len`` cache slots, rounded
   up to a bucket, with one graph per bucket; the host knows the step count, so it picks the graph
   without reading the device.
-- Sampling in one fused kernel on GPU (trainer/rollout/triton_sampling.py): the keyed exponential
+- Sampling in one fused kernel on GPU (trainer/kernels/triton_sampling.py): the keyed exponential
   race of ``sampling.sample_keyed`` (a row's draw does not depend on its batch), with temperature,
   and top-k / top-p through ``sampling.process_logits`` when they are on. The same pass flags
   non-finite logits; the loop reads the host every ``check_every`` steps to stop once every row has
@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.batch import position_ids_from_mask
-from trainer.fsdp import compute_dtype, full_tensor
 from trainer.rollout.base import NonFiniteLogitsError, RolloutEngine, SamplingParams
 from trainer.rollout.sampling import greedy, nonfinite_rows_mask, process_logits, sample_keyed
+from trainer.workers.fsdp import compute_dtype, full_tensor
 
 if TYPE_CHECKING:
     from trainer.config import RolloutConfig
@@ -415,7 +415,7 @@ class FastRolloutEngine(RolloutEngine):
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._race: Callable[..., None] | None = None
         if device.type == "cuda":
-            from trainer.rollout.triton_sampling import keyed_race
+            from trainer.kernels.triton_sampling import keyed_race
 
             self._race = keyed_race
         self.stats: dict[str, float] = {}

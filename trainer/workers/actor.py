@@ -19,9 +19,15 @@ from trainer.algorithms.kl import kl_penalty
 from trainer.algorithms.policy_loss import actor_loss, vanilla_policy_loss
 from trainer.batch import Batch
 from trainer.config import ActorConfig, clip_ratios
-from trainer.distributed import DataParallel
-from trainer.dynamic_batch import balanced_micro_batches
-from trainer.fsdp import accumulate_gradients, clip_grad_norm, is_fsdp, keep_gathered, move_optimizer_state
+from trainer.workers.distributed import DataParallel
+from trainer.workers.dynamic_batch import balanced_micro_batches
+from trainer.workers.fsdp import (
+    accumulate_gradients,
+    clip_grad_norm,
+    is_fsdp,
+    keep_gathered,
+    move_optimizer_state,
+)
 
 
 # ----------------------------------------------------------------------------- micro-batching
@@ -86,7 +92,7 @@ def response_log_probs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(response token) at the sampling temperature, [B, R] float32 (and entropy if asked).
 
-    ``model`` is a trainer.fsdp.PolicyModel: the LM head and log-softmax run in token chunks from the
+    ``model`` is a trainer.workers.fsdp.PolicyModel: the LM head and log-softmax run in token chunks from the
     final hidden states, so the [B, R, V] logits are never built.
     """
     return model(

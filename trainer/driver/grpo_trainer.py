@@ -19,15 +19,15 @@ from trainer.algorithms.advantages import compute_advantage
 from trainer.algorithms.aggregation import masked_mean
 from trainer.algorithms.kl import apply_kl_penalty, make_kl_controller
 from trainer.batch import Batch, concat_batches
-from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.config import Config
 from trainer.data.loader import PromptBatch, PromptDataset
-from trainer.models import load_tokenizer, model_spec
-from trainer.reward import score_batch, scores_to_token_rewards
-from trainer.sharding import even_split, mini_batch_shards
+from trainer.driver.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.driver.reward import score_batch, scores_to_token_rewards
+from trainer.driver.sharding import even_split, mini_batch_shards
+from trainer.driver.tracking import Tracking
+from trainer.driver.worker_group import WorkerGroup
+from trainer.models.presets import load_tokenizer, model_spec
 from trainer.timing import PhaseTimer
-from trainer.tracking import Tracking
-from trainer.worker_group import WorkerGroup
 
 
 @dataclass
@@ -172,7 +172,7 @@ class GRPOTrainer:
         return batch, metrics
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        """One PPO update; each worker gets its part of every mini-batch (see trainer/sharding.py)."""
+        """One PPO update; each worker gets its part of every mini-batch (see trainer/driver/sharding.py)."""
         n = self.cfg.actor_rollout_ref.rollout.n
         mini_rows = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
         shards = mini_batch_shards(batch.size, mini_rows, self.workers.world_size)

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, Qwen2Config
 
-from trainer.flops import DecoderArch, flops_params, parameter_count
-from trainer.tokenizer import VOCAB_SIZE, build_tokenizer
+from trainer.models.flops import DecoderArch, flops_params, parameter_count
+from trainer.models.tokenizer import VOCAB_SIZE, build_tokenizer
 
 
 class ModelError(ValueError):

@@ -2,7 +2,7 @@
 
 With one worker every collective is the identity, so the same training code runs alone or in a
 group. Gradients are summed, not averaged: each worker's loss is already weighted by its share of
-the global mini-batch (see trainer/actor.py).
+the global mini-batch (see trainer/workers/actor.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """One training worker: the actor, the reference and the rollout engine, colocated in one process.
 
-Run as a Ray actor (see trainer/worker_group.py). The workers form one torch.distributed group.
+Run as a Ray actor (see trainer/driver/worker_group.py). The workers form one torch.distributed group.
 With the fsdp2 strategy (the default on GPU) the actor and the reference are sharded over the group
-with FSDP2 (trainer/fsdp.py), a group of one included; with dp (the default on CPU) each worker holds
+with FSDP2 (trainer/workers/fsdp.py), a group of one included; with dp (the default on CPU) each worker holds
 a full replica and gradients are summed by one all-reduce per mini-batch. Either way each worker
 holds its shard of every batch, and its rollout engine holds a full copy of the weights (or, on dp,
 shares the actor's module), refreshed in the reshard phase on the device, without a trip through
@@ -16,11 +16,14 @@ from typing import Any
 
 import torch
 
-from trainer.actor import UpdateSettings, compute_log_probs, update_policy
 from trainer.batch import Batch
 from trainer.config import Config
-from trainer.distributed import DataParallel, free_port
-from trainer.fsdp import (
+from trainer.models.presets import build_model, load_tokenizer, resolve_dtype
+from trainer.rollout import make_engine
+from trainer.rollout.base import SamplingParams
+from trainer.workers.actor import UpdateSettings, compute_log_probs, update_policy
+from trainer.workers.distributed import DataParallel, free_port
+from trainer.workers.fsdp import (
     PolicyModel,
     compute_dtype,
     full_model_state,
@@ -31,9 +34,6 @@ from trainer.fsdp import (
     resolve_strategy,
     shard_model,
 )
-from trainer.models import build_model, load_tokenizer, resolve_dtype
-from trainer.rollout import make_engine
-from trainer.rollout.base import SamplingParams
 
 
 class TrainWorker:

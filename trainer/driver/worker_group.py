@@ -14,7 +14,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainer.config import Config
-from trainer.worker import TrainWorker
+from trainer.workers.train_worker import TrainWorker
 
 PLACEMENT_TIMEOUT_S = 120.0
 

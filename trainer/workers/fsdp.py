@@ -9,10 +9,10 @@ is what gathers those root parameters, which is why the head's math lives in the
 
 Strategies (actor_rollout_ref.actor.strategy): ``fsdp2`` over all workers, one worker included
 (a process group of one); ``dp``, a full replica per worker with one flat gradient all-reduce per
-mini-batch (trainer/distributed.py); ``auto`` is fsdp2 on GPU and dp on CPU.
+mini-batch (trainer/workers/distributed.py); ``auto`` is fsdp2 on GPU and dp on CPU.
 
 Gradients: the actor's loss weights already make the sum over micro-batches and workers equal the
-global mini-batch's loss (trainer/actor.py), so FSDP must sum gradients, not average them.
+global mini-batch's loss (trainer/workers/actor.py), so FSDP must sum gradients, not average them.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def shard_model(
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     if not dist.is_initialized():
-        raise RuntimeError("FSDP2 needs an initialised process group (trainer.distributed.DataParallel.init)")
+        raise RuntimeError("FSDP2 needs an initialised process group (trainer.workers.distributed.DataParallel.init)")
     mesh = init_device_mesh(device.type, (world_size,))
     param_dtype = next(policy.parameters()).dtype
     compute = compute_dtype(param_dtype, device.type)

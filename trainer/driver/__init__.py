@@ -1,0 +1,1 @@
+"""Code that runs in the driver process: the GRPO loop, its Ray worker group, checkpoints, logging, reward."""

@@ -1,0 +1,1 @@
+"""Triton kernels and custom autograd functions; the pure math they speed up lives in trainer/algorithms."""

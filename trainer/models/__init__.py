@@ -1,0 +1,1 @@
+"""Model architectures (presets and local directories), tokenizers and FLOPs counts."""
