@@ -39,6 +39,7 @@ FIXTURE_NEEDS: dict[str, tuple[str, ...]] = {
     "rl_model": ("model",),
     "rl_dataset": ("model", "config", "dataset"),
     "rl_trainer": ("model", "config", "dataset", "cluster"),
+    "rl_prompts": ("model", "config", "dataset", "cluster"),
     "rl_batch": ("model", "config", "dataset", "cluster"),
     "rl_bench": ("model", "config"),
 }

@@ -32,6 +32,7 @@ from pytest_rlbench.bench import (  # noqa: F401  (fixtures are found as attribu
     get_recorder,
     rl_batch,
     rl_bench,
+    rl_prompts,
     rl_trainer,
 )
 from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attributes of the plugin)

@@ -98,6 +98,10 @@ class BenchRecorder:
         self.phases[phase] = PhaseRecord(seconds=[float(s) for s in samples], tokens=tokens)
         self.sources[phase] = nodeid
 
+    def add_step_breakdown(self, rounds: list[dict[str, float]]) -> None:
+        """Seconds by phase key of each timed whole-step round, for the report."""
+        self.step_breakdown.extend(dict(r) for r in rounds)
+
     def add_metric(self, name: str, values: list[float], unit: str, higher_is_better: bool) -> None:
         self.metrics[name] = Metric(value=[float(v) for v in values], unit=unit, higher_is_better=higher_is_better)
 

@@ -1,7 +1,7 @@
 """One benchmark per phase of a GRPO step, each timed on the batch that a warm-up step produced.
 
 Run on the embedded default with ``pytest suites/``; every test's rounds are compared with the
-baselines at the end of the session (``--rl-baseline``; default: the seed's VERL and RLinf runs as
+baselines at the end of the session (``--rl-baseline``; default: VERL's and RLinf's published runs as
 references). The work comes from the trainer's configuration: ``--rl-config data.train_batch_size=...``,
 ``actor_rollout_ref.rollout.n=...``, ``data.max_response_length=...`` and the other VERL keys.
 """
@@ -12,36 +12,29 @@ import copy
 
 import pytest
 
-from pytest_rlbench.bench import batch_tokens
-
-
-def generated_tokens(trainer):
-    """Token counts of what a timed generation produced (its own responses, not the warm batch's)."""
-    return lambda batch: batch_tokens(batch, trainer.cfg.actor_rollout_ref.rollout.n, trainer.cfg.world_size)
-
 
 @pytest.mark.rl_phase("reshard")
-def test_reshard(rl_trainer, rl_batch, rl_bench):
+def test_reshard(rl_trainer, rl_bench):
     """Weight sync: the actor's weights into each worker's rollout engine."""
-    rl_bench(rl_trainer.reshard, tokens=rl_batch.tokens)
+    rl_bench(rl_trainer.reshard)
 
 
 @pytest.mark.rl_phase("generate_sequences")
-def test_generate_sequences(rl_trainer, rl_batch, rl_bench):
+def test_generate_sequences(rl_trainer, rl_prompts, rl_bench):
     """rollout.n responses to each prompt of the warm-up batch (the same prompts every round)."""
-    batch = rl_bench(lambda: rl_trainer.generate_sequences(rl_batch.prompts), tokens=generated_tokens(rl_trainer))
-    assert batch.size == len(rl_batch.prompts) * rl_trainer.cfg.actor_rollout_ref.rollout.n
+    batch = rl_bench(lambda: rl_trainer.generate_sequences(rl_prompts), tokens=rl_trainer.batch_tokens)
+    assert batch.size == len(rl_prompts) * rl_trainer.cfg.actor_rollout_ref.rollout.n
 
 
 @pytest.mark.rl_phase("gen")
-def test_gen(rl_trainer, rl_batch, rl_bench):
+def test_gen(rl_trainer, rl_prompts, rl_bench):
     """VERL's gen: reshard, then generate_sequences."""
 
     def gen():
         rl_trainer.reshard()
-        return rl_trainer.generate_sequences(rl_batch.prompts)
+        return rl_trainer.generate_sequences(rl_prompts)
 
-    rl_bench(gen, tokens=generated_tokens(rl_trainer))
+    rl_bench(gen, tokens=rl_trainer.batch_tokens)
 
 
 @pytest.mark.rl_phase("reward")

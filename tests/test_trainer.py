@@ -14,12 +14,10 @@ import pytest
 import ray
 import torch
 
+from trainer.build import build_trainer, ray_session
 from trainer.config import build_config
-from trainer.data.source import load_train_dataset
 from trainer.driver.checkpoint import load_checkpoint, step_dir
 from trainer.driver.grpo_trainer import GRPOTrainer
-from trainer.driver.ray_local import init_local_ray
-from trainer.models.presets import load_tokenizer
 from trainer.phases import STEP_PHASES
 
 TOY = [
@@ -35,15 +33,15 @@ TOY = [
 
 @pytest.fixture(scope="module")
 def local_ray():
-    init_local_ray(num_cpus=2)
-    yield
-    ray.shutdown()
+    with ray_session(num_cpus=2) as started:
+        assert started and ray.is_initialized()
+        yield
+    assert not ray.is_initialized()  # the session that started Ray stops it
 
 
 def make_trainer(overrides: list[str], workdir) -> GRPOTrainer:
-    cfg = build_config(TOY + overrides)
-    dataset = load_train_dataset(cfg.data, load_tokenizer(cfg.actor_rollout_ref.model.path), workdir)
-    return GRPOTrainer(cfg, dataset)
+    """The one harness: the synthetic set written into ``workdir``, then the trainer on the running Ray."""
+    return build_trainer(build_config(TOY + overrides), workdir)
 
 
 def test_grpo_raises_the_reward_of_a_seeded_run(local_ray, tmp_path):
@@ -70,8 +68,11 @@ def test_a_step_records_every_phase_and_its_tokens(local_ray, tmp_path):
     inner = sum(result.timing_s[k] for k in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor"))
     assert inner <= result.timing_s["step"]
     assert result.timing_s["reshard"] + result.timing_s["generate_sequences"] <= result.timing_s["gen"]
-    assert result.tokens["sequences"] == 16 * 8
-    assert result.tokens["total"] == result.tokens["prompt"] + result.tokens["response"]
+    assert result.tokens.num_sequences == 16 * 8
+    assert result.tokens.response_tokens == sum(result.tokens.response_lengths) > 0
+    assert result.tokens.decode_steps == max(result.tokens.response_lengths)  # one worker
+    flat = result.flat()
+    assert flat["tokens/total"] == flat["tokens/prompt"] + flat["tokens/response"]
     assert 1 <= result.metrics["response_length/mean"] <= 8
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac"):
         assert key in result.metrics
@@ -170,3 +171,9 @@ def test_cli_rejects_an_unknown_key_naming_it(tmp_path):
     )
     assert out.returncode == 2
     assert "unknown config key 'data.train_batch_sise'; did you mean data.train_batch_size" in out.stderr
+
+
+def test_the_harness_joins_a_running_ray_and_leaves_it_running(local_ray):
+    with ray_session() as started:
+        assert not started
+    assert ray.is_initialized()

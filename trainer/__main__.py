@@ -10,7 +10,6 @@ synthetic math set is generated. Each step prints the seed's timing keys (traine
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -37,47 +36,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    from trainer.driver.ray_local import init_local_ray, use_loopback
-
-    if not os.environ.get("RAY_ADDRESS"):
-        use_loopback()  # before Ray is imported: an embedded Ray listens on 127.0.0.1 only
-    import ray
-
-    from trainer.data.source import load_train_dataset
-    from trainer.driver.grpo_trainer import GRPOTrainer
+    from trainer.build import build_trainer, load_dataset, ray_session
     from trainer.driver.tracking import Tracking
-    from trainer.models.presets import load_tokenizer
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rlbench-"))
-    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
-    dataset = load_train_dataset(cfg.data, tokenizer, workdir)
+    dataset = load_dataset(cfg, workdir)
     print(dataset.summary(), flush=True)
-
-    started = False
-    if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS")
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            init_local_ray()
-            started = True
     log_dir = Path(cfg.trainer.log_dir) / cfg.trainer.project_name / cfg.trainer.experiment_name
-    tracking = Tracking(cfg.trainer.logger, log_dir)
-    trainer = None
-    try:
-        trainer = GRPOTrainer(cfg, dataset, tracking)
-        resumed = trainer.resume()
-        if resumed:
-            print(f"resumed from step {resumed}", flush=True)
-        results = trainer.fit()
-        if results:
-            last = results[-1].timing_s
-            print("last step timings (s): " + ", ".join(f"{k}={last[k]:.3f}" for k in PHASE_KEYS if k in last))
-    finally:
-        if trainer is not None:
+    with ray_session():
+        trainer = build_trainer(cfg, workdir, dataset, Tracking(cfg.trainer.logger, log_dir))
+        try:
+            resumed = trainer.resume()
+            if resumed:
+                print(f"resumed from step {resumed}", flush=True)
+            results = trainer.fit()
+            if results:
+                last = results[-1].timing_s
+                print("last step timings (s): " + ", ".join(f"{k}={last[k]:.3f}" for k in PHASE_KEYS if k in last))
+        finally:
             trainer.shutdown()
-        if started:
-            ray.shutdown()
     return 0
 
 

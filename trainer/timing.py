@@ -1,4 +1,4 @@
-"""Wall-clock timing of phases under the seed's keys, synchronised with the device.
+"""Wall-clock timing of phases under VERL's timing keys, synchronised with the device.
 
 A phase's time is what a user waits for: the device queue is drained before the clock starts and
 before it stops, so asynchronous CUDA work is counted in the phase that launched it. A key timed
@@ -20,6 +20,12 @@ def device_synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def device_clock() -> float:
+    """perf_counter after draining the device queue: the one clock every phase time is read from."""
+    device_synchronize()
+    return time.perf_counter()
+
+
 class PhaseTimer:
     """Collects phase durations (seconds) for one step."""
 
@@ -29,15 +35,12 @@ class PhaseTimer:
 
     @contextmanager
     def phase(self, key: str) -> Iterator[None]:
-        if self.synchronize:
-            device_synchronize()
-        start = time.perf_counter()
+        clock = device_clock if self.synchronize else time.perf_counter
+        start = clock()
         try:
             yield
         finally:
-            if self.synchronize:
-                device_synchronize()
-            self.add(key, time.perf_counter() - start)
+            self.add(key, clock() - start)
 
     def add(self, key: str, seconds: float) -> None:
         self.seconds[key] = self.seconds.get(key, 0.0) + seconds

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from trainer.algorithms.advantages import compute_advantage
-from trainer.algorithms.aggregation import masked_mean
 from trainer.algorithms.kl import apply_kl_penalty, make_kl_controller
 from trainer.batch import Batch, concat_batches
 from trainer.config import Config
@@ -24,6 +22,7 @@ from trainer.data.loader import PromptBatch, PromptDataset
 from trainer.driver.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.driver.reward import score_batch, scores_to_token_rewards
 from trainer.driver.sharding import even_split, mini_batch_shards
+from trainer.driver.step_figures import BatchTokens, batch_metrics, batch_tokens
 from trainer.driver.tracking import Tracking
 from trainer.driver.worker_group import WorkerGroup
 from trainer.models.presets import load_tokenizer, model_spec
@@ -32,17 +31,21 @@ from trainer.timing import PhaseTimer
 
 @dataclass
 class StepResult:
-    """What one step measured: seconds under the seed's keys, token counts and training metrics."""
+    """What one step measured: seconds under VERL's timing keys, the work its batch did, and metrics."""
 
     step: int
     timing_s: dict[str, float]
     metrics: dict[str, float]
-    tokens: dict[str, int] = field(default_factory=dict)
+    tokens: BatchTokens
 
     def flat(self) -> dict[str, float]:
+        """One flat dict for loggers: timing_s/KEY, the metrics, and tokens/{prompt,response,total,sequences}."""
         out = {f"timing_s/{k}": v for k, v in self.timing_s.items()}
         out.update(self.metrics)
-        out.update({f"tokens/{k}": float(v) for k, v in self.tokens.items()})
+        t = self.tokens
+        counts = {"prompt": t.prompt_tokens, "response": t.response_tokens, "total": t.total_tokens,
+                  "sequences": t.num_sequences}
+        out.update({f"tokens/{k}": float(v) for k, v in counts.items()})
         return out
 
 
@@ -96,7 +99,7 @@ class GRPOTrainer:
             step=self.global_step,
             timing_s=dict(timer.seconds),
             metrics={**batch_metrics(batch), **adv_metrics, **actor_metrics},
-            tokens=token_counts(batch),
+            tokens=self.batch_tokens(batch),
         )
         return result
 
@@ -120,6 +123,10 @@ class GRPOTrainer:
         ]
         shards = self.workers.each("generate", args)
         return concat_batches([s for s in shards if s.size])
+
+    def batch_tokens(self, batch: Batch) -> BatchTokens:
+        """The work in ``batch`` (a generate_sequences result): tokens, lengths and decode steps."""
+        return batch_tokens(batch, self.cfg.actor_rollout_ref.rollout.n, self.workers.world_size)
 
     def _rollout_seed(self) -> int:
         """One seed per step for every worker: the static engine keys each row's noise by its uid."""
@@ -229,28 +236,3 @@ class GRPOTrainer:
         self.workers.shutdown()
         if self.tracking is not None:
             self.tracking.close()
-
-
-# ------------------------------------------------------------------ step figures (pure)
-def token_counts(batch: Batch) -> dict[str, int]:
-    prompt = int(batch.prompt_lengths.sum())
-    response = int(batch.response_lengths.sum())
-    return {"prompt": prompt, "response": response, "total": prompt + response, "sequences": batch.size}
-
-
-def batch_metrics(batch: Batch) -> dict[str, float]:
-    lengths = batch.response_lengths.float()
-    out = {
-        "response_length/mean": float(lengths.mean()),
-        "response_length/max": float(lengths.max()),
-        "response_length/min": float(lengths.min()),
-        "prompt_length/mean": float(batch.prompt_lengths.float().mean()),
-        "critic/score/mean": float(batch.scores.mean()),
-        "critic/advantages/mean": float(masked_mean(batch.advantages, batch.response_mask.float())),
-    }
-    if batch.token_level_rewards is not None:
-        out["critic/rewards/mean"] = float(batch.token_level_rewards.sum(dim=1).mean())
-    if batch.ref_log_probs is not None and batch.old_log_probs is not None:
-        diff = batch.old_log_probs - batch.ref_log_probs
-        out["actor/ref_kl"] = float(masked_mean(diff, batch.response_mask.float()))
-    return {k: v for k, v in out.items() if not math.isnan(v)}

@@ -1,11 +1,11 @@
-"""pytest_rlbench.bench.batch_tokens: token counts and decode steps of a rollout batch, by hand."""
+"""trainer.driver.step_figures.batch_tokens: token counts and decode steps of a rollout batch, by hand."""
 
 from __future__ import annotations
 
 import torch
 
-from pytest_rlbench.bench import batch_tokens
 from trainer.batch import Batch
+from trainer.driver.step_figures import batch_tokens
 
 
 def make_batch(prompt_lengths: list[int], response_lengths: list[int]) -> Batch:
@@ -30,3 +30,12 @@ def test_decode_steps_sum_each_workers_longest_response():
     assert (counts.prompt_tokens, counts.response_tokens, counts.num_sequences) == (24, 22, 6)
     assert counts.response_lengths == [3, 5, 2, 4, 7, 1]
     assert batch_tokens(batch, n=2, world_size=1).decode_steps == 7  # one worker: the longest of all
+
+
+def test_record_token_counts_keep_every_field_the_trainer_counted():
+    from pytest_rlbench.bench import token_counts
+
+    counts = batch_tokens(make_batch([4, 6], [3, 5]), n=1, world_size=1)
+    record = token_counts(counts)
+    assert (record.num_sequences, record.prompt_tokens, record.response_tokens, record.decode_steps) == (2, 10, 8, 5)
+    assert record.response_lengths == [3, 5] and record.prompt_length_mean == 5.0
