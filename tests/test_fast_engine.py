@@ -14,7 +14,8 @@ from transformers import LlamaConfig, Qwen3Config
 from trainer.config import RolloutConfig
 from trainer.models.presets import build_model
 from trainer.rollout import FastRolloutEngine, SamplingParams, make_engine
-from trainer.rollout.fast_engine import DecodeBuffers, LeanWeights, lean_shape, prefill_logits
+from trainer.rollout.fast_engine import DecodeBuffers
+from trainer.rollout.lean_decoder import LeanWeights, lean_shape, prefill_logits
 from trainer.rollout.sampling import keyed_exponential, sample_keyed
 
 EOS = 1

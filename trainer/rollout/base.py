@@ -5,7 +5,8 @@ An engine turns prompts into a ``Batch``: each prompt repeated ``n`` times in co
 covering the generated tokens up to and including the first EOS (with rollout.ignore_eos, every
 generated token: an EOS then neither stops a row nor ends its mask). The common work (repeating,
 padding, micro-batching, eval mode, masks, assembling the Batch) lives here; an engine only
-implements ``_generate_rows``, the decoding of one left-padded micro-batch.
+implements ``_generate_rows``, the decoding of one left-padded micro-batch described by a
+``RowsRequest``; the static and fast engines share their decode loop too (decode_loop.py).
 
 Weight sync (the "reshard" phase): an engine holds a model. With ``share_weights=True`` (the default,
 meant for CPU and for one process that trains and samples on the same device) the engine uses the
@@ -69,9 +70,10 @@ class NonFiniteLogitsError(RuntimeError):
     """Logits whose softmax is not a distribution (NaN, +inf, or a row of -inf) at some decode step.
 
     Raised instead of letting a sampler hit them: on a GPU, torch.multinomial on NaN probabilities
-    is a device-side assert that kills the process. Random bf16 weights do produce them
-    (REFERENCE.md section 6). ``step`` counts generated tokens from 0 (step 0 is the first token,
-    sampled from the prefill's logits); ``rows`` are row indices of the whole output batch.
+    is a device-side assert that kills the process (pytorch/pytorch issue #7014 and PR #7647, the
+    CUDA multinomial's NaN/inf checks). Random or diverged bf16 weights do produce such logits.
+    ``step`` counts generated tokens from 0 (step 0 is the first token, sampled from the prefill's
+    logits); ``rows`` are row indices of the whole output batch.
     """
 
     def __init__(self, engine: str, step: int, rows: Sequence[int], micro_batch: int, n: int = 1) -> None:
@@ -85,6 +87,31 @@ class NonFiniteLogitsError(RuntimeError):
             f"in batch rows {self.rows} (prompts {prompts}, micro-batch {micro_batch}); expected finite "
             "logits. Random or diverged weights (often bf16) cause this; try fp32 or check the last update."
         )
+
+
+@dataclass(frozen=True, eq=False)
+class RowsRequest:
+    """One left-padded micro-batch to decode: what ``generate`` hands an engine's ``_generate_rows``.
+
+    Each engine reads what it needs: hf samples from the seeded global stream (``generator`` is None
+    there), static and fast draw keyed noise from ``row_keys`` and ``seed``. ``micro_batch``,
+    ``row_offset`` and ``n`` only serve to name rows and prompts of the whole batch in errors.
+    """
+
+    prompt_ids: torch.Tensor  # [b, P] left-padded
+    prompt_mask: torch.Tensor  # [b, P] 1 on real prompt tokens
+    row_keys: torch.Tensor  # [b] row j of prompt uid u has key u * n + j (see sampling.keyed_exponential)
+    max_new_tokens: int
+    sampling: SamplingParams
+    seed: int
+    generator: torch.Generator | None
+    micro_batch: int
+    row_offset: int  # index of this micro-batch's first row in the whole batch
+    n: int  # responses per prompt
+
+    def nonfinite(self, engine: str, step: int, rows: Sequence[int]) -> NonFiniteLogitsError:
+        """The error for non-finite logits at ``step`` in these micro-batch ``rows``."""
+        return NonFiniteLogitsError(engine, step, [r + self.row_offset for r in rows], self.micro_batch, self.n)
 
 
 def finalize_responses(
@@ -178,18 +205,20 @@ class RolloutEngine(ABC):
         parts: list[torch.Tensor] = []
         with self._generation_mode(), self._seeded(seed, device) as generator:
             for mb, start in enumerate(range(0, len(rows), step)):
-                tokens = self._generate_rows(
-                    prompt_ids[start : start + step],
-                    prompt_mask[start : start + step],
+                rows_slice = slice(start, start + step)
+                request = RowsRequest(
+                    prompt_ids=prompt_ids[rows_slice],
+                    prompt_mask=prompt_mask[rows_slice],
+                    row_keys=row_keys[rows_slice],
                     max_new_tokens=max_new_tokens,
                     sampling=sampling,
-                    generator=generator,
-                    row_keys=row_keys[start : start + step],
                     seed=seed,
+                    generator=generator,
                     micro_batch=mb,
                     row_offset=start,
                     n=n,
                 )
+                tokens = self._generate_rows(request)
                 parts.append(tokens)
         width = max(p.shape[1] for p in parts)
         tokens = torch.cat([pad_right(p, width, self.pad_token_id) for p in parts])
@@ -205,24 +234,11 @@ class RolloutEngine(ABC):
         )
 
     @abstractmethod
-    def _generate_rows(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        row_keys: torch.Tensor,
-        seed: int,
-        micro_batch: int,
-        row_offset: int,
-        n: int,
-    ) -> torch.Tensor:
+    def _generate_rows(self, request: RowsRequest) -> torch.Tensor:
         """Decode one left-padded micro-batch; return the raw generated tokens [b, <= max_new_tokens].
 
         Rows that finished early may hold anything after their EOS (``generate`` masks it).
-        Raise NonFiniteLogitsError with rows offset by ``row_offset`` (whole-batch row indices).
+        Raise NonFiniteLogitsError through ``request.nonfinite`` (it names whole-batch rows).
         """
 
     @contextlib.contextmanager

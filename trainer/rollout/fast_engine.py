@@ -1,22 +1,24 @@
 """A rollout engine built for decode throughput on GPU (name "fast").
 
 What makes it fast, and why each piece is there:
-- A lean forward of our own for dense Qwen2/Llama decoders (``LeanWeights`` + ``decode_logits``):
-  q/k/v fused into one matrix and gate/up into another, so a layer is four matmuls, and a KV cache
-  preallocated as one [layers, batch, kv heads, slots, head dim] tensor per K and V.
+- A lean forward of our own for dense Qwen2/Llama decoders (lean_decoder.py: ``LeanWeights`` +
+  ``decode_logits``): q/k/v fused into one matrix and gate/up into another, so a layer is four
+  matmuls, and a KV cache preallocated as one [layers, batch, kv heads, slots, head dim] tensor per
+  K and V.
 - Static shapes and device-side state (``DecodeBuffers``): the token fed in, positions, the cache
   slot written, the attention bias over slots, finished flags, the step and the sampling seed are
   all device tensors updated in place, so one decode step reads nothing from the host and can be
-  captured in a CUDA graph and replayed (transformers' forward with its StaticCache could not,
-  REFERENCE.md section 6).
+  captured in a CUDA graph and replayed (transformers' forward with its StaticCache did not
+  capture when tried, see static_engine.py).
 - Attention over a bucket of slots: a step attends over the first ``attn_len`` cache slots, rounded
   up to a bucket, with one graph per bucket; the host knows the step count, so it picks the graph
   without reading the device.
 - Sampling in one fused kernel on GPU (trainer/kernels/triton_sampling.py): the keyed exponential
   race of ``sampling.sample_keyed`` (a row's draw does not depend on its batch), with temperature,
   and top-k / top-p through ``sampling.process_logits`` when they are on. The same pass flags
-  non-finite logits; the loop reads the host every ``check_every`` steps to stop once every row has
-  ended (EOS) and to raise NonFiniteLogitsError, never a device assert.
+  non-finite logits; the loop (decode_loop.py, shared with the static engine) reads the host every
+  ``check_every`` steps to stop once every row has ended (EOS) and to raise NonFiniteLogitsError,
+  never a device assert.
 - Weights come from the actor on the device in the reshard phase: each parameter (gathered whole
   with ``DTensor.full_tensor()`` under FSDP2) is copied into the engine's fixed buffers, whose
   addresses the captured graphs hold.
@@ -28,296 +30,24 @@ On CPU, or with rollout.enforce_eager, the same step runs eagerly, and sampling 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.batch import position_ids_from_mask
-from trainer.rollout.base import NonFiniteLogitsError, RolloutEngine, SamplingParams
+from trainer.rollout.base import RolloutEngine, RowsRequest, SamplingParams
+from trainer.rollout.decode_loop import decode_until_done
+from trainer.rollout.lean_decoder import LeanWeights, decode_logits, lean_shape, prefill_logits
 from trainer.rollout.sampling import greedy, nonfinite_rows_mask, process_logits, sample_keyed
-from trainer.workers.fsdp import compute_dtype, full_tensor
+from trainer.workers.fsdp import compute_dtype
 
 if TYPE_CHECKING:
     from trainer.config import RolloutConfig
 
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("qwen2", "llama", "mistral")
 PROMPT_ALIGN = 128  # prompt width and cache length are rounded up to this: stable shapes across steps
 PREFILL_TOKENS = 32768  # rows per prefill chunk are chosen so that a chunk holds about this many tokens
-
-
-# ----------------------------------------------------------------------------- architecture
-@dataclass(frozen=True)
-class LeanShape:
-    """What the lean forward needs to know of a dense decoder."""
-
-    num_layers: int
-    hidden: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    rms_eps: float
-    rope_theta: float
-    tied: bool
-    qkv_bias: bool
-    max_positions: int
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    @property
-    def group(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-
-def _rope_theta(config: Any) -> float:
-    params = getattr(config, "rope_parameters", None) or {}
-    scaling = getattr(config, "rope_scaling", None) or {}
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        raise ValueError(f"fast rollout engine: rope_type {kind!r} is not supported; expected 'default' (plain RoPE)")
-    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
-    if theta is None:
-        raise ValueError("fast rollout engine: the model config has no rope_theta")
-    return float(theta)
-
-
-def lean_shape(config: Any) -> LeanShape:
-    """Read a Hugging Face config; raise ValueError naming what is unsupported."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"fast rollout engine: model_type {model_type!r} is not supported; expected one of "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)} (dense decoders with plain RoPE)"
-        )
-    act = getattr(config, "hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"fast rollout engine: hidden_act {act!r} is not supported; expected 'silu'")
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if heads % kv_heads:
-        raise ValueError(f"fast rollout engine: {heads} query heads do not split over {kv_heads} key/value heads")
-    return LeanShape(
-        num_layers=config.num_hidden_layers,
-        hidden=config.hidden_size,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-        intermediate=config.intermediate_size,
-        vocab=config.vocab_size,
-        rms_eps=float(config.rms_norm_eps),
-        rope_theta=_rope_theta(config),
-        tied=bool(getattr(config, "tie_word_embeddings", False)),
-        # Qwen2 has q/k/v biases; Llama and Mistral have none (attention_bias False)
-        qkv_bias=model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
-        max_positions=int(getattr(config, "max_position_embeddings", 1 << 30)),
-    )
-
-
-# ----------------------------------------------------------------------------- weights
-_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-
-
-class LeanWeights:
-    """The engine's own copy of the weights, in fused, fixed-address buffers.
-
-    Per layer l: qkv[l] = [W_q; W_k; W_v] ([q + 2 kv, H]), gate_up[l] = [W_gate; W_up] ([2 I, H]),
-    o[l] [H, q], down[l] [H, I], and the two RMSNorm weights; plus embed, the final norm and the LM
-    head (the embedding itself when tied).
-    """
-
-    def __init__(self, shape: LeanShape, dtype: torch.dtype, device: torch.device) -> None:
-        self.shape = shape
-        self.dtype = dtype
-        self.device = device
-        L, H, inter = shape.num_layers, shape.hidden, shape.intermediate
-        qkv = shape.q_size + 2 * shape.kv_size
-
-        def empty(*size: int) -> torch.Tensor:
-            return torch.zeros(size, dtype=dtype, device=device)
-
-        self.embed = empty(shape.vocab, H)
-        self.norm = empty(H)
-        self.lm_head = self.embed if shape.tied else empty(shape.vocab, H)
-        self.qkv = empty(L, qkv, H)
-        self.qkv_bias = empty(L, qkv) if shape.qkv_bias else None
-        self.o = empty(L, H, shape.q_size)
-        self.gate_up = empty(L, 2 * inter, H)
-        self.down = empty(L, H, inter)
-        self.ln_in = empty(L, H)
-        self.ln_post = empty(L, H)
-        inv = 1.0 / (shape.rope_theta ** (torch.arange(0, shape.head_dim, 2, dtype=torch.int64).float() / shape.head_dim))
-        self.inv_freq = inv.to(device)  # float32, as transformers' default RoPE
-
-    def _targets(self) -> dict[str, torch.Tensor]:
-        """Every source parameter name -> the view of our buffers it is copied into."""
-        s = self.shape
-        q, kv, inter = s.q_size, s.kv_size, s.intermediate
-        out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm}
-        if not s.tied:
-            out["lm_head.weight"] = self.lm_head
-        for i in range(s.num_layers):
-            p = f"model.layers.{i}."
-            out[p + "self_attn.q_proj.weight"] = self.qkv[i, :q]
-            out[p + "self_attn.k_proj.weight"] = self.qkv[i, q : q + kv]
-            out[p + "self_attn.v_proj.weight"] = self.qkv[i, q + kv :]
-            if self.qkv_bias is not None:
-                out[p + "self_attn.q_proj.bias"] = self.qkv_bias[i, :q]
-                out[p + "self_attn.k_proj.bias"] = self.qkv_bias[i, q : q + kv]
-                out[p + "self_attn.v_proj.bias"] = self.qkv_bias[i, q + kv :]
-            out[p + "self_attn.o_proj.weight"] = self.o[i]
-            out[p + "mlp.gate_proj.weight"] = self.gate_up[i, :inter]
-            out[p + "mlp.up_proj.weight"] = self.gate_up[i, inter:]
-            out[p + "mlp.down_proj.weight"] = self.down[i]
-            out[p + "input_layernorm.weight"] = self.ln_in[i]
-            out[p + "post_attention_layernorm.weight"] = self.ln_post[i]
-        return out
-
-    @torch.no_grad()
-    def load(self, source: Mapping[str, torch.Tensor] | nn.Module) -> int:
-        """Copy the source model's tensors in (gathering FSDP2 shards on this device); return bytes copied.
-
-        Every worker calls this in the same order (the gathers are collectives). A source name we do
-        not map, or one of ours the source lacks, is an error naming it.
-        """
-        tensors = source.state_dict() if isinstance(source, nn.Module) else dict(source)
-        targets = self._targets()
-        if self.shape.tied:
-            tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}
-        unknown = sorted(k for k in tensors if k not in targets)
-        missing = sorted(k for k in targets if k not in tensors)
-        if unknown or missing:
-            raise ValueError(
-                "fast rollout engine: the model's parameters do not match a plain Qwen2/Llama decoder: "
-                f"unexpected {unknown[:5]}, missing {missing[:5]}"
-            )
-        copied = 0
-        for name, src in tensors.items():
-            dst = targets[name]
-            whole = full_tensor(src, self.device)
-            if tuple(whole.shape) != tuple(dst.shape):
-                raise ValueError(f"fast rollout engine: {name} has shape {tuple(whole.shape)}, expected {tuple(dst.shape)}")
-            dst.copy_(whole)
-            copied += dst.numel() * dst.element_size()
-        return copied
-
-
-# ----------------------------------------------------------------------------- the forward
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """weight * (x / rms(x)) with the normalisation in float32, as transformers' Qwen2RMSNorm."""
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
-
-
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [..., head_dim] of the positions, computed in float32 and cast (transformers' order)."""
-    freqs = positions.float().unsqueeze(-1) * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-def _mlp(w: LeanWeights, layer: int, h: torch.Tensor) -> torch.Tensor:
-    x = rms_norm(h, w.ln_post[layer], w.shape.rms_eps)
-    gate, up = F.linear(x, w.gate_up[layer]).chunk(2, dim=-1)
-    return h + F.linear(F.silu(gate) * up, w.down[layer])
-
-
-def decode_logits(
-    w: LeanWeights,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
-    last: torch.Tensor,
-    positions: torch.Tensor,
-    write_slot: torch.Tensor,
-    attn_bias: torch.Tensor,
-    attn_len: int,
-) -> torch.Tensor:
-    """One token per row through the decoder: [b] -> logits [b, V]; writes this token's K and V at
-    ``write_slot`` and attends over cache slots [0, attn_len) (the bias is 0 on visible slots, -inf
-    elsewhere). Static shapes, no host reads."""
-    s = w.shape
-    b = last.shape[0]
-    q_size, kv_size, d = s.q_size, s.kv_size, s.head_dim
-    h = F.embedding(last, w.embed)
-    cos, sin = rope_cos_sin(positions, w.inv_freq, w.dtype)
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [b, 1, d]: broadcast over heads
-    bias = attn_bias[:, None, None, :attn_len]
-    slot = write_slot.view(1)
-    for layer in range(s.num_layers):
-        x = rms_norm(h, w.ln_in[layer], s.rms_eps)
-        bias_l = w.qkv_bias[layer] if w.qkv_bias is not None else None
-        qkv = F.linear(x, w.qkv[layer], bias_l)
-        qk = apply_rope(qkv[:, : q_size + kv_size].view(b, s.num_heads + s.num_kv_heads, d), cos, sin)
-        q, k = qk[:, : s.num_heads], qk[:, s.num_heads :]
-        v = qkv[:, q_size + kv_size :].view(b, s.num_kv_heads, d)
-        cache_k[layer].index_copy_(2, slot, k.unsqueeze(2))
-        cache_v[layer].index_copy_(2, slot, v.unsqueeze(2))
-        # Grouped-query attention without repeating K/V: the query heads that share a KV head are
-        # that head's "query positions" (transformers' repeat_kv maps query head i to KV head i // group).
-        attn = F.scaled_dot_product_attention(
-            q.reshape(b, s.num_kv_heads, s.group, d),
-            cache_k[layer, :, :, :attn_len],
-            cache_v[layer, :, :, :attn_len],
-            attn_mask=bias,
-        )
-        h = h + F.linear(attn.reshape(b, q_size), w.o[layer])
-        h = _mlp(w, layer, h)
-    return F.linear(rms_norm(h, w.norm, s.rms_eps), w.lm_head)
-
-
-def prefill_logits(
-    w: LeanWeights,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-) -> torch.Tensor:
-    """Left-padded prompts [b, P] into cache slots [0, P); the last position's logits [b, V].
-
-    A padding query attends to itself only (never to nothing, which would give NaN rows whose
-    values, even weighted by 0, would poison the real tokens' sums).
-    """
-    s = w.shape
-    b, width = prompt_ids.shape
-    d, q_size, kv_size = s.head_dim, s.q_size, s.kv_size
-    positions = position_ids_from_mask(prompt_mask)
-    cos, sin = rope_cos_sin(positions, w.inv_freq, w.dtype)
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [b, 1, P, d]
-    causal = torch.ones(width, width, dtype=torch.bool, device=prompt_ids.device).tril()
-    allowed = (causal & prompt_mask.bool()[:, None, :]) | torch.eye(width, dtype=torch.bool, device=prompt_ids.device)
-    allowed = allowed.unsqueeze(1)  # [b, 1, P, P]
-    h = F.embedding(prompt_ids, w.embed)
-    for layer in range(s.num_layers):
-        x = rms_norm(h, w.ln_in[layer], s.rms_eps)
-        bias_l = w.qkv_bias[layer] if w.qkv_bias is not None else None
-        qkv = F.linear(x, w.qkv[layer], bias_l)
-        q = apply_rope(qkv[..., :q_size].view(b, width, s.num_heads, d).transpose(1, 2), cos, sin)
-        k = apply_rope(qkv[..., q_size : q_size + kv_size].view(b, width, s.num_kv_heads, d).transpose(1, 2), cos, sin)
-        v = qkv[..., q_size + kv_size :].view(b, width, s.num_kv_heads, d).transpose(1, 2)
-        cache_k[layer, :, :, :width] = k
-        cache_v[layer, :, :, :width] = v
-        attn = F.scaled_dot_product_attention(
-            q, k.repeat_interleave(s.group, dim=1), v.repeat_interleave(s.group, dim=1), attn_mask=allowed
-        )
-        h = h + F.linear(attn.transpose(1, 2).reshape(b, width, q_size), w.o[layer])
-        h = _mlp(w, layer, h)
-    return F.linear(rms_norm(h[:, -1], w.norm, s.rms_eps), w.lm_head)
 
 
 # ----------------------------------------------------------------------------- decode buffers
@@ -517,27 +247,15 @@ class FastRolloutEngine(RolloutEngine):
         self._graphs.clear()
         self._buffers, self._buffers_key = None, None
 
-    def _generate_rows(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,  # unused: sampling noise is keyed by row (sample_keyed)
-        row_keys: torch.Tensor,
-        seed: int,
-        micro_batch: int,
-        row_offset: int,
-        n: int,
-    ) -> torch.Tensor:
+    def _generate_rows(self, request: RowsRequest) -> torch.Tensor:
+        prompt_ids, prompt_mask, sampling = request.prompt_ids, request.prompt_mask, request.sampling
         b, width = prompt_ids.shape
         padded = _round_up(width, PROMPT_ALIGN)
         if padded > width:  # more left padding: the cache's shape stays the same from step to step
             prompt_ids = F.pad(prompt_ids, (padded - width, 0), value=self.pad_token_id)
             prompt_mask = F.pad(prompt_mask, (padded - width, 0), value=0)
-        buf = self._prepare(b, padded, max_new_tokens, sampling)
-        buf.reset(prompt_mask, row_keys, seed)
+        buf = self._prepare(b, padded, request.max_new_tokens, sampling)
+        buf.reset(prompt_mask, request.row_keys, request.seed)
         chunk = max(1, PREFILL_TOKENS // padded)
         logits = torch.empty((b, self.shape.vocab), dtype=self.weights.dtype, device=self.device)
         for r in range(0, b, chunk):
@@ -548,32 +266,20 @@ class FastRolloutEngine(RolloutEngine):
         self._sample(buf, logits, sampling)
         del logits
         bucket = self._bucket(buf.slots)
-        steps = 1
-        while steps < max_new_tokens:
-            if steps % self.check_every == 0 and self._all_done(buf, micro_batch, row_offset, n):
-                break
-            attn_len = buf.attn_len(steps, bucket)
+
+        def step(decode_index: int) -> None:
+            attn_len = buf.attn_len(decode_index, bucket)
             graph = self._graphs.get(attn_len)
             if graph is not None:
                 graph.replay()
             else:
                 self._decode_step(buf, attn_len, sampling)
-            steps += 1
-        self._all_done(buf, micro_batch, row_offset, n)  # the last steps' non-finite flags
+
+        steps = decode_until_done(step, buf.first_bad, buf.finished, request, self.check_every, self.name)
         tokens = buf.tokens[:, :steps].clone()
         if self.free_cache:
             self.release()
         return tokens
-
-    def _all_done(self, buf: DecodeBuffers, micro_batch: int, row_offset: int, n: int) -> bool:
-        """The loop's only host read: raise on recorded non-finite logits; else whether all rows ended."""
-        any_bad, all_finished = torch.stack([(buf.first_bad >= 0).any(), buf.finished.all()]).tolist()
-        if any_bad:
-            flagged = buf.first_bad >= 0
-            first = int(buf.first_bad[flagged].min())
-            rows = (torch.nonzero(buf.first_bad == first).flatten() + row_offset).tolist()
-            raise NonFiniteLogitsError(self.name, first, rows, micro_batch, n)
-        return bool(all_finished)
 
 
 def _is_offloaded(param: torch.Tensor) -> bool:

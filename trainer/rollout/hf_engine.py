@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from trainer.rollout.base import NonFiniteLogitsError, RolloutEngine, SamplingParams
+from trainer.rollout.base import RolloutEngine, RowsRequest, SamplingParams
 from trainer.rollout.sampling import nonfinite_rows_mask
 
 
@@ -27,18 +27,15 @@ class FiniteLogitsCheck(LogitsProcessor):
     makes one per step for its stopping check.
     """
 
-    def __init__(self, prompt_width: int, row_offset: int, micro_batch: int, n: int) -> None:
-        self.prompt_width = prompt_width
-        self.row_offset = row_offset
-        self.micro_batch = micro_batch
-        self.n = n
+    def __init__(self, request: RowsRequest) -> None:
+        self.request = request
+        self.prompt_width = request.prompt_ids.shape[1]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         bad = nonfinite_rows_mask(scores)
         if bool(bad.any()):
-            rows = (torch.nonzero(bad).flatten() + self.row_offset).tolist()
             step = input_ids.shape[1] - self.prompt_width
-            raise NonFiniteLogitsError("hf", step, rows, self.micro_batch, self.n)
+            raise self.request.nonfinite("hf", step, torch.nonzero(bad).flatten().tolist())
         return scores
 
 
@@ -84,26 +81,13 @@ class HFRolloutEngine(RolloutEngine):
             return [int(self.model.config.vocab_size)]
         return list(self.eos_token_ids)
 
-    def _generate_rows(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        row_keys: torch.Tensor,  # unused: transformers samples from the seeded global stream
-        seed: int,
-        micro_batch: int,
-        row_offset: int,
-        n: int,
-    ) -> torch.Tensor:
-        width = prompt_ids.shape[1]
-        check = FiniteLogitsCheck(width, row_offset, micro_batch, n)
+    def _generate_rows(self, request: RowsRequest) -> torch.Tensor:
+        # request.row_keys go unused: transformers samples from the seeded global stream
+        width = request.prompt_ids.shape[1]
         out = self.model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            generation_config=self.generation_config(max_new_tokens, sampling),
-            logits_processor=LogitsProcessorList([check]),
+            input_ids=request.prompt_ids,
+            attention_mask=request.prompt_mask,
+            generation_config=self.generation_config(request.max_new_tokens, request.sampling),
+            logits_processor=LogitsProcessorList([FiniteLogitsCheck(request)]),
         )
         return out[:, width:]

@@ -2,20 +2,22 @@
 
 One micro-batch runs as:
   1. prefill: the left-padded prompts [b, P] in one forward into a transformers StaticCache sized
-     P + max_new_tokens, asking for the last position's logits only (logits_to_keep=1: full-prompt
-     logits over a 150k vocabulary run out of memory at batch 256, REFERENCE.md section 6);
+     P + max_new_tokens, asking for the last position's logits only (transformers' ``logits_to_keep=1``:
+     full-prompt logits are b x P x vocab floats, 160 GB in fp32 at b = 256, P = 1024 and a 152k
+     vocabulary);
   2. ``sample_step`` on those logits gives token 0;
   3. ``decode_step`` per further token: one forward of [b, 1] then ``sample_step``.
 
 A step has static shapes and keeps its state in device tensors updated in place (``DecodeState``):
 the cache slot, positions, slot mask, finished flags and the first step at which each row saw
-non-finite logits. The loop reads the host only every ``check_every`` steps, to stop early when
-every row has finished and to raise NonFiniteLogitsError (naming the first bad step and its rows);
-sampling uses the exponential race driven by per-row keyed noise (``sampling.sample_keyed``), which
-cannot device-assert on NaN, so the check can wait, and which gives a row the same draw whichever
-worker or micro-batch it lands in. CUDA graphs are not used here: transformers' forward with its StaticCache
-is not capture-safe (REFERENCE.md section 6 saw it fail); the "fast" engine (fast_engine.py) has a lean
-forward of its own that is.
+non-finite logits. The loop (decode_loop.py, shared with the fast engine) reads the host only every
+``check_every`` steps, to stop early when every row has finished and to raise NonFiniteLogitsError
+(naming the first bad step and its rows); sampling uses the exponential race driven by per-row
+keyed noise (``sampling.sample_keyed``), which cannot device-assert on NaN, so the check can wait,
+and which gives a row the same draw whichever worker or micro-batch it lands in. CUDA graphs are not
+used here: capturing transformers' forward with its StaticCache under torch.cuda.graph failed when
+tried on a GPU; the "fast" engine (fast_engine.py) has a lean forward of its own (lean_decoder.py)
+that captures.
 
 Slot layout: cache slot j < P holds prompt column j (left padding included, masked out by the slot
 mask); slot P + t holds the token generated at step t. Position ids count real tokens only, as in
@@ -32,7 +34,8 @@ from torch import nn
 from transformers import StaticCache
 
 from trainer.batch import position_ids_from_mask
-from trainer.rollout.base import NonFiniteLogitsError, RolloutEngine, SamplingParams
+from trainer.rollout.base import RolloutEngine, RowsRequest, SamplingParams
+from trainer.rollout.decode_loop import decode_until_done
 from trainer.rollout.sampling import greedy, nonfinite_rows_mask, process_logits, sample_keyed
 
 if TYPE_CHECKING:
@@ -159,39 +162,17 @@ class StaticRolloutEngine(RolloutEngine):
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.check_every = check_every
 
-    def _generate_rows(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,  # unused: sampling noise is keyed by row (sample_keyed)
-        row_keys: torch.Tensor,
-        seed: int,
-        micro_batch: int,
-        row_offset: int,
-        n: int,
-    ) -> torch.Tensor:
-        width = prompt_ids.shape[1]
-        cache = StaticCache(config=self.model.config, max_cache_len=width + max_new_tokens)
-        state = DecodeState.start(prompt_mask, max_new_tokens, self.stop_token_ids, self.pad_token_id, row_keys, seed)
-        sample_step(state, prefill(self.model, cache, prompt_ids, prompt_mask), sampling)
-        steps = 1
-        while steps < max_new_tokens:
-            if steps % self.check_every == 0 and self._all_done(state, micro_batch, row_offset, n):
-                break
-            decode_step(self.model, cache, state, sampling)
-            steps += 1
-        self._all_done(state, micro_batch, row_offset, n)  # the last steps' non-finite flags
+    def _generate_rows(self, request: RowsRequest) -> torch.Tensor:
+        width = request.prompt_ids.shape[1]
+        max_new = request.max_new_tokens
+        cache = StaticCache(config=self.model.config, max_cache_len=width + max_new)
+        state = DecodeState.start(
+            request.prompt_mask, max_new, self.stop_token_ids, self.pad_token_id, request.row_keys, request.seed
+        )
+        sampling = request.sampling
+        sample_step(state, prefill(self.model, cache, request.prompt_ids, request.prompt_mask), sampling)
+        steps = decode_until_done(
+            lambda _: decode_step(self.model, cache, state, sampling),
+            state.first_bad_step, state.finished, request, self.check_every, self.name,
+        )
         return state.tokens[:, :steps]
-
-    def _all_done(self, state: DecodeState, micro_batch: int, row_offset: int, n: int) -> bool:
-        """The loop's only host read: raise on recorded non-finite logits; else whether all finished."""
-        any_bad, all_finished = torch.stack([(state.first_bad_step >= 0).any(), state.finished.all()]).tolist()
-        if any_bad:
-            flagged = state.first_bad_step >= 0
-            first = int(state.first_bad_step[flagged].min())
-            rows = (torch.nonzero(state.first_bad_step == first).flatten() + row_offset).tolist()
-            raise NonFiniteLogitsError(self.name, first, rows, micro_batch, n)
-        return bool(all_finished)
