@@ -73,7 +73,7 @@ def test_terminal_summary(results) -> None:
     header = lines[1].split()
     assert header == ["phase", "metric", "measured", "baseline", "ratio", "tol", "verdict"]
     assert any(line.split()[:2] == ["update_actor", "seconds"] and "FAIL (slower)" in line for line in lines)
-    assert "baseline 'verl-v0.5.0-1.5b' (seed: Compare with Verl, last updated 07/22/2025): reference, not a gate" in lines
+    assert "baseline 'verl-v0.5.0-1.5b' (RLinf documentation, page \"Compare with Verl\" (last updated 07/22/2025)): reference, not a gate" in lines
     assert "hardware.device: run 'cpu', baseline 'gpu'" in text
     assert "verl-v0.5.0-1.5b: gen throughput 6992.96 per-GPU tokens/s: only consistent if per-DP-rank" in text
     assert lines[-3] == "2 regression(s):"
