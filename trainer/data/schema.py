@@ -74,6 +74,22 @@ TRAINER_FIELDS: frozenset[str] = frozenset(
 )
 
 
+def is_string_type(t: pa.DataType) -> bool:
+    """string, large_string or string_view: the string types a parquet reader may hand back."""
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def is_list_type(t: pa.DataType) -> bool:
+    """Any arrow list type (plain, large, fixed-size, view) with a ``value_type``."""
+    return (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_fixed_size_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+    )
+
+
 def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     """Build a table with exactly ``RL_SCHEMA`` from row dicts (raises pyarrow's error on bad types)."""
     return pa.Table.from_pylist([dict(r) for r in rows], schema=RL_SCHEMA)
