@@ -1,4 +1,5 @@
-"""VERL's RL data set schema: one row per prompt, as the seed's "Dataset Preparation" describes it.
+"""VERL's RL data set schema: one row per prompt, as VERL's "Prepare Data for Post-Training" docs
+(verl.readthedocs.io, preparation/prepare_data) and examples/data_preprocess/gsm8k.py write it.
 
     data_source   string                                   which data set (picks the reward function)
     prompt        list<struct{role: string, content: string}>   the chat messages

@@ -32,7 +32,7 @@ from trainer.timing import PhaseTimer
 
 @dataclass
 class StepResult:
-    """What one step measured: seconds under the seed's keys, token counts and training metrics."""
+    """What one step measured: seconds under VERL's timing_s keys, token counts and training metrics."""
 
     step: int
     timing_s: dict[str, float]
