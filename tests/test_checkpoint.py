@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 import torch
 
 from trainer.driver.checkpoint import (
+    MANIFEST,
     TRACKER,
     CheckpointError,
     latest_checkpoint,
@@ -62,3 +64,83 @@ def test_incomplete_directory_is_not_a_checkpoint(tmp_path):
 
 def test_no_tracker_means_no_checkpoint(tmp_path):
     assert latest_checkpoint(tmp_path) is None
+
+
+# ----------------------------------------------------------------------------- loading refuses code
+RAN: list[str] = []
+
+
+def _record(note: str) -> None:
+    RAN.append(note)
+
+
+class RunsCodeWhenLoaded:
+    """Unpickling this calls _record: what a hostile checkpoint part would do with os.system."""
+
+    def __reduce__(self):
+        return (_record, ("loaded",))
+
+
+def test_a_part_holding_an_arbitrary_object_is_refused(tmp_path):
+    RAN.clear()
+    path = save_checkpoint(tmp_path, 1, {"model": {"w": torch.zeros(2)}, "trainer": RunsCodeWhenLoaded()})
+    with pytest.raises(CheckpointError, match=r"trainer.pt: .*weights_only"):
+        load_checkpoint(path)
+    assert RAN == []  # refused before the pickled call ran
+
+
+def test_model_optimizer_and_trainer_parts_round_trip_under_weights_only(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99))
+    model(torch.ones(4, 3)).sum().backward()
+    optimizer.step()
+    trainer = {
+        "global_step": 7,
+        "loader": {"seed": 1, "epoch": 2, "position": 0, "batch_size": 4, "num_prompts": 9, "shuffle": True},
+        "kl_coef": 0.001,
+    }
+    parts = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "trainer": trainer}
+    loaded, _ = load_checkpoint(save_checkpoint(tmp_path, 7, parts))
+    assert loaded["trainer"] == trainer
+    assert all(torch.equal(loaded["model"][k], v) for k, v in model.state_dict().items())
+    assert loaded["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.99)
+    restored = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters())
+    restored.load_state_dict(loaded["optimizer"])
+    assert torch.equal(restored.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+# ----------------------------------------------------------------------------- the manifest's files
+def _rewrite_manifest(path, **changes):
+    manifest = json.loads((path / MANIFEST).read_text())
+    for key, value in changes.items():
+        if value is None:
+            del manifest[key]
+        else:
+            manifest[key] = value
+    (path / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        (None, r"manifest.json: field 'files': expected a mapping of file name to size and SHA-256, found none"),
+        ({}, r"manifest.json: field 'files': expected at least one file, found none"),
+        ([], r"manifest.json: field 'files': expected a mapping .*found list"),
+    ],
+)
+def test_a_manifest_without_files_is_refused(tmp_path, files, message):
+    path = save_checkpoint(tmp_path, 1, {"model": {"w": torch.zeros(2)}})
+    _rewrite_manifest(path, files=files)
+    with pytest.raises(CheckpointError, match=message):
+        verify_checkpoint(path)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("name", ["../model.pt", "sub/model.pt", "..", "/etc/passwd", "a\\b.pt", ""])
+def test_a_manifest_file_name_outside_the_directory_is_refused(tmp_path, name):
+    path = save_checkpoint(tmp_path, 1, {"model": {"w": torch.zeros(2)}})
+    info = json.loads((path / MANIFEST).read_text())["files"]["model.pt"]
+    _rewrite_manifest(path, files={name: info})
+    with pytest.raises(CheckpointError, match=r"manifest.json: field 'files': expected plain file names"):
+        verify_checkpoint(path)

@@ -8,19 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from trainer.data.loader import (
-    BatchIterator,
-    LoaderState,
-    PromptTooLongError,
-    epoch_order,
-    filter_overlong,
-    load_prompts,
-    overlong_indices,
-    truncate_ids,
-)
+from trainer.data import loader
+from trainer.data.batches import BatchIterator, LoaderState, epoch_order
+from trainer.data.loader import load_prompts
+from trainer.data.problems import DatasetError
 from trainer.data.schema import write_rows
 from trainer.data.synthetic import generate_rows
-from trainer.data.validate import DatasetError
+from trainer.data.truncation import PromptTooLongError, filter_overlong, overlong_indices, truncate_ids
 from trainer.models.tokenizer import build_tokenizer
 
 TEN = list(range(10))
@@ -314,4 +308,15 @@ def test_batch_size_must_fit_the_data_set(dataset) -> None:
     with pytest.raises(ValueError, match="expected at most the data set's 10 prompts, found 11"):
         dataset.batches(11)
     with pytest.raises(ValueError, match="train_batch_size: expected an integer >= 1, found 0"):
-        BatchIterator(dataset.prompts, 0)
+        dataset.batches(0)
+    with pytest.raises(ValueError, match="train_batch_size: expected an integer >= 1, found 0"):
+        BatchIterator(dataset.prompts, LoaderState(seed=1, batch_size=0, num_prompts=10))
+    with pytest.raises(ValueError, match="loader state: num_prompts 9, but the stream has 10"):
+        BatchIterator(dataset.prompts, LoaderState(seed=1, batch_size=2, num_prompts=9))
+
+
+def test_the_loader_still_exports_what_callers_import() -> None:
+    # grpo_trainer, pytest_rlbench, suites/ and benchmarks/ import these from trainer.data.loader.
+    for name in ("PromptBatch", "PromptDataset", "PromptTooLongError", "filter_overlong", "truncate_ids",
+                 "template_prompts", "BatchIterator", "LoaderState", "epoch_order", "overlong_indices"):
+        assert getattr(loader, name).__name__ == name

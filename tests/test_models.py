@@ -8,13 +8,31 @@ import pytest
 import torch
 
 from trainer.models.flops import DecoderArch, flops_params, forward_flops, parameter_count, train_flops
-from trainer.models.presets import ModelError, build_model, load_tokenizer, model_spec, save_preset
+from trainer.models.presets import PRESETS, ModelError, build_model, load_tokenizer, model_spec, save_preset
 
 
-def test_seed_architectures_have_the_published_parameter_counts():
+def test_r1_distill_architectures_have_the_published_parameter_counts():
     # DeepSeek-R1-Distill-Qwen-1.5B and -7B: 1,777,088,000 and 7,615,616,512 parameters.
     assert model_spec("r1-distill-qwen-1.5b").parameter_count == 1_777_088_000
     assert model_spec("r1-distill-qwen-7b").parameter_count == 7_615_616_512
+
+
+def test_the_1_5b_preset_is_the_model_cards_config():
+    # deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B config.json (head_dim = 1536 / 12).
+    assert PRESETS["r1-distill-qwen-1.5b"] == {
+        "vocab_size": 151936,
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": False,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+    }
+    assert PRESETS["tiny"]["tie_word_embeddings"] is True
 
 
 def test_parameter_count_formula_matches_the_built_model():
@@ -35,7 +53,7 @@ def test_flops_params_by_hand():
     assert parameter_count(arch) == 404
 
 
-def test_seed_1_5b_flops_per_token():
+def test_r1_distill_1_5b_flops_per_token():
     # N for the 1.5B: 28*(3*1536*8960 + 1536*(1536+256+256+1536)) + 2*151936*1536
     expected = 28 * (3 * 1536 * 8960 + 1536 * (1536 + 256 + 256 + 1536)) + 2 * 151936 * 1536
     assert model_spec("r1-distill-qwen-1.5b").flops_params == expected

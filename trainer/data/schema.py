@@ -1,4 +1,5 @@
-"""VERL's RL data set schema: one row per prompt, as the seed's "Dataset Preparation" describes it.
+"""VERL's RL data set schema: one row per prompt, as VERL's "Prepare Data for Post-Training" docs
+(verl.readthedocs.io, preparation/prepare_data) and examples/data_preprocess/gsm8k.py write it.
 
     data_source   string                                   which data set (picks the reward function)
     prompt        list<struct{role: string, content: string}>   the chat messages
@@ -72,6 +73,22 @@ TRAINER_FIELDS: frozenset[str] = frozenset(
         "reward_model.ground_truth",
     }
 )
+
+
+def is_string_type(t: pa.DataType) -> bool:
+    """string, large_string or string_view: the string types a parquet reader may hand back."""
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def is_list_type(t: pa.DataType) -> bool:
+    """Any arrow list type (plain, large, fixed-size, view) with a ``value_type``."""
+    return (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_fixed_size_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+    )
 
 
 def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:

@@ -247,13 +247,11 @@ def write_synthetic_parquet(
     seed: int,
     split: str = "train",
     difficulty: str | Difficulty = "standard",
-    *,
-    max_operand: int | None = None,
-    max_answer: int | None = None,
+    **bounds: int | None,
 ) -> Path:
-    """Write ``generate_rows(...)`` as a VERL-schema parquet file and return its path."""
-    rows = generate_rows(n, seed, split, difficulty, max_operand=max_operand, max_answer=max_answer)
-    return write_rows(rows, path)
+    """Write ``generate_rows(n, seed, split, difficulty, **bounds)`` (bounds: its ``max_operand`` and
+    ``max_answer``) as a VERL-schema parquet file and return its path."""
+    return write_rows(generate_rows(n, seed, split, difficulty, **bounds), path)
 
 
 __all__ = [

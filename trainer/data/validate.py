@@ -6,14 +6,14 @@ row, with the field's path (``prompt[0].role``, ``reward_model.ground_truth``).
 
 Three entry points, one per kind of input, and ``validate`` that picks one:
 ``validate_parquet(path)``, ``validate_table(table)``, ``validate_rows(rows)``. They return
-``list[Problem]`` (empty: valid). ``read_valid_rows`` raises ``DatasetError`` instead.
+``list[Problem]`` (empty: valid). ``read_valid_rows`` raises ``DatasetError`` instead. How problems
+read in a message is problems.py's concern; the names it defines are importable from here too.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
@@ -21,106 +21,31 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer.data.schema import ALL_FIELDS, RL_SCHEMA, TRAINER_FIELDS, VALID_ROLES
-
-# Field names for problems that are not about one field of one row.
-FILE_FIELD = "<file>"
-TABLE_FIELD = "<table>"
-ROW_FIELD = "<row>"
+from trainer.data.problems import (
+    FILE_FIELD,
+    MISSING,
+    ROW_FIELD,
+    SHOWN_PROBLEMS,
+    TABLE_FIELD,
+    DatasetError,
+    Problem,
+    describe_type,
+    describe_value,
+    format_problems,
+    shorten,
+)
+from trainer.data.schema import (
+    ALL_FIELDS,
+    RL_SCHEMA,
+    TRAINER_FIELDS,
+    VALID_ROLES,
+    is_list_type,
+    is_string_type,
+)
 
 PARQUET_MAGIC = b"PAR1"
-SHOWN_PROBLEMS = 5  # how many problems an error message spells out before "and N more"
 
 Source = Union[str, os.PathLike, pa.Table, Sequence[Mapping[str, Any]]]
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a data set. ``row`` is None when it holds for the file or a whole column."""
-
-    row: int | None
-    field: str
-    expected: str
-    found: str
-
-    def __str__(self) -> str:
-        if self.field == FILE_FIELD:
-            where = "file"
-        elif self.row is None:
-            where = f"every row, {self.field}"
-        else:
-            where = f"row {self.row}, {self.field}"
-        return f"{where}: expected {self.expected}, found {self.found}"
-
-
-class DatasetError(ValueError):
-    """A data set does not fit VERL's RL schema. ``problems`` holds every problem found."""
-
-    def __init__(self, source: str, problems: Sequence[Problem], shown: int = SHOWN_PROBLEMS) -> None:
-        self.source = source
-        self.problems: list[Problem] = list(problems)
-        super().__init__(format_problems(source, self.problems, shown))
-
-
-def format_problems(source: str, problems: Sequence[Problem], shown: int = SHOWN_PROBLEMS) -> str:
-    """A message naming ``source`` and the first ``shown`` problems, with a count of the rest."""
-    noun = "problem" if len(problems) == 1 else "problems"
-    lines = [f"{source}: {len(problems)} {noun} with VERL's RL data schema:"]
-    lines += [f"  {p}" for p in problems[:shown]]
-    if len(problems) > shown:
-        lines.append(f"  ... and {len(problems) - shown} more")
-    return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- describing things
-class _Missing:
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-MISSING: Any = _Missing()
-
-
-def _short(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def describe_value(value: Any) -> str:
-    """How a found value reads in a problem: its type and a short repr."""
-    if value is MISSING:
-        return "missing"
-    if value is None:
-        return "null"
-    if isinstance(value, str):
-        return _short(repr(value)) if value else "an empty string"
-    return f"{type(value).__name__} {_short(repr(value))}"
-
-
-def describe_type(t: pa.DataType) -> str:
-    """A schema type in the words problems use: string, int64, list<struct{role, content}>."""
-    if _is_string(t):
-        return "string"
-    if pa.types.is_integer(t):
-        return "int64"
-    if _is_list(t):
-        return f"list<{describe_type(t.value_type)}>"
-    if pa.types.is_struct(t):
-        return "struct{" + ", ".join(t.field(i).name for i in range(t.num_fields)) + "}"
-    return str(t)
-
-
-def _is_string(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
-
-
-def _is_list(t: pa.DataType) -> bool:
-    return (
-        pa.types.is_list(t)
-        or pa.types.is_large_list(t)
-        or pa.types.is_fixed_size_list(t)
-        or pa.types.is_list_view(t)
-        or pa.types.is_large_list_view(t)
-    )
 
 
 def _required(strict: bool) -> frozenset[str]:
@@ -163,11 +88,11 @@ def _check_value(
         return []
     if value is MISSING or value is None:
         return [Problem(row, path, describe_type(t), describe_value(value))] if generic in required else []
-    if _is_string(t):
+    if is_string_type(t):
         ok = isinstance(value, str)
     elif pa.types.is_integer(t):
         ok = _is_integer(value)
-    elif _is_list(t):
+    elif is_list_type(t):
         ok = _is_sequence(value)
     else:
         ok = isinstance(value, Mapping)
@@ -175,7 +100,7 @@ def _check_value(
         return [Problem(row, path, describe_type(t), describe_value(value))]
 
     problems: list[Problem] = []
-    if _is_list(t):
+    if is_list_type(t):
         for i, item in enumerate(value):
             problems += _check_value(item, t.value_type, f"{path}[{i}]", f"{generic}[]", row, required, skip)
     elif pa.types.is_struct(t):
@@ -229,12 +154,12 @@ def _check_type(
     if pa.types.is_null(actual):
         # Every value is null: the row checks report it per row if the field is required.
         return [], set()
-    if _is_string(expected):
-        ok = _is_string(actual)
+    if is_string_type(expected):
+        ok = is_string_type(actual)
     elif pa.types.is_integer(expected):
         ok = pa.types.is_integer(actual)
-    elif _is_list(expected):
-        ok = _is_list(actual)
+    elif is_list_type(expected):
+        ok = is_list_type(actual)
     else:
         ok = pa.types.is_struct(actual)
     if not ok:
@@ -242,7 +167,7 @@ def _check_type(
 
     problems: list[Problem] = []
     skip: set[str] = set()
-    if _is_list(expected):
+    if is_list_type(expected):
         p, s = _check_type(actual.value_type, expected.value_type, f"{generic}[]", required)
         problems += p
         skip |= s
@@ -318,7 +243,7 @@ def read_parquet(path: str | os.PathLike) -> tuple[pa.Table | None, list[Problem
         return pq.read_table(p), []
     except (pa.ArrowException, OSError) as exc:
         return None, [
-            Problem(None, FILE_FIELD, "a readable parquet file", _short(f"{type(exc).__name__}: {exc}", 200))
+            Problem(None, FILE_FIELD, "a readable parquet file", shorten(f"{type(exc).__name__}: {exc}", 200))
         ]
 
 
@@ -362,3 +287,26 @@ def read_valid_rows(source: Source, *, strict: bool = True) -> list[dict[str, An
     if table is not None:
         return table.to_pylist()
     return [dict(row) for row in rows]
+
+
+# Callers import the problem types from here as well as from problems.py.
+__all__ = [
+    "FILE_FIELD",
+    "ROW_FIELD",
+    "SHOWN_PROBLEMS",
+    "TABLE_FIELD",
+    "DatasetError",
+    "Problem",
+    "Source",
+    "check_row",
+    "describe_type",
+    "describe_value",
+    "format_problems",
+    "read_parquet",
+    "read_valid_rows",
+    "source_name",
+    "validate",
+    "validate_parquet",
+    "validate_rows",
+    "validate_table",
+]

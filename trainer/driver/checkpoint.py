@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import tempfile
 from pathlib import Path
@@ -90,6 +91,31 @@ def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: di
     return final
 
 
+def _is_plain_name(name: Any) -> bool:
+    # One file directly inside the checkpoint directory: no separator, no "." or "..".
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def manifest_files(manifest: dict[str, Any], manifest_path: Path) -> dict[str, dict[str, Any]]:
+    """The manifest's ``files`` (name -> {bytes, sha256}), or CheckpointError naming the manifest and field.
+
+    Names must be plain file names: a manifest must not make loading read outside its directory."""
+    where = f"{manifest_path}: field 'files'"
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        found = "none" if files is None else type(files).__name__
+        raise CheckpointError(f"{where}: expected a mapping of file name to size and SHA-256, found {found}")
+    if not files:
+        raise CheckpointError(f"{where}: expected at least one file, found none")
+    bad = [name for name in files if not _is_plain_name(name)]
+    if bad:
+        raise CheckpointError(f"{where}: expected plain file names inside the checkpoint, found {bad!r}")
+    for name, info in files.items():
+        if not isinstance(info, dict) or not {"bytes", "sha256"} <= set(info):
+            raise CheckpointError(f"{where}: expected {name!r} to map to bytes and sha256, found {info!r}")
+    return files
+
+
 def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     """Return the manifest of a complete checkpoint, or raise CheckpointError saying what is wrong."""
     path = Path(path)
@@ -104,7 +130,7 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{manifest_path}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}"
         )
-    for name, info in manifest["files"].items():
+    for name, info in manifest_files(manifest, manifest_path).items():
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"{file}: listed in the manifest but missing")
@@ -114,14 +140,32 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], dict[str, Any]]:
-    """Verify, then load every part: returns (parts, manifest)."""
+    """Verify, then load every part: returns (parts, manifest).
+
+    Parts load with ``torch.load(weights_only=True)``: tensors, numbers, strings and plain containers
+    only (model and optimizer state dicts, the driver's counters), so a crafted file cannot run code
+    while it is unpickled (PyTorch's "torch.load" security note)."""
     path = Path(path)
     manifest = verify_checkpoint(path)
-    parts = {
-        Path(name).stem: torch.load(path / name, map_location=map_location, weights_only=False)
-        for name in manifest["files"]
-    }
+    parts = {Path(name).stem: _load_part(path / name, map_location) for name in manifest["files"]}
     return parts, manifest
+
+
+def _load_part(file: Path, map_location: str | torch.device) -> Any:
+    try:
+        return torch.load(file, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"{file}: expected only tensors and plain containers (torch.load weights_only=True), "
+            f"found other objects: {_refusal_reason(exc)}"
+        ) from exc
+
+
+def _refusal_reason(exc: pickle.UnpicklingError) -> str:
+    # torch's message opens with advice to retry with weights_only=False; name the object instead.
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    named = [line for line in lines if "GLOBAL" in line or "Unsupported" in line]
+    return (named or lines or [type(exc).__name__])[0]
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:

@@ -10,7 +10,8 @@ from trainer.phases import PHASE_KEYS
 
 
 def format_console(step: int, metrics: dict[str, float]) -> str:
-    """One line per step: timings under the seed's keys first, in the seed's order, then the rest."""
+    """One line per step: VERL's timing_s keys first (verl/trainer/ppo/metric_utils.py
+    compute_timing_metrics), in trainer.phases.PHASE_KEYS order, then the rest."""
     timing = [f"timing_s/{k}:{metrics[f'timing_s/{k}']:.3f}" for k in PHASE_KEYS if f"timing_s/{k}" in metrics]
     rest = [f"{k}:{_fmt(v)}" for k, v in sorted(metrics.items()) if not k.startswith("timing_s/")]
     return f"step:{step} - " + " - ".join(timing + rest)

@@ -1,8 +1,9 @@
 """Model presets (real architectures with random weights) and local model directories.
 
 Presets build the architecture from a config, so nothing is downloaded: ``tiny`` trains in seconds on
-a CPU; ``r1-distill-qwen-1.5b`` and ``r1-distill-qwen-7b`` are the seed's DeepSeek-R1-Distill-Qwen
-architectures (Qwen2). A path loads through transformers' ``from_pretrained``.
+a CPU; ``r1-distill-qwen-1.5b`` and ``r1-distill-qwen-7b`` are the DeepSeek-R1-Distill-Qwen-1.5B
+and -7B architectures (Qwen2, from their Hugging Face config.json). A path loads through
+transformers' ``from_pretrained``.
 """
 
 from __future__ import annotations
@@ -27,48 +28,37 @@ def _round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
 
 
-# Architecture numbers of the seed's models (REFERENCE.md section 6; the 7B from its config.json).
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(
-        vocab_size=_round_up(VOCAB_SIZE, 64),
-        hidden_size=64,
-        intermediate_size=192,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-    ),
-    "r1-distill-qwen-1.5b": dict(
-        vocab_size=151936,
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        head_dim=128,
-        max_position_embeddings=131072,
-        tie_word_embeddings=False,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-    ),
-    "r1-distill-qwen-7b": dict(
-        vocab_size=152064,
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        head_dim=128,
-        max_position_embeddings=131072,
-        tie_word_embeddings=False,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-    ),
+# The Qwen2Config fields a preset sets, in the order of the numbers in PRESET_ARCHITECTURES.
+ARCH_FIELDS: tuple[str, ...] = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+)
+# The 1.5B and 7B rows are the config.json of the Hugging Face model cards
+# deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B and deepseek-ai/DeepSeek-R1-Distill-Qwen-7B
+# (head_dim there is hidden_size / num_attention_heads). tiny is ours: a CPU-sized Qwen2.
+PRESET_ARCHITECTURES: dict[str, tuple[int | bool, ...]] = {
+    # vocab, hidden, ffn, layers, heads, kv heads, head_dim, max positions, tied embeddings
+    "tiny": (_round_up(VOCAB_SIZE, 64), 64, 192, 2, 4, 2, 16, 4096, True),
+    "r1-distill-qwen-1.5b": (151936, 1536, 8960, 28, 12, 2, 128, 131072, False),
+    "r1-distill-qwen-7b": (152064, 3584, 18944, 28, 28, 4, 128, 131072, False),
 }
+# Set alike in all three (the model cards' values).
+SHARED_CONFIG: dict[str, Any] = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+
+
+def preset_fields(numbers: tuple[int | bool, ...]) -> dict[str, Any]:
+    """Qwen2Config keyword arguments from one row of PRESET_ARCHITECTURES."""
+    return {**dict(zip(ARCH_FIELDS, numbers, strict=True)), **SHARED_CONFIG}
+
+
+PRESETS: dict[str, dict[str, Any]] = {name: preset_fields(row) for name, row in PRESET_ARCHITECTURES.items()}
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -54,19 +54,21 @@ class DataParallel:
     def _collective_device(self) -> torch.device:
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
-    def all_reduce_sum(self, value: float) -> float:
+    def _all_reduce_scalar(self, value: float | int, dtype: torch.dtype, op: str) -> float | int:
+        # One-element collective; op names a dist.ReduceOp member, looked up only when a group exists.
         if not self.active:
-            return float(value)
-        t = torch.tensor([float(value)], dtype=torch.float64, device=self._collective_device())
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return float(t.item())
+            return value
+        t = torch.tensor([value], dtype=dtype, device=self._collective_device())
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        return t.item()
+
+    def all_reduce_sum(self, value: float) -> float:
+        """The sum of ``value`` over the group (float64, so counts stay exact)."""
+        return float(self._all_reduce_scalar(float(value), torch.float64, "SUM"))
 
     def reduce_max_int(self, value: int) -> int:
-        if not self.active:
-            return int(value)
-        t = torch.tensor([int(value)], dtype=torch.long, device=self._collective_device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
+        """The largest ``value`` in the group."""
+        return int(self._all_reduce_scalar(int(value), torch.long, "MAX"))
 
     def all_reduce_grads(self, model: torch.nn.Module) -> None:
         """Sum every parameter's gradient over the group, in one flat buffer (one collective)."""

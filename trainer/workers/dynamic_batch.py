@@ -1,4 +1,4 @@
-"""Dynamic batch size: split a batch into token-budgeted micro-batches (REFERENCE.md section 4).
+"""Dynamic batch size: split a batch into token-budgeted micro-batches (VERL verl/utils/seqlen_balancing.py).
 
 As VERL's use_dynamic_bsz: per rank, k = max(1, ceil(sum of sequence lengths / max_token_len)),
 then the max of k over the data-parallel group (every rank must run the same number of forward and
