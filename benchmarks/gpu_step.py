@@ -127,8 +127,8 @@ def overrides(args: argparse.Namespace, rollout: str, gpus: int, data: Path) -> 
 
 
 def make_record(name: str, trainer, timings: list[dict[str, float]], batch, gpus: int, notes: list[str]):
-    from pytest_rlbench.baselines import Hardware, ModelArch, PhaseRecord, Provenance, RunRecord
     from pytest_rlbench.bench import batch_tokens, describe_config
+    from pytest_rlbench.record import Hardware, ModelArch, PhaseRecord, Provenance, RunRecord
 
     cfg = trainer.cfg
     phases = {k: PhaseRecord(seconds=[t[k] for t in timings]) for k in timings[0]}

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_rlbench.baselines import Hardware, ModelArch, RunConfig, TokenCounts
 from pytest_rlbench.cluster import ClusterInfo
 from pytest_rlbench.derived import derive
 from pytest_rlbench.fixtures import RLDataset, RLModel, get_session
+from pytest_rlbench.record import Hardware, ModelArch, RunConfig, TokenCounts
 from pytest_rlbench.recorder import BenchRecorder
 from trainer.config import split_override
 from trainer.phases import PHASE_KEYS
