@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_rlbench.baselines import Hardware, ModelArch, RunConfig, TokenCounts
 from pytest_rlbench.cluster import ClusterInfo
-from pytest_rlbench.derived import derive
 from pytest_rlbench.fixtures import RLDataset, RLModel, get_session
+from pytest_rlbench.record import Hardware, ModelArch, RunConfig, TokenCounts
 from pytest_rlbench.recorder import BenchRecorder
 from trainer.config import split_override
 from trainer.phases import PHASE_KEYS
@@ -229,13 +228,7 @@ class PhaseBench:
         info["rounds_s"] = self.samples
         if counts is not None:
             info["tokens"] = {"prompt": counts.prompt_tokens, "response": counts.response_tokens}
-        try:
-            figures = derive(self.recorder.build_record())
-        except RuntimeError:  # the run was not described (rl_bench without the trainer fixtures)
-            return
-        for fig in figures.values():
-            if fig.phase == phase and fig.value is not None:
-                info[fig.metric] = fig.value
+        info.update(self.recorder.phase_figures(phase))
 
 
 @pytest.fixture

@@ -30,27 +30,27 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from pytest_rlbench.baselines import BANDWIDTH, METRIC_FAMILIES, MFU, THROUGHPUT, TIMING, RunRecord
 from pytest_rlbench.derived import Figure, derive
+from pytest_rlbench.metrics import (
+    DEFAULT_TOLERANCE,
+    EFFICIENCY_FAMILIES,
+    GATE_FAMILIES,
+    METRIC_FAMILIES,
+    REFERENCE_FAMILIES,
+    TIMING,
+    family_of,
+    format_value,
+    metric_label,
+)
+from pytest_rlbench.record import RunRecord
+from trainer.models.flops import DecoderArch
 from trainer.phases import PHASE_KEYS
 
 Verdict = Literal["pass", "fail", "reference"]
 Mode = Literal["gate", "reference"]
-
-DEFAULT_TOLERANCE = 0.10
-GATE_FAMILIES: tuple[str, ...] = (TIMING, THROUGHPUT)
-REFERENCE_FAMILIES: tuple[str, ...] = (TIMING, THROUGHPUT, MFU, BANDWIDTH)
-
-METRIC_LABELS: dict[str, str] = {
-    TIMING: "seconds",
-    THROUGHPUT: "tokens/s per GPU",
-    MFU: "MFU",
-    BANDWIDTH: "bandwidth use",
-}
-
 
 @dataclass(frozen=True)
 class Comparison:
@@ -98,17 +98,8 @@ def _normalise_gpu(name: str | None) -> str | None:
     return text.removeprefix("nvidia ")
 
 
-MODEL_KEYS: tuple[str, ...] = (
-    "num_layers",
-    "hidden_size",
-    "intermediate_size",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "vocab_size",
-    "tie_word_embeddings",
-    "dtype",
-)
+# The model fields that must match for a gate: the architecture's cost-defining ones, and the dtype.
+MODEL_KEYS: tuple[str, ...] = (*(f.name for f in fields(DecoderArch)), "dtype")
 CONFIG_KEYS: tuple[str, ...] = (
     "algorithm",
     "train_batch_size",
@@ -159,8 +150,7 @@ def gate_mismatches(run: RunRecord, baseline: RunRecord) -> list[str]:
 
 def tolerance_for(metric: str, baseline: RunRecord, default: float) -> float:
     """The baseline's tolerance for the metric id, else for its family, else ``default``."""
-    family = metric.partition("/")[0]
-    return baseline.tolerances.get(metric, baseline.tolerances.get(family, default))
+    return baseline.tolerances.get(metric, baseline.tolerances.get(family_of(metric), default))
 
 
 def _quartiles(samples: Sequence[float]) -> tuple[float, float]:
@@ -178,31 +168,6 @@ def outside_noise(run: Sequence[float], base: Sequence[float], higher_is_better:
     run_q1, run_q3 = _quartiles(run)
     base_q1, base_q3 = _quartiles(base)
     return run_q3 < base_q1 if higher_is_better else run_q1 > base_q3
-
-
-def _num(value: float) -> str:
-    size = abs(value)
-    if size >= 1000:
-        return f"{value:,.0f}"
-    if size >= 1 or value == 0:
-        return f"{value:.2f}"
-    return f"{value:.3f}" if size >= 0.01 else f"{value:.3g}"
-
-
-def format_value(value: float | None, unit: str) -> str:
-    """A value with its unit, as the reports print it ("1.32 s", "41.2%")."""
-    if value is None:
-        return "-"
-    if unit == "fraction":
-        return f"{value:.1%}"
-    return f"{_num(value)} {unit}".rstrip()
-
-
-def _label(metric: str) -> str:
-    family, _, phase = metric.partition("/")
-    if family in METRIC_LABELS:
-        return f"{phase} {METRIC_LABELS[family]}"
-    return metric
 
 
 def _verdict(run_fig: Figure, base_fig: Figure, tolerance: float) -> tuple[Verdict, str]:
@@ -241,7 +206,7 @@ def judge(
         assert run_fig is not None
         verdict, reason = _verdict(run_fig, base_fig, tolerance)
         detail = f"{numbers} ({ratio_text}, tolerance {tolerance:.2f}): {reason}"
-    message = f"{_label(base_fig.metric)}: {detail}"
+    message = f"{metric_label(base_fig.metric)}: {detail}"
     return Comparison(
         base_fig.metric, base_fig.phase, measured, base, baseline_name, ratio, tolerance, verdict, reason, message, unit
     )
@@ -266,12 +231,12 @@ def compare(run: RunRecord, baseline: RunRecord, tolerance: float = DEFAULT_TOLE
     families = GATE_FAMILIES if mode == "gate" else REFERENCE_FAMILIES
 
     def wanted(metric: str) -> bool:
-        return metric in custom or metric.partition("/")[0] in families
+        return metric in custom or family_of(metric) in families
 
     if mode == "gate":  # what the baseline has, the run must have
         metrics = [m for m, f in theirs.items() if wanted(m) and f.value is not None]
     else:  # side by side: what the baseline has, and the run's efficiency figures, which carry across
-        efficiency = [m for m, f in ours.items() if f.family in (MFU, BANDWIDTH) and f.value is not None]
+        efficiency = [m for m, f in ours.items() if f.family in EFFICIENCY_FAMILIES and f.value is not None]
         metrics = [m for m, f in theirs.items() if wanted(m) and f.value is not None]
         metrics += [m for m in efficiency if m not in metrics]
     rows = []

@@ -25,8 +25,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from pytest_rlbench.baselines import PER_GPU_TOKENS_PER_S, PublishedFigure, RunRecord
-from pytest_rlbench.derived import PROMPT_AND_RESPONSE, TOKEN_BASIS, num_sequences
+from pytest_rlbench.derived import num_sequences
+from pytest_rlbench.metrics import PROMPT_AND_RESPONSE, TOKEN_BASIS
+from pytest_rlbench.record import PER_GPU_TOKENS_PER_S, PublishedFigure, RunRecord
 from trainer.phases import OUTSIDE_STEP, STEP_PHASES
 
 CONSISTENT = "consistent"

@@ -1,6 +1,8 @@
 """Derived figures from raw values, for runs and baselines alike: ``derive(record)``.
 
-Definitions follow VERL (REFERENCE.md section 2):
+Definitions follow VERL (verl/trainer/ppo/metric_utils.py for throughput and time per token,
+verl/utils/flops_counter.py for model FLOPs); the families' units and token bases are in
+``pytest_rlbench.metrics``:
 - tokens_per_s_per_gpu/<phase> = tokens / (t x devices); gen counts response tokens, the others
   prompt + response tokens. tokens_per_s_per_gpu/step is VERL's perf/throughput.
 - timing_per_token_ms/<phase> = t x 1000 / tokens (same token counts).
@@ -25,20 +27,19 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pytest_rlbench.baselines import (
+from pytest_rlbench.metrics import (
     BANDWIDTH,
-    DTYPE_BYTES,
+    FAMILIES,
     MFU,
+    RESPONSE,
     THROUGHPUT,
     TIMING,
     TIMING_PER_TOKEN,
-    Hardware,
-    ModelArch,
-    RunConfig,
-    RunRecord,
-    TokenCounts,
+    TOKEN_BASIS,
+    family_of,
 )
-from trainer.models.flops import DecoderArch, flops_params
+from pytest_rlbench.record import DTYPE_BYTES, Hardware, ModelArch, RunConfig, RunRecord, TokenCounts
+from trainer.models.flops import flops_params
 from trainer.models.flops import forward_flops as _forward_flops
 from trainer.models.flops import train_flops as _train_flops
 from trainer.phases import PHASE_KEYS
@@ -69,36 +70,8 @@ PEAK_MEMORY_BANDWIDTH: tuple[tuple[tuple[str, ...], float], ...] = (
     (("A100", "40GB"), 1.555e12),
 )
 
-RESPONSE = "response"
-PROMPT_AND_RESPONSE = "prompt+response"
-# Which tokens a phase's throughput counts (VERL's compute_timing_metrics, plus old_log_prob and step).
-TOKEN_BASIS: dict[str, str] = {
-    "gen": RESPONSE,
-    "old_log_prob": PROMPT_AND_RESPONSE,
-    "ref": PROMPT_AND_RESPONSE,
-    "adv": PROMPT_AND_RESPONSE,
-    "update_actor": PROMPT_AND_RESPONSE,
-    "step": PROMPT_AND_RESPONSE,
-}
-THROUGHPUT_PHASES: tuple[str, ...] = ("gen", "old_log_prob", "ref", "update_actor", "step")
-PER_TOKEN_PHASES: tuple[str, ...] = ("gen", "old_log_prob", "ref", "adv", "update_actor")
 # Passes over the batch, in units of a training step (forward + backward = 3 forward passes).
 MFU_PASSES: dict[str, float] = {"old_log_prob": 1 / 3, "ref": 1 / 3, "update_actor": 1.0}
-
-UNITS: dict[str, str] = {
-    TIMING: "s",
-    TIMING_PER_TOKEN: "ms/token",
-    THROUGHPUT: "tokens/s/GPU",
-    MFU: "fraction",
-    BANDWIDTH: "fraction",
-}
-HIGHER_IS_BETTER: dict[str, bool] = {
-    TIMING: False,
-    TIMING_PER_TOKEN: False,
-    THROUGHPUT: True,
-    MFU: True,
-    BANDWIDTH: True,
-}
 
 
 @dataclass(frozen=True)
@@ -115,7 +88,7 @@ class Figure:
 
     @property
     def family(self) -> str:
-        return self.metric.partition("/")[0]
+        return family_of(self.metric)
 
     @property
     def phase(self) -> str | None:
@@ -133,28 +106,23 @@ class Known:
 # --- The formulas, on plain numbers. ----------------------------------------------------------------
 
 
-def decoder_arch(arch: ModelArch) -> DecoderArch:
-    """The trainer's arithmetic type for a record's model (the field names are the same)."""
-    return DecoderArch(**{name: getattr(arch, name) for name in DecoderArch.__dataclass_fields__})
-
-
 def _layer_params(arch: ModelArch) -> int:
-    return flops_params(decoder_arch(arch)) - 2 * arch.vocab_size * arch.hidden_size
+    return flops_params(arch) - 2 * arch.vocab_size * arch.hidden_size
 
 
 def dense_decoder_flops_params(arch: ModelArch) -> int:
     """N = L (3 H I + H (q + k + v + n_h d)) + 2 V H (trainer/models/flops.py holds the one formula)."""
-    return flops_params(decoder_arch(arch))
+    return flops_params(arch)
 
 
 def train_flops(arch: ModelArch, seq_lengths: Sequence[int]) -> float:
     """6 N sum(s_i) + 6 sum(s_i^2) d n_h L: forward and backward over sequences of these lengths."""
-    return _train_flops(decoder_arch(arch), seq_lengths)
+    return _train_flops(arch, seq_lengths)
 
 
 def forward_flops(arch: ModelArch, seq_lengths: Sequence[int]) -> float:
     """A forward pass: a third of ``train_flops``."""
-    return _forward_flops(decoder_arch(arch), seq_lengths)
+    return _forward_flops(arch, seq_lengths)
 
 
 def decode_weight_bytes(arch: ModelArch) -> int:
@@ -263,46 +231,43 @@ def phase_tokens(record: RunRecord, phase: str) -> TokenCounts:
 
 
 def _figure(metric: str, seconds: Sequence[float], fn: Callable[[float], float], basis: str) -> Figure:
-    family = metric.partition("/")[0]
-    return Figure(
-        metric,
-        fn(statistics.median(seconds)),
-        UNITS[family],
-        HIGHER_IS_BETTER[family],
-        tuple(fn(s) for s in seconds),
-        basis,
-    )
+    family = FAMILIES[family_of(metric)]
+    samples = tuple(fn(s) for s in seconds)
+    return Figure(metric, fn(statistics.median(seconds)), family.unit, family.higher_is_better, samples, basis)
 
 
 def _missing(metric: str, reason: str) -> Figure:
-    family = metric.partition("/")[0]
-    return Figure(metric, None, UNITS[family], HIGHER_IS_BETTER[family], reason=reason)
+    family = FAMILIES[family_of(metric)]
+    return Figure(metric, None, family.unit, family.higher_is_better, reason=reason)
 
 
-def _throughput(record: RunRecord, phase: str) -> Figure:
-    metric = f"{THROUGHPUT}/{phase}"
+def _per_token_figure(record: RunRecord, family: str, phase: str) -> Figure:
+    """tokens_per_s_per_gpu or timing_per_token_ms of a phase, over the tokens its basis counts."""
+    metric = f"{family}/{phase}"
     tokens = tokens_processed(phase_tokens(record, phase), record.config, TOKEN_BASIS[phase])
     if tokens.value is None:
         return _missing(metric, tokens.note)
+    n, seconds = tokens.value, record.phases[phase].seconds
+    if family == TIMING_PER_TOKEN:
+        if n == 0:
+            return _missing(metric, "the batch has no tokens")
+        return _figure(metric, seconds, lambda t: timing_per_token_ms(t, n), f"{phase} ms / {tokens.note}")
     devices = record.hardware.world_size
-    n = tokens.value
+    basis = f"{tokens.note} / ({phase} seconds x {devices} devices)"
+    return _figure(metric, seconds, lambda t: tokens_per_s_per_gpu(n, t, devices), basis)
+
+
+def _utilisation(
+    record: RunRecord, metric: str, phase: str, amount: float, peak: Known, fn: Callable[..., float], basis: str
+) -> Figure:
+    """amount / (t x peak x world size) at each timed sample: MFU (FLOPs) or bandwidth use (bytes)."""
+    world, top = record.hardware.world_size, peak.value
     return _figure(
         metric,
         record.phases[phase].seconds,
-        lambda t: tokens_per_s_per_gpu(n, t, devices),
-        f"{tokens.note} / ({phase} seconds x {devices} devices)",
+        lambda t: fn(amount, t, top, world),
+        f"{basis} / ({phase} seconds x {peak.note} x {world})",
     )
-
-
-def _per_token(record: RunRecord, phase: str) -> Figure:
-    metric = f"{TIMING_PER_TOKEN}/{phase}"
-    tokens = tokens_processed(phase_tokens(record, phase), record.config, TOKEN_BASIS[phase])
-    if tokens.value is None:
-        return _missing(metric, tokens.note)
-    if tokens.value == 0:
-        return _missing(metric, "the batch has no tokens")
-    n = tokens.value
-    return _figure(metric, record.phases[phase].seconds, lambda t: timing_per_token_ms(t, n), f"{phase} ms / {tokens.note}")
 
 
 def _mfu(record: RunRecord, phase: str) -> Figure:
@@ -316,13 +281,8 @@ def _mfu(record: RunRecord, phase: str) -> Figure:
     lengths = [p + r for p, r in zip(tok.prompt_lengths, tok.response_lengths, strict=True)]
     passes = MFU_PASSES[phase] * (record.config.ppo_epochs if phase == "update_actor" else 1)
     flops = train_flops(record.model, lengths) * passes
-    world, top = record.hardware.world_size, peak.value
-    return _figure(
-        metric,
-        record.phases[phase].seconds,
-        lambda t: mfu(flops, t, top, world),
-        f"{flops:.4g} model FLOPs over {len(lengths)} sequences / ({phase} seconds x {peak.note} x {world})",
-    )
+    basis = f"{flops:.4g} model FLOPs over {len(lengths)} sequences"
+    return _utilisation(record, metric, phase, flops, peak, mfu, basis)
 
 
 def _bandwidth(record: RunRecord) -> Figure:
@@ -341,13 +301,19 @@ def _bandwidth(record: RunRecord) -> Figure:
         basis += " + KV-cache reads"
     else:
         basis += " (lower bound: KV-cache reads not counted, sequence lengths not recorded)"
-    world, top = record.hardware.world_size, peak.value
-    return _figure(
-        metric,
-        record.phases[phase].seconds,
-        lambda t: bandwidth_utilisation(read, t, top, world),
-        f"{basis} / ({phase} seconds x {peak.note} x {world})",
-    )
+    return _utilisation(record, metric, phase, read, peak, bandwidth_utilisation, basis)
+
+
+def phase_figures(record: RunRecord, phase: str) -> list[Figure]:
+    """The derived figures of one timed phase, in the families' order (bandwidth use comes with gen)."""
+    out = [
+        _per_token_figure(record, family, phase)
+        for family in (THROUGHPUT, TIMING_PER_TOKEN)
+        if phase in FAMILIES[family].phases
+    ]
+    if phase in FAMILIES[MFU].phases:
+        out.append(_mfu(record, phase))
+    return out
 
 
 def derive(record: RunRecord) -> dict[str, Figure]:
@@ -359,15 +325,9 @@ def derive(record: RunRecord) -> dict[str, Figure]:
     figures: dict[str, Figure] = {}
     timed = [p for p in PHASE_KEYS if p in record.phases]
     for phase in timed:
-        seconds = record.phases[phase].seconds
-        figures[f"{TIMING}/{phase}"] = _figure(f"{TIMING}/{phase}", seconds, lambda t: t, "measured")
+        figures[f"{TIMING}/{phase}"] = _figure(f"{TIMING}/{phase}", record.phases[phase].seconds, lambda t: t, "measured")
     for phase in timed:
-        if phase in THROUGHPUT_PHASES:
-            figures[f"{THROUGHPUT}/{phase}"] = _throughput(record, phase)
-        if phase in PER_TOKEN_PHASES:
-            figures[f"{TIMING_PER_TOKEN}/{phase}"] = _per_token(record, phase)
-        if phase in MFU_PASSES:
-            figures[f"{MFU}/{phase}"] = _mfu(record, phase)
+        figures.update((f.metric, f) for f in phase_figures(record, phase))
     if "gen" in record.phases or "generate_sequences" in record.phases:
         figures[f"{BANDWIDTH}/gen"] = _bandwidth(record)
     for name, metric in record.metrics.items():

@@ -96,10 +96,13 @@ def pytest_rlbench_update_run_record(config: pytest.Config, record: dict[str, An
     :param config: The pytest config object.
     :param record: This run's record, to modify in place.
 
-    Use it in a conftest.py to record the commit a CI job built::
+    Use it in a conftest.py to record the commit a CI job built (the record's sections are those of
+    ``pytest_rlbench.record.RunRecord``: the commit lives under "provenance")::
+
+        import os
 
         def pytest_rlbench_update_run_record(record):
-            record["source"]["commit"] = os.environ["CI_COMMIT_SHA"]
+            record["provenance"]["commit"] = os.environ["CI_COMMIT_SHA"]
     """
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from pytest_rlbench import hookspec
-from pytest_rlbench.baselines import BaselineError, RunRecord, load_baseline, record_from_dict
+from pytest_rlbench.baselines import load_baseline
 from pytest_rlbench.bench import (  # noqa: F401  (fixtures are found as attributes of the plugin)
     RECORDER_KEY,
     describe_config,
@@ -47,6 +47,7 @@ from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attr
     rl_options,
 )
 from pytest_rlbench.options import OPTIONS, OptionError, RawValue, parse_options
+from pytest_rlbench.record import BaselineError, RunRecord, record_from_dict
 from pytest_rlbench.recorder import BenchRecorder, SessionOutcome, local_hardware
 from pytest_rlbench.report_terminal import terminal_lines
 from trainer.phases import PHASE_KEYS

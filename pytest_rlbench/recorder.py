@@ -11,12 +11,16 @@ from __future__ import annotations
 import datetime
 import platform
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from pytest_rlbench import __version__
-from pytest_rlbench.baselines import (
+from pytest_rlbench.compare import BaselineComparison, compare_all
+from pytest_rlbench.consistency import Finding, check_record
+from pytest_rlbench.derived import derive
+from pytest_rlbench.record import (
     Hardware,
     Metric,
     ModelArch,
@@ -29,8 +33,6 @@ from pytest_rlbench.baselines import (
     record_to_dict,
     save_record,
 )
-from pytest_rlbench.compare import BaselineComparison, compare_all
-from pytest_rlbench.consistency import Finding, check_record
 from pytest_rlbench.report_chart import chart_path_for, write_chart
 from pytest_rlbench.report_json import build_report, write_report_dict
 from trainer.phases import PHASE_KEYS
@@ -98,32 +100,46 @@ class BenchRecorder:
         self.phases[phase] = PhaseRecord(seconds=[float(s) for s in samples], tokens=tokens)
         self.sources[phase] = nodeid
 
-    def add_step_breakdown(self, rounds: list[dict[str, float]]) -> None:
-        """Seconds by phase key of each timed whole-step round, for the report."""
-        self.step_breakdown.extend(dict(r) for r in rounds)
-
     def add_metric(self, name: str, values: list[float], unit: str, higher_is_better: bool) -> None:
         self.metrics[name] = Metric(value=[float(v) for v in values], unit=unit, higher_is_better=higher_is_better)
+
+    def add_step_breakdown(self, rounds: list[dict[str, float]]) -> None:
+        """Whole-step rounds' own phase seconds (as the trainer's StepResult.timing_s has them), for the
+        report's "extra" section."""
+        self.step_breakdown.extend({key: float(seconds) for key, seconds in r.items()} for r in rounds)
 
     @property
     def measured_anything(self) -> bool:
         return bool(self.phases)
 
+    @property
+    def described(self) -> bool:
+        """Whether the fixtures have said where and on what the run ran (needed for a record)."""
+        return not self._undescribed()
+
+    def _undescribed(self) -> list[str]:
+        return [name for name in ("hardware", "model", "config") if getattr(self.context, name) is None]
+
+    @cached_property
+    def session_provenance(self) -> Provenance:
+        """Where this session's numbers come from, worked out once (``git rev-parse`` is a subprocess)."""
+        return Provenance(
+            source=f"pytest-rlbench {__version__} run on {platform.node()}",
+            framework="pytest-rlbench",
+            commit=git_commit(self.code_dir),
+            date=datetime.date.today().isoformat(),
+        )
+
     def build_record(self) -> RunRecord:
+        """The run so far as a record; RuntimeError if the fixtures never described the run."""
         ctx = self.context
-        missing = [name for name in ("hardware", "model", "config") if getattr(ctx, name) is None]
+        missing = self._undescribed()
         if missing:
             raise RuntimeError(f"the run's {', '.join(missing)} were never described: no rl_* fixture ran")
         notes = [f"{phase}: {nodeid}" for phase, nodeid in self.sources.items()]
         return RunRecord(
             name=self.name,
-            provenance=Provenance(
-                source=f"pytest-rlbench {__version__} run on {platform.node()}",
-                framework="pytest-rlbench",
-                commit=git_commit(self.code_dir),
-                date=datetime.date.today().isoformat(),
-                notes=notes,
-            ),
+            provenance=replace(self.session_provenance, notes=notes),
             hardware=ctx.hardware,
             model=ctx.model,
             config=ctx.config,
@@ -131,6 +147,15 @@ class BenchRecorder:
             phases=dict(self.phases),
             metrics=dict(self.metrics),
         )
+
+    def phase_figures(self, phase: str) -> dict[str, float]:
+        """One recorded phase's time and derived figures at the median (metric id -> value), e.g. for
+        pytest-benchmark's extra_info; figures without a value are left out. Empty until the run is
+        described (rl_bench used without the trainer fixtures)."""
+        if not self.described:
+            return {}
+        figures = derive(self.build_record()).values()
+        return {f.metric: f.value for f in figures if f.phase == phase and f.value is not None}
 
     def finish(
         self,

@@ -1,7 +1,7 @@
 """A PNG of one step's phase breakdown: this run beside each baseline.
 
-Left panel: seconds per step, one stacked horizontal bar per record, phases in the seed's order.
-Right panel: the same bars as fractions of the step, so a CPU run and an 8 x H100 run can be compared
+Left panel: seconds per step, one stacked horizontal bar per record, phases in the order of the phase
+keys (trainer.phases.PHASE_KEYS). Right panel: the same bars as fractions of the step, so a CPU run and an 8 x H100 run can be compared
 by shape. Phases nested in gen (generate_sequences, reshard) are drawn as parts of gen; time inside
 the step that no phase accounts for is drawn as "other". save_checkpoint runs outside the step and is
 left out. Uses matplotlib's Agg backend: no display needed.
@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 from matplotlib.patches import Patch  # noqa: E402
 
-from pytest_rlbench.baselines import RunRecord  # noqa: E402
+from pytest_rlbench.record import RunRecord  # noqa: E402
 
 GEN_PARTS: tuple[str, ...] = ("generate_sequences", "reshard")
 TOP_LEVEL: tuple[str, ...] = ("reward", "old_log_prob", "ref", "adv", "update_actor")
@@ -47,7 +47,7 @@ def _median(record: RunRecord, key: str) -> float | None:
 
 
 def step_segments(record: RunRecord) -> list[tuple[str, float]]:
-    """(label, seconds) of one step's parts, in the seed's order; only parts that were timed."""
+    """(label, seconds) of one step's parts, in the phase keys' order; only parts that were timed."""
     out: list[tuple[str, float]] = []
     parts = [(k, v) for k in GEN_PARTS if (v := _median(record, k)) is not None]
     gen = _median(record, "gen")

@@ -1,4 +1,4 @@
-"""The JSON report of a run: its metadata, every seed phase with seconds and figures, the comparisons
+"""The JSON report of a run: its metadata, every phase key with seconds and figures, the comparisons
 with each baseline, and the consistency findings.
 
     {"format_version": 1, "passed": true,
@@ -12,7 +12,7 @@ with each baseline, and the consistency findings.
      "consistency": [{"record", "figure", "label", "published", "unit", "verdict", "detail",
                       "interpretations": [...]}]}
 
-Every seed phase key is present under "phases", with "seconds": null where the run did not time it.
+Every phase key (trainer.phases.PHASE_KEYS) is present under "phases", with "seconds": null where the run did not time it.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pytest_rlbench.baselines import TIMING, RunRecord, record_to_dict
 from pytest_rlbench.compare import BaselineComparison
 from pytest_rlbench.consistency import Finding
 from pytest_rlbench.derived import Figure, derive
+from pytest_rlbench.metrics import TIMING
+from pytest_rlbench.record import RunRecord, record_to_dict
 from trainer.phases import PHASE_KEYS
 
 REPORT_FORMAT_VERSION = 1
@@ -38,7 +39,7 @@ def _figure_json(fig: Figure) -> dict[str, Any]:
 
 
 def phases_json(figures: dict[str, Figure]) -> dict[str, Any]:
-    """Each seed phase key: its seconds (null when not timed) and its derived figures by family."""
+    """Each phase key: its seconds (null when not timed) and its derived figures by family."""
     out: dict[str, Any] = {}
     for key in PHASE_KEYS:
         timed = figures.get(f"{TIMING}/{key}")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pytest_rlbench.compare import METRIC_LABELS, BaselineComparison, Comparison, format_value
+from pytest_rlbench.compare import BaselineComparison, Comparison
 from pytest_rlbench.consistency import Finding
+from pytest_rlbench.metrics import family_label, format_value
 
 MAX_MISMATCHES_SHOWN = 3
 
@@ -19,11 +20,6 @@ MAX_MISMATCHES_SHOWN = 3
 def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-
-
-def _metric_name(metric: str) -> str:
-    family = metric.partition("/")[0]
-    return METRIC_LABELS.get(family, metric)
 
 
 def _verdict_cell(c: Comparison) -> str:
@@ -36,7 +32,7 @@ def _verdict_cell(c: Comparison) -> str:
 
 def _row(c: Comparison, gate: bool) -> list[str]:
     ratio = f"{c.ratio:.2f}" if c.ratio is not None else "-"
-    cells = [c.phase or "-", _metric_name(c.metric), format_value(c.measured, c.unit), format_value(c.baseline, c.unit), ratio]
+    cells = [c.phase or "-", family_label(c.metric), format_value(c.measured, c.unit), format_value(c.baseline, c.unit), ratio]
     return cells + ([f"{c.tolerance:.2f}"] if gate else []) + [_verdict_cell(c)]
 
 

@@ -1,4 +1,4 @@
-"""Run records: the seed baselines load, invalid files are refused with every problem named, round trips."""
+"""Run records: the built-in baselines load, invalid files are refused with every problem named, round trips."""
 
 from __future__ import annotations
 
@@ -8,18 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlbench.baselines import (
-    BUILTIN_BASELINES,
+from pytest_rlbench.baselines import BUILTIN_BASELINES, baseline_dirs, load_baseline, resolve_baseline
+from pytest_rlbench.record import (
     BaselineError,
     PhaseRecord,
     TokenCounts,
-    baseline_dirs,
     dumps_record,
-    load_baseline,
     load_record,
     record_from_dict,
     record_to_dict,
-    resolve_baseline,
     save_record,
     validate,
 )
@@ -47,9 +44,9 @@ VALID = {
 }
 
 
-def test_builtin_baselines_load_and_hold_the_seed_numbers() -> None:
+def test_builtin_baselines_load_and_hold_the_published_numbers() -> None:
     verl7 = load_baseline("verl-7b")
-    assert verl7.hardware.gpu_model is None  # not stated in the seed
+    assert verl7.hardware.gpu_model is None  # not stated by the source
     assert (verl7.hardware.nodes, verl7.hardware.gpus_per_node, verl7.hardware.world_size) == (8, 8, 64)
     assert verl7.phases["update_actor"].seconds == [73.008971]
     assert verl7.tokens.response_length_mean == 10425.773048
@@ -65,7 +62,7 @@ def test_builtin_baselines_load_and_hold_the_seed_numbers() -> None:
         "step": [363.545],
     }
     assert verl15.published_derived["gen_throughput"].value == 6992.96
-    assert verl15.config.train_batch_size is None  # the seed states only "batch size per DP"
+    assert verl15.config.train_batch_size is None  # the source states only "batch size per DP"
 
     rlinf = load_baseline("rlinf-1.5b")
     assert "ref" not in rlinf.phases

@@ -104,7 +104,7 @@ def test_the_real_suites_write_every_phase_key_and_gate_against_their_own_baseli
 
     assert list(data["phases"]) == list(PHASE_KEYS)
     assert all(data["phases"][k]["seconds"] is not None for k in PHASE_KEYS)
-    assert {c["verdict"] for c in data["comparisons"]} == {"reference"}  # seed baselines: GPUs
+    assert {c["verdict"] for c in data["comparisons"]} == {"reference"}  # built-in baselines: GPUs
     assert data["extra"]["step_breakdown"] and "gen" in data["extra"]["step_breakdown"][0]
 
     second = pytester.runpytest_subprocess(

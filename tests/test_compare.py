@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from pytest_rlbench.baselines import RunRecord, load_baseline, record_from_dict
+from pytest_rlbench.baselines import load_baseline
 from pytest_rlbench.compare import compare, gate_mismatches, outside_noise, tolerance_for
+from pytest_rlbench.record import RunRecord, record_from_dict
 
 BASE: dict[str, Any] = {
     "format_version": 1,
@@ -81,14 +82,14 @@ def test_gpu_names_compare_without_case_or_vendor_prefix() -> None:
     assert gate_mismatches(record(hardware={"gpu_model": "h100 80GB  HBM3"}), record()) == []
 
 
-def test_the_seed_baselines_are_references_with_efficiency_side_by_side() -> None:
-    seed = load_baseline("verl-v0.5.0-1.5b")
-    result = compare(record(), seed)
+def test_the_builtin_baselines_are_references_with_efficiency_side_by_side() -> None:
+    builtin = load_baseline("verl-v0.5.0-1.5b")
+    result = compare(record(), builtin)
     assert result.mode == "reference"
     assert "config.train_batch_size: not stated in the baseline" in result.mismatches
     rows = by_metric(result)
     assert rows["timing_s/gen"].baseline == 260.922 and rows["timing_s/gen"].verdict == "reference"
-    assert rows["mfu/update_actor"].measured is not None  # the run's MFU is shown though the seed has none
+    assert rows["mfu/update_actor"].measured is not None  # the run's MFU is shown though the baseline has none
     assert rows["mfu/update_actor"].baseline is None
     assert rows["bandwidth_util/gen"].measured is not None
     cpu = record(hardware={"device": "cpu", "gpus_per_node": None, "gpu_model": None, "cpu_model": "x86", "cpus_per_node": 8})

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rlbench.baselines import ModelArch, load_baseline, record_from_dict
+from pytest_rlbench.baselines import load_baseline
 from pytest_rlbench.derived import (
     decode_weight_bytes,
     dense_decoder_flops_params,
@@ -18,6 +18,7 @@ from pytest_rlbench.derived import (
     peak_memory_bandwidth,
     train_flops,
 )
+from pytest_rlbench.record import ModelArch, record_from_dict
 
 # L=1, H=2, I=4, n_h=1, n_kv=1, d=2, V=3.
 TINY = ModelArch(
@@ -141,10 +142,10 @@ def test_mean_length_times_sequences_from_the_config() -> None:
     # 128 prompts x 16 responses x mean 10425.773048 tokens over 325.086604 s on 64 GPUs
     assert figures["tokens_per_s_per_gpu/gen"].value == pytest.approx(2048 * 10425.773048 / 325.086604 / 64)
     assert figures["tokens_per_s_per_gpu/gen"].value == pytest.approx(1026.26, abs=0.01)
-    assert figures["tokens_per_s_per_gpu/update_actor"].value is None  # prompt lengths not in the seed
-    seed_1_5b = derive(load_baseline("verl-v0.5.0-1.5b"))
-    assert seed_1_5b["tokens_per_s_per_gpu/gen"].value is None
-    assert "number of sequences" in seed_1_5b["tokens_per_s_per_gpu/gen"].reason
+    assert figures["tokens_per_s_per_gpu/update_actor"].value is None  # prompt lengths not published
+    verl_1_5b = derive(load_baseline("verl-v0.5.0-1.5b"))
+    assert verl_1_5b["tokens_per_s_per_gpu/gen"].value is None
+    assert "number of sequences" in verl_1_5b["tokens_per_s_per_gpu/gen"].reason
 
 
 @pytest.mark.parametrize(

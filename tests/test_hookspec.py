@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import json
+import textwrap
 
 import pytest
 
@@ -66,7 +68,7 @@ def pytest_rlbench_make_trainer(rl_config, cluster):
     return None  # declines: the next implementation decides
 
 def pytest_rlbench_update_run_record(record):
-    record.setdefault("source", {})["commit"] = "abc123"
+    record.setdefault("provenance", {})["commit"] = "abc123"
 
 def pytest_rlbench_update_report(config, report):
     report["site"] = {"rack": "b12", "tolerance": config.getoption("rl_tolerance")}
@@ -96,7 +98,7 @@ def test_hooks(request, rl_config):
     assert type(trainer).__name__ == "Trainer" and trainer.cluster == "the-cluster"
     record = {}
     config.hook.pytest_rlbench_update_run_record(config=config, record=record)
-    assert record == {"source": {"commit": "abc123"}}
+    assert record == {"provenance": {"commit": "abc123"}}
     report = {}
     config.hook.pytest_rlbench_update_report(config=config, report=report)
     assert report == {"site": {"rack": "b12", "tolerance": "0.2"}}
@@ -129,3 +131,41 @@ def test_a_bad_baseline_from_a_hook_ends_the_session_naming_it(pytester: pytest.
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
     assert "a baseline from pytest_rlbench_baselines" in err and "$.phases.gen.seconds" in err
+
+
+def docstring_example(hook: str) -> str:
+    """The conftest.py code a hook's docstring shows: the indented block after its last "::"."""
+    doc = inspect.getdoc(getattr(hookspec, hook)) or ""
+    return textwrap.dedent(doc.rpartition("::")[2]).strip() + "\n"
+
+
+SLEEP_SUITE = """
+import time
+import pytest
+
+@pytest.mark.rl_phase("update_actor")
+def test_update_actor(rl_bench):
+    rl_bench(lambda: time.sleep(0.01))
+"""
+
+
+def test_the_run_record_hook_example_works_on_a_real_record(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The example once wrote record["source"]["commit"]: a KeyError, the record has "provenance".
+    monkeypatch.setenv("CI_COMMIT_SHA", "0123456789abcdef")
+    pytester.makeconftest(docstring_example("pytest_rlbench_update_run_record"))
+    pytester.makepyfile(test_suite=SLEEP_SUITE)
+    saved = pytester.path / "run.json"
+    result = pytester.runpytest("--rl-rounds=2", "--rl-warmup-rounds=0", f"--rl-save-baseline={saved}")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    assert json.loads(saved.read_text())["provenance"]["commit"] == "0123456789abcdef"
+
+
+def test_the_report_hook_example_works_on_a_real_report(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(docstring_example("pytest_rlbench_update_report"))
+    pytester.makepyfile(test_suite=SLEEP_SUITE)
+    report = pytester.path / "r.json"
+    result = pytester.runpytest("--rl-rounds=2", "--rl-warmup-rounds=0", f"--rl-report={report}")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    assert json.loads(report.read_text())["site"] == {"rack": "b12"}

@@ -10,9 +10,10 @@ from typing import Any
 import matplotlib.image
 import pytest
 
-from pytest_rlbench.baselines import RunRecord, load_baseline, record_from_dict
+from pytest_rlbench.baselines import load_baseline
 from pytest_rlbench.compare import compare, compare_all
 from pytest_rlbench.consistency import check_record
+from pytest_rlbench.record import RunRecord, record_from_dict
 from pytest_rlbench.report_chart import OTHER, step_segments, write_chart
 from pytest_rlbench.report_json import build_report, write_json_report
 from pytest_rlbench.report_terminal import terminal_lines
@@ -115,7 +116,7 @@ def test_json_report_without_baselines_passes() -> None:
     assert report["passed"] is True and report["comparisons"] == [] and report["consistency"] == []
 
 
-def test_step_segments_follow_the_seed_order() -> None:
+def test_step_segments_follow_the_phase_key_order() -> None:
     seven = load_baseline("verl-7b")
     segments = step_segments(seven)
     assert [label for label, _ in segments] == [

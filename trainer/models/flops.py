@@ -9,24 +9,29 @@ A forward pass alone is a third of that. Pure arithmetic on plain numbers: no to
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
+
+# Field metadata: every count is > 0 (a bound that validators of stored architectures can read).
+_COUNT = {"gt": 0}
 
 
 @dataclass(frozen=True)
 class DecoderArch:
-    """The numbers that fix a dense decoder's cost."""
+    """The numbers that fix a dense decoder's cost. The one definition of these fields: classes that
+    describe a model in more detail (a run record's model) extend this one."""
 
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
+    num_layers: int = field(metadata=_COUNT)
+    hidden_size: int = field(metadata=_COUNT)
+    intermediate_size: int = field(metadata=_COUNT)
+    num_heads: int = field(metadata=_COUNT)
+    num_kv_heads: int = field(metadata=_COUNT)
+    head_dim: int = field(metadata=_COUNT)
+    vocab_size: int = field(metadata=_COUNT)
     tie_word_embeddings: bool = False
 
     def to_dict(self) -> dict[str, int | bool]:
-        return asdict(self)
+        """The cost-defining fields only, also on a subclass."""
+        return {f.name: getattr(self, f.name) for f in fields(DecoderArch)}
 
 
 def flops_params(arch: DecoderArch) -> int:

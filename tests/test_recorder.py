@@ -1,0 +1,71 @@
+"""The session recorder: provenance worked out once, the step breakdown, and a phase's figures."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_rlbench.record import Hardware, ModelArch, RunConfig, TokenCounts
+from pytest_rlbench.recorder import BenchRecorder, git_commit
+
+TINY = ModelArch(
+    name="tiny", num_layers=1, hidden_size=2, intermediate_size=4, num_heads=1, num_kv_heads=1, head_dim=2, vocab_size=3
+)
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True)
+
+
+def described(code_dir: Path) -> BenchRecorder:
+    recorder = BenchRecorder("run", code_dir)
+    recorder.context.hardware = Hardware(device="cpu", nodes=1, world_size=2, gpus_per_node=0, cpu_model="x86")
+    recorder.context.model = TINY
+    recorder.context.config = RunConfig(train_batch_size=1, rollout_n=2)
+    recorder.context.tokens = TokenCounts(prompt_lengths=[2, 2], response_lengths=[1, 3])
+    return recorder
+
+
+def test_provenance_is_worked_out_once_per_session(tmp_path: Path) -> None:
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "commit", "-q", "--allow-empty", "-m", "first")
+    first = git_commit(tmp_path)
+    recorder = described(tmp_path)
+    recorder.record("gen", [1.0], "t::gen")
+    assert recorder.build_record().provenance.commit == first
+
+    git(tmp_path, "commit", "-q", "--allow-empty", "-m", "second")
+    assert git_commit(tmp_path) != first  # git sees the new commit ...
+    recorder.record("update_actor", [2.0], "t::update_actor")
+    record = recorder.build_record()
+    assert record.provenance.commit == first  # ... the session asked once, at its first record
+    assert record.provenance.notes == ["gen: t::gen", "update_actor: t::update_actor"]
+    assert recorder.session_provenance.notes == []  # each record's notes are its own
+
+
+def test_phase_figures_are_the_phase_time_and_its_derived_figures(tmp_path: Path) -> None:
+    recorder = BenchRecorder("run", tmp_path)
+    recorder.record("gen", [1.0, 2.0, 4.0], "t::gen")
+    assert recorder.phase_figures("gen") == {}  # the run is not described yet
+
+    recorder = described(tmp_path)
+    recorder.record("gen", [1.0, 2.0, 4.0], "t::gen")
+    recorder.record("old_log_prob", [0.5], "t::old_log_prob")
+    figures = recorder.phase_figures("gen")
+    # 4 response tokens over 2 ranks at the median 2 s; 2000 ms / 4 tokens.
+    assert figures == {
+        "timing_s/gen": 2.0,
+        "tokens_per_s_per_gpu/gen": pytest.approx(1.0),
+        "timing_per_token_ms/gen": pytest.approx(500.0),
+    }
+    assert recorder.phase_figures("old_log_prob")["tokens_per_s_per_gpu/old_log_prob"] == pytest.approx(8.0)
+
+
+def test_step_breakdown_rounds_are_kept_as_seconds(tmp_path: Path) -> None:
+    recorder = BenchRecorder("run", tmp_path)
+    recorder.add_step_breakdown([{"gen": 1, "step": 2.5}])
+    recorder.add_step_breakdown([{"gen": 1.5, "step": 3.0}])
+    assert recorder.step_breakdown == [{"gen": 1.0, "step": 2.5}, {"gen": 1.5, "step": 3.0}]
+    assert all(isinstance(v, float) for r in recorder.step_breakdown for v in r.values())
