@@ -216,7 +216,7 @@ class RLBenchSession:
             gpus = resolve_gpus_per_node(self.cluster(), opts.nodes)
         try:
             cfg = build_trainer_config(opts, gpus_per_node=gpus, workdir=self.workdir())
-            if opts.dataset is None:  # the synthetic set, written where the data.* keys say
+            if opts.dataset is None:  # the synthetic set, at the path the session default gave
                 write_synthetic_set(cfg.data)
             self.config.hook.pytest_rlbench_update_config(config=self.config, rl_config=cfg)
             validate(cfg)

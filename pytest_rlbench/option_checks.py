@@ -12,26 +12,23 @@ import os
 from pathlib import Path
 
 from pytest_rlbench.option_values import OptionError, RawValue
-from trainer.config import ROLLOUT_KEY, choices
+from trainer.config import ROLLOUT_KEY, ConfigError, check_choice, supported_choices
 
 DEFAULT_MODEL = "tiny"
 
 
 def rollout_names() -> tuple[str, ...]:
     """The rollout engines the trainer has: the names registered in trainer.rollout."""
-    return choices(ROLLOUT_KEY)[0]
+    return supported_choices(ROLLOUT_KEY)
 
 
 def check_rollout(name: str, source: str) -> str:
     """Return ``name`` if the trainer has that rollout engine, else raise naming the ones it has."""
-    supported, unsupported = choices(ROLLOUT_KEY)
-    if name in unsupported:
-        raise OptionError(
-            f"{source}={name} is not supported yet: {unsupported[name]}; supported: {', '.join(supported)}"
-        )
-    if name in supported:
-        return name
-    raise OptionError(f"{source}={name!r} is not a rollout engine; choose one of: {', '.join(supported)}")
+    try:
+        check_choice(ROLLOUT_KEY, name, shown=source, invalid="is not a rollout engine")
+    except ConfigError as exc:
+        raise OptionError(str(exc)) from None
+    return name
 
 
 def check_model(name: str, source: str, base_dir: Path) -> str:

@@ -131,15 +131,18 @@ def supported_choices(key: str) -> tuple[str, ...]:
     return choices(key)[0]
 
 
-def check_choice(key: str, value: object) -> None:
-    """Raise UnsupportedConfigError (known, not implemented) or ConfigError naming the valid values."""
+def check_choice(key: str, value: object, shown: str | None = None, invalid: str = "is not valid") -> None:
+    """Raise UnsupportedConfigError (known, not implemented) or ConfigError naming the valid values.
+
+    ``shown``: how the message names the setting (default ``key``; an option's flag, say)."""
+    shown = key if shown is None else shown
     supported, unsupported = choices(key)
     if value in unsupported:
         raise UnsupportedConfigError(
-            f"{key}={value} is not supported yet: {unsupported[value]}; supported: {', '.join(supported)}"
+            f"{shown}={value} is not supported yet: {unsupported[value]}; supported: {', '.join(supported)}"
         )
     if value not in supported:
-        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(supported)}")
+        raise ConfigError(f"{shown}={value!r} {invalid}; choose one of: {', '.join(supported)}")
 
 
 # ----------------------------------------------------------------------------- validation
