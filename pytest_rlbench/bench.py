@@ -20,7 +20,6 @@ from pytest_rlbench.cluster import ClusterInfo
 from pytest_rlbench.fixtures import RLDataset, RLModel, get_session
 from pytest_rlbench.record import Hardware, ModelArch, RunConfig, TokenCounts
 from pytest_rlbench.recorder import BenchRecorder
-from trainer.config import split_override
 from trainer.phases import PHASE_KEYS
 
 if TYPE_CHECKING:
@@ -107,16 +106,12 @@ def rl_trainer(
 ) -> Iterator[GRPOTrainer]:
     """The GRPO trainer under test, its workers placed on the cluster (or what a plugin's
     ``pytest_rlbench_make_trainer`` returns instead). Shut down at the end of the session."""
-    session = get_session(pytestconfig)
-    cfg = rl_config
-    given = {split_override(text)[0] for text in session.opts.config_overrides}
-    if "trainer.default_local_dir" not in given:  # checkpoints of a benchmark go to the session's temp dir
-        cfg.trainer.default_local_dir = str(session.workdir() / "checkpoints")
+    cfg = rl_config  # checkpoints go to the session's temp dir unless the user set the directory
     trainer = pytestconfig.hook.pytest_rlbench_make_trainer(config=pytestconfig, rl_config=cfg, cluster=rl_cluster)
     if trainer is None:
         from trainer.build import build_trainer
 
-        trainer = build_trainer(cfg, session.workdir(), dataset=rl_dataset.prompts)
+        trainer = build_trainer(cfg, get_session(pytestconfig).workdir(), dataset=rl_dataset.prompts)
     recorder = get_recorder(pytestconfig)
     workers = getattr(getattr(trainer, "workers", None), "info", [])
     recorder.context.hardware = describe_hardware(rl_cluster, cfg, workers)

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_rlbench.cluster import ClusterError, ClusterInfo, RayConnection, check_cluster, precheck_embedded
-from pytest_rlbench.options import RLBenchOptions, build_trainer_config
+from pytest_rlbench.config_path import build_trainer_config, write_synthetic_set
+from pytest_rlbench.options import RLBenchOptions
 
 if TYPE_CHECKING:
     import torch
@@ -201,11 +202,12 @@ class RLBenchSession:
         return self._workdir
 
     def trainer_config(self) -> Config:
-        """The trainer config: options, --rl-config overrides, the data file, then the hook."""
+        """The trainer config, built once from the session's defaults (synthetic data file and
+        checkpoint dir in the session's temp dir, the cluster's GPUs per node), the options and the
+        --rl-config overrides; then the pytest_rlbench_update_config hook. Writes the synthetic set."""
         if self._trainer_config is not None:
             return self._trainer_config
         from trainer.config import ConfigError, validate
-        from trainer.data.source import synthetic_path
 
         opts = self.opts
         gpus = None
@@ -214,11 +216,9 @@ class RLBenchSession:
 
             gpus = resolve_gpus_per_node(self.cluster(), opts.nodes)
         try:
-            cfg = build_trainer_config(opts, gpus_per_node=gpus)
-            if opts.dataset is None:  # the synthetic set, written where the data.* keys say
-                cfg = build_trainer_config(
-                    opts, gpus_per_node=gpus, train_file=synthetic_path(cfg.data, self.workdir())
-                )
+            cfg = build_trainer_config(opts, gpus_per_node=gpus, workdir=self.workdir())
+            if opts.dataset is None:  # the synthetic set, at the path the session default gave
+                write_synthetic_set(cfg.data)
             self.config.hook.pytest_rlbench_update_config(config=self.config, rl_config=cfg)
             validate(cfg)
         except ConfigError as exc:

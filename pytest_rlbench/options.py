@@ -3,49 +3,45 @@
 Pure parsing: nothing here imports pytest or starts anything, so every rule can be tested on plain
 values. ``plugin.py`` registers ``OPTIONS`` with pytest (command line and ini), reads the raw values
 (the command line wins over the ini file) and turns an ``OptionError`` into ``pytest.UsageError``.
-
-Every setting has exactly one home. A ``--rl-config`` override of a key that a dedicated option owns
-(``trainer.nnodes`` for ``--rl-nodes``, say) is accepted when the option is not given, and then counts
-as that option; given both with different values it is an error, so a report never shows one value
-while the trainer ran with another.
+Single values are parsed in ``option_values``, names checked in ``option_checks``; the dedicated
+options are sugar for trainer overrides (``config_path``), which the whole set is validated with.
 """
 
 from __future__ import annotations
 
-import difflib
-import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainer.config import (
-    KNOWN_BUT_UNSUPPORTED,
-    SUPPORTED_CHOICES,
-    Config,
-    ConfigError,
-    apply_override,
-    build_config,
-    get_value,
-    split_override,
+from pytest_rlbench import option_values as values
+from pytest_rlbench.config_path import (
+    OPTION_KEYS,
+    build_trainer_config,
+    given_in_config,
+    option_overrides,
+    option_value,
+    refuse_given_twice,
+    user_overrides,
 )
+from pytest_rlbench.metrics import DEFAULT_TOLERANCE
+from pytest_rlbench.option_checks import (
+    DEFAULT_MODEL,
+    check_baseline,
+    check_dataset,
+    check_model,
+    check_rollout,
+    rollout_names,
+)
+from pytest_rlbench.option_values import OptionError, RawValue
+from trainer.config import ConfigError, Override
 
-DEFAULT_MODEL = "tiny"
 DEFAULT_ROLLOUT = "hf"
-DEFAULT_TOLERANCE = 0.10
 DEFAULT_ROUNDS = 5
 DEFAULT_WARMUP_ROUNDS = 1
-ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
-# Ray addresses we refuse: "auto" attaches to whichever cluster was started last on this machine and
-# "local" is what leaving the option out means.
-REFUSED_ADDRESSES = ("auto", "local")
 
 Kind = Literal["int", "float", "str", "flag", "multi"]
-
-
-class OptionError(ValueError):
-    """An option value that cannot be used. The message starts with the option's name."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +62,6 @@ class OptionSpec:
         name = self.flag.lstrip("-").replace("-", "_")
         return name if name.startswith("rl_") else f"rl_{name}"  # --gpu -> rl_gpu in the ini file
 
-
-_ROLLOUTS = ", ".join(SUPPORTED_CHOICES[ROLLOUT_KEY])
 
 OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
@@ -105,7 +99,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Parquet file in VERL's RL schema (default: a synthetic math set generated for the session).",
         "PATH",
     ),
-    OptionSpec("--rl-rollout", "str", f"Rollout engine: {_ROLLOUTS} (default {DEFAULT_ROLLOUT}).", "ENGINE"),
+    # {rollouts}: the registered engines, filled in by option_help (reading the registry imports torch).
+    OptionSpec("--rl-rollout", "str", "Rollout engine: {rollouts} (default " + DEFAULT_ROLLOUT + ").", "ENGINE"),
     OptionSpec(
         "--rl-config",
         "multi",
@@ -143,16 +138,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
 SPECS: dict[str, OptionSpec] = {spec.dest: spec for spec in OPTIONS}
 
 
-@dataclass(frozen=True)
-class RawValue:
-    """A value as the user wrote it, and where: ``--rl-nodes`` or ``rl_nodes (ini)``.
-
-    ``base_dir`` is what a relative path in it is relative to (the invocation directory for the
-    command line, the ini file's directory for the ini file)."""
-
-    value: Any
-    source: str
-    base_dir: Path
+def option_help(spec: OptionSpec) -> str:
+    """The option's help line; the --rl-rollout one lists the engines registered in trainer.rollout."""
+    if "{rollouts}" not in spec.help:
+        return spec.help
+    return spec.help.replace("{rollouts}", ", ".join(rollout_names()))
 
 
 @dataclass(frozen=True)
@@ -170,7 +160,9 @@ class RLBenchOptions:
     model: str = DEFAULT_MODEL
     dataset: Path | None = None
     rollout: str = DEFAULT_ROLLOUT
-    config_overrides: tuple[str, ...] = ()
+    config_overrides: tuple[str, ...] = ()  # --rl-config as given (ini file's first)
+    # The options' overrides, then --rl-config's: what the trainer config is built from.
+    overrides: tuple[Override, ...] = ()
     baselines: tuple[str, ...] = ()
     tolerance: float = DEFAULT_TOLERANCE
     rounds: int = DEFAULT_ROUNDS
@@ -206,176 +198,6 @@ class RLBenchOptions:
         }
 
 
-# ----------------------------------------------------------------------------- single values
-def _text(raw: RawValue) -> str:
-    return str(raw.value).strip()
-
-
-def _positive_int(raw: RawValue, what: str) -> int:
-    text = _text(raw)
-    try:
-        number = int(text)
-    except ValueError:
-        raise OptionError(f"{raw.source} expects a whole number of {what} >= 1, got {text!r}") from None
-    if number < 1:
-        raise OptionError(f"{raw.source} expects a whole number of {what} >= 1, got {number}")
-    return number
-
-
-def _non_negative_int(raw: RawValue, what: str) -> int:
-    text = _text(raw)
-    try:
-        number = int(text)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise OptionError(f"{raw.source} expects a whole number of {what} >= 0, got {text!r}")
-    return number
-
-
-def _flag(raw: RawValue) -> bool:
-    if isinstance(raw.value, bool):
-        return raw.value
-    text = _text(raw).lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    raise OptionError(f"{raw.source} expects true or false, got {raw.value!r}")
-
-
-def _tolerance(raw: RawValue) -> float:
-    text = _text(raw)
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    # 0 is allowed: a gate that fails on any slowdown (e.g. replaying a run against itself).
-    if not (0.0 <= value < 1.0):
-        raise OptionError(
-            f"{raw.source} expects a fraction t with 0 <= t < 1 (0.10: up to 10% slower passes), got {text!r}"
-        )
-    return value
-
-
-def _path(raw: RawValue) -> Path:
-    text = _text(raw)
-    if not text:
-        raise OptionError(f"{raw.source} expects a path, got an empty value")
-    path = Path(os.path.expanduser(text))
-    return path if path.is_absolute() else raw.base_dir / path
-
-
-def _output_path(raw: RawValue) -> Path:
-    path = _path(raw)
-    if path.is_dir():
-        raise OptionError(f"{raw.source} expects a file to write, got the directory {str(path)!r}")
-    return path
-
-
-def _ray_address(raw: RawValue) -> str | None:
-    text = _text(raw)
-    if not text:
-        return None
-    if text.lower() in REFUSED_ADDRESSES:
-        raise OptionError(
-            f"{raw.source}={text!r} is refused: give the head node's host:port (e.g. 10.0.0.1:6379), "
-            "or leave it out for an embedded local Ray"
-        )
-    if any(c.isspace() for c in text):
-        raise OptionError(f"{raw.source} expects host:port, got {text!r}")
-    return text
-
-
-def check_rollout(name: str, source: str) -> str:
-    """Return ``name`` if the trainer has that rollout engine, else raise naming the ones it has."""
-    choices = SUPPORTED_CHOICES[ROLLOUT_KEY]
-    if name in choices:
-        return name
-    unsupported = KNOWN_BUT_UNSUPPORTED.get(ROLLOUT_KEY, {})
-    if name in unsupported:
-        raise OptionError(
-            f"{source}={name} is not supported yet: {unsupported[name]}; supported: {', '.join(choices)}"
-        )
-    raise OptionError(f"{source}={name!r} is not a rollout engine; choose one of: {', '.join(choices)}")
-
-
-def check_model(name: str, source: str, base_dir: Path) -> str:
-    """A preset name as is, or an existing directory as an absolute path; raise naming the presets.
-
-    Only the name is checked here; whether the directory holds a usable model is checked at session
-    start (reading config.json means importing transformers)."""
-    if name == DEFAULT_MODEL:
-        return name  # the default preset: no need to import torch just to look it up
-    from trainer.models.presets import PRESETS  # imports torch and transformers: only when asked for
-
-    if name in PRESETS:
-        return name
-    path = Path(os.path.expanduser(name))
-    path = path if path.is_absolute() else base_dir / path
-    if path.is_dir():
-        return str(path)
-    close = difflib.get_close_matches(name, list(PRESETS), n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    what = "a file, not a directory" if path.exists() else "neither a preset nor an existing directory"
-    raise OptionError(
-        f"{source}={name!r} is {what}{hint}; give a preset ({', '.join(PRESETS)}) "
-        "or the path of a Hugging Face model directory"
-    )
-
-
-def check_dataset(path: Path, source: str) -> Path:
-    """The file must exist here; its content is validated at session start (it may be large)."""
-    if not path.exists():
-        raise OptionError(
-            f"{source}: the data set file {str(path)!r} does not exist; expected a parquet file"
-        )
-    if not path.is_file():
-        raise OptionError(f"{source}: {str(path)!r} is not a file; expected a parquet file")
-    return path
-
-
-def _check_baseline(raw: RawValue, text: str) -> str:
-    """A stored baseline's name as is, or a baseline file as an absolute path; raise naming the
-    built-in names otherwise. Only existence is checked here; the content when it is compared."""
-    from pytest_rlbench.baselines import BaselineError, resolve_baseline
-
-    path = Path(os.path.expanduser(text))
-    if not path.is_absolute() and (raw.base_dir / path).is_file():
-        return str(raw.base_dir / path)
-    try:
-        resolve_baseline(text)
-    except BaselineError as exc:
-        raise OptionError(f"{raw.source}: {exc}") from None
-    return str(path) if path.is_file() else text
-
-
-# ----------------------------------------------------------------------------- --rl-config and owned keys
-# Trainer keys that a dedicated option owns, and the option's destination.
-OWNED_KEYS: dict[str, str] = {
-    "actor_rollout_ref.model.path": "rl_model",
-    ROLLOUT_KEY: "rl_rollout",
-    "trainer.nnodes": "rl_nodes",
-    "trainer.device": "rl_gpu",
-    "data.train_files": "rl_dataset",
-    "trainer.n_gpus_per_node": "rl_gpus_per_node",  # owned only with --gpu; on CPU: workers per node
-}
-
-
-def _scratch_config(overrides: Sequence[str], source: str) -> tuple[Config, dict[str, str]]:
-    """Apply the overrides to a default Config, key by key, naming the option on any error."""
-    scratch = Config()
-    given: dict[str, str] = {}
-    for text in overrides:
-        try:
-            key, _ = split_override(text)
-            apply_override(scratch, text)
-        except ConfigError as exc:
-            raise OptionError(f"{source}: {exc}") from None
-        given[key] = text
-    return scratch, given
-
-
 # ----------------------------------------------------------------------------- the whole set
 def parse_options(
     raw: Mapping[str, RawValue | None],
@@ -403,81 +225,80 @@ def parse_options(
 
     sources = {dest: value.source for dest in SPECS if (value := get(dest)) is not None}
 
-    overrides_raw = get("rl_config")
-    overrides = tuple(str(v) for v in overrides_raw.value) if overrides_raw else ()
-    config_source = overrides_raw.source if overrides_raw else SPECS["rl_config"].flag
-    scratch, given_keys = _scratch_config(overrides, config_source)
+    config_raw = get("rl_config")
+    config_texts = tuple(str(v) for v in config_raw.value) if config_raw else ()
+    config_source = config_raw.source if config_raw else SPECS["rl_config"].flag
+    user, scratch = user_overrides(config_texts, config_source)
 
-    def fold(dest: str, current: Any, check: Callable[[Any, str], Any]) -> Any:
-        """The option's value after a --rl-config override of the key it owns, if there is one."""
-        key = next((k for k, owner in OWNED_KEYS.items() if owner == dest and k in given_keys), None)
-        if key is None:
-            return current
-        text = given_keys[key]
-        value = check(get_value(scratch, key), f"{config_source} {key}")
-        if get(dest) is not None and value != current:
-            raise OptionError(
-                f"{sources[dest]}={current} and {config_source} {text} set the same thing differently; "
-                f"give it once, with {SPECS[dest].flag}"
-            )
-        sources.setdefault(dest, f"{config_source} {text}")
-        return value
+    def own(dest: str, parse: Callable[[RawValue], Any], check: Callable[[Any, str], Any], default: Any) -> Any:
+        """The option's value: given, or from a --rl-config override of its key (checked the same
+        way and counted as the option), else ``default``. Both given: one key given twice."""
+        r = get(dest)
+        if r is not None:
+            shown = r.source if SPECS[dest].kind == "flag" else f"{r.source}={values.text_of(r)}"
+            refuse_given_twice(dest, shown, user)
+            return parse(r)
+        override = given_in_config(dest, user)
+        if override is None:
+            return default
+        sources[dest] = override.source
+        return check(option_value(dest, scratch), f"{config_source} {override.key}")
 
     def one_file(files: list[str], source: str) -> Path | None:
         if len(files) > 1:
             raise OptionError(
                 f"{source}: expected one training file, got {len(files)}; give one with --rl-dataset"
             )
-        return check_dataset(_path(RawValue(files[0], source, cwd)), source) if files else None
+        return check_dataset(values.path(RawValue(files[0], source, cwd)), source) if files else None
+
+    def count(what: str) -> Callable[[Any, str], int]:
+        return lambda v, src: values.positive_int(RawValue(v, src, cwd), what)
 
     # --gpu first: it decides whether trainer.n_gpus_per_node is owned.
-    gpu = fold("rl_gpu", _flag(r) if (r := get("rl_gpu")) else False, lambda v, _: v == "cuda")
-    nodes = fold(
-        "rl_nodes",
-        _positive_int(r, "Ray nodes") if (r := get("rl_nodes")) else 1,
-        lambda v, src: _positive_int(RawValue(v, src, cwd), "Ray nodes"),
-    )
-    gpus_per_node = _positive_int(r, "GPUs per node") if (r := get("rl_gpus_per_node")) else None
+    gpu = own("rl_gpu", values.flag, lambda v, _: v == "cuda", False)
+    nodes = own("rl_nodes", lambda r: values.positive_int(r, "Ray nodes"), count("Ray nodes"), 1)
+    gpus_per_node = None
     if gpu:
-        gpus_per_node = fold(
-            "rl_gpus_per_node",
-            gpus_per_node,
-            lambda v, src: _positive_int(RawValue(v, src, cwd), "GPUs per node"),
+        gpus_per_node = own(
+            "rl_gpus_per_node", lambda r: values.positive_int(r, "GPUs per node"), count("GPUs per node"), None
         )
-    elif gpus_per_node is not None:
+    elif (r := get("rl_gpus_per_node")) is not None:
         # An error rather than ignoring it: the user expects GPUs and would silently get CPU workers.
         raise OptionError(
-            f"{sources['rl_gpus_per_node']}={gpus_per_node} needs --gpu (without it the workers run on CPU; "
-            "set CPU workers per node with --rl-config trainer.n_gpus_per_node=N)"
+            f"{r.source}={values.positive_int(r, 'GPUs per node')} needs --gpu (without it the workers run "
+            "on CPU; set CPU workers per node with --rl-config trainer.n_gpus_per_node=N)"
         )
-    model = fold(
+    model = own(
         "rl_model",
-        check_model(_text(r), r.source, r.base_dir) if (r := get("rl_model")) else DEFAULT_MODEL,
+        lambda r: check_model(values.text_of(r), r.source, r.base_dir),
         lambda v, src: check_model(str(v), src, cwd),
+        DEFAULT_MODEL,
     )
-    rollout = fold(
+    rollout = own(
         "rl_rollout",
-        check_rollout(_text(r), r.source) if (r := get("rl_rollout")) else DEFAULT_ROLLOUT,
+        lambda r: check_rollout(values.text_of(r), r.source),
         lambda v, src: check_rollout(str(v), src),
+        DEFAULT_ROLLOUT,
     )
-    dataset = fold(
-        "rl_dataset", check_dataset(_path(r), r.source) if (r := get("rl_dataset")) else None, one_file
-    )
+    dataset = own("rl_dataset", lambda r: check_dataset(values.path(r), r.source), one_file, None)
 
     address: str | None = None
     address_source = "embedded"
     if (r := get("rl_ray_address")) is not None:
-        address, address_source = _ray_address(r), r.source
+        address, address_source = values.ray_address(r), r.source
     elif environ.get("RAY_ADDRESS", "").strip():
         env_raw = RawValue(environ["RAY_ADDRESS"], "RAY_ADDRESS", cwd)
-        address, address_source = _ray_address(env_raw), "RAY_ADDRESS"
+        address, address_source = values.ray_address(env_raw), "RAY_ADDRESS"
     if address is None:
         address_source = "embedded"
 
     baselines: tuple[str, ...] = ()
     if (r := get("rl_baseline")) is not None:
-        baselines = tuple(_check_baseline(r, str(v).strip()) for v in r.value if str(v).strip())
+        baselines = tuple(check_baseline(r, str(v).strip()) for v in r.value if str(v).strip())
 
+    owned = {"rl_gpu": gpu, "rl_nodes": nodes, "rl_gpus_per_node": gpus_per_node, "rl_model": model}
+    owned.update(rl_rollout=rollout, rl_dataset=dataset)
+    folded = {OPTION_KEYS[dest] for dest in owned if dest in sources}  # now set by the options' overrides
     opts = RLBenchOptions(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
@@ -487,13 +308,16 @@ def parse_options(
         model=model,
         dataset=dataset,
         rollout=rollout,
-        config_overrides=overrides,
+        config_overrides=config_texts,
+        overrides=(*option_overrides(owned, sources), *(o for o in user if o.key not in folded)),
         baselines=baselines,
-        tolerance=_tolerance(r) if (r := get("rl_tolerance")) else DEFAULT_TOLERANCE,
-        rounds=_positive_int(r, "rounds") if (r := get("rl_rounds")) else DEFAULT_ROUNDS,
-        warmup_rounds=_non_negative_int(r, "rounds") if (r := get("rl_warmup_rounds")) else DEFAULT_WARMUP_ROUNDS,
-        report=_output_path(r) if (r := get("rl_report")) else None,
-        save_baseline=_output_path(r) if (r := get("rl_save_baseline")) else None,
+        tolerance=values.tolerance(r) if (r := get("rl_tolerance")) else DEFAULT_TOLERANCE,
+        rounds=values.positive_int(r, "rounds") if (r := get("rl_rounds")) else DEFAULT_ROUNDS,
+        warmup_rounds=(
+            values.non_negative_int(r, "rounds") if (r := get("rl_warmup_rounds")) else DEFAULT_WARMUP_ROUNDS
+        ),
+        report=values.output_path(r) if (r := get("rl_report")) else None,
+        save_baseline=values.output_path(r) if (r := get("rl_save_baseline")) else None,
         sources=sources,
     )
     # Cross-field checks of the composed trainer config (batch sizes against workers, ...). With
@@ -505,32 +329,3 @@ def parse_options(
             f"the trainer config from the --rl-* options and {config_source} is invalid: {exc}"
         ) from None
     return opts
-
-
-def build_trainer_config(
-    opts: RLBenchOptions,
-    gpus_per_node: int | None = None,
-    train_file: Path | None = None,
-) -> Config:
-    """The trainer's Config: the dedicated options first, then the --rl-config overrides.
-
-    gpus_per_node: the resolved count when the options leave it to the cluster (--gpu alone);
-    train_file: the data set actually used (the synthetic file when --rl-dataset is not given)."""
-    base = Config()
-    base.actor_rollout_ref.model.path = opts.model
-    base.actor_rollout_ref.rollout.name = opts.rollout
-    base.trainer.nnodes = opts.nodes
-    base.trainer.device = "cuda" if opts.gpu else "cpu"
-    if opts.gpu:
-        base.trainer.n_gpus_per_node = opts.gpus_per_node or gpus_per_node or 1
-    data_file = opts.dataset or train_file
-    base.data.train_files = [str(data_file)] if data_file else []
-    # Overrides of owned keys were folded into the options by parse_options (paths made absolute).
-    overrides = [o for o in opts.config_overrides if not _is_owned(split_override(o)[0], opts.gpu)]
-    return build_config(overrides, base=base)
-
-
-def _is_owned(key: str, gpu: bool) -> bool:
-    if key == "trainer.n_gpus_per_node":
-        return gpu  # on CPU it is the number of worker processes per node, the user's to set
-    return key in OWNED_KEYS

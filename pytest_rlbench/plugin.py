@@ -46,7 +46,7 @@ from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attr
     rl_model,
     rl_options,
 )
-from pytest_rlbench.options import OPTIONS, OptionError, RawValue, parse_options
+from pytest_rlbench.options import OPTIONS, OptionError, RawValue, option_help, parse_options
 from pytest_rlbench.record import BaselineError, RunRecord, record_from_dict
 from pytest_rlbench.recorder import BenchRecorder, SessionOutcome, local_hardware
 from pytest_rlbench.report_terminal import terminal_lines
@@ -72,17 +72,18 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("rlbench", "RL post-training benchmarks (pytest-rlbench)")
     for spec in OPTIONS:
+        text = option_help(spec)
         if spec.kind == "flag":
-            group.addoption(spec.flag, action="store_true", default=None, dest=spec.dest, help=spec.help)
+            group.addoption(spec.flag, action="store_true", default=None, dest=spec.dest, help=text)
         elif spec.kind == "multi":
             group.addoption(
-                spec.flag, action="append", default=None, dest=spec.dest, metavar=spec.metavar, help=spec.help
+                spec.flag, action="append", default=None, dest=spec.dest, metavar=spec.metavar, help=text
             )
         else:
-            group.addoption(spec.flag, default=None, dest=spec.dest, metavar=spec.metavar, help=spec.help)
+            group.addoption(spec.flag, default=None, dest=spec.dest, metavar=spec.metavar, help=text)
         ini_type = "linelist" if spec.kind == "multi" else "string"
         order = f"applied before {spec.flag}'s" if spec.accumulates else f"{spec.flag} wins"
-        parser.addini(spec.dest, f"{spec.help} ({order})", type=ini_type)
+        parser.addini(spec.dest, f"{text} ({order})", type=ini_type)
 
 
 def read_raw_options(config: pytest.Config) -> dict[str, RawValue | None]:

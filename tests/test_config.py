@@ -131,3 +131,47 @@ def test_flat_lists_every_key_once():
     flat = build_config().flat()
     assert list(flat) == known_keys()
     assert all(re.fullmatch(r"[a-z_]+(\.[a-z_0-9]+)+", k) for k in flat)
+
+
+# ----------------------------------------------------------------------------- registries
+def test_valid_names_come_from_the_registries(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.algorithms.advantages import ADV_ESTIMATORS, grpo
+
+    monkeypatch.setitem(ADV_ESTIMATORS, "my_grpo", grpo)
+    assert build_config(["algorithm.adv_estimator=my_grpo"]).algorithm.adv_estimator == "my_grpo"
+    names = [n for n in ADV_ESTIMATORS if n != "gae"]  # gae: registered, needs a critic
+    with pytest.raises(ConfigError, match=re.escape(f"choose one of: {', '.join(names)}")):
+        build_config(["algorithm.adv_estimator=nope"])
+
+
+@pytest.mark.parametrize(
+    ("key", "module", "registry"),
+    [
+        ("actor_rollout_ref.rollout.name", "trainer.rollout", "ENGINES"),
+        ("actor_rollout_ref.actor.loss_agg_mode", "trainer.algorithms.aggregation", "LOSS_AGG_MODES"),
+        ("actor_rollout_ref.actor.kl_loss_type", "trainer.algorithms.kl", "KL_ESTIMATORS"),
+        ("algorithm.kl_penalty", "trainer.algorithms.kl", "KL_ESTIMATORS"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", "trainer.algorithms.policy_loss", "POLICY_LOSSES"),
+    ],
+)
+def test_every_registered_name_is_valid_and_others_are_refused_naming_them(key, module, registry):
+    import importlib
+
+    from trainer.config import KNOWN_BUT_UNSUPPORTED, supported_choices
+
+    names = list(getattr(importlib.import_module(module), registry))
+    unsupported = KNOWN_BUT_UNSUPPORTED.get(key, {})
+    assert supported_choices(key) == tuple(n for n in names if n not in unsupported)
+    for name in supported_choices(key):
+        build_config([f"{key}={name}"])
+    with pytest.raises(ConfigError, match=re.escape(f"{key}='nope' is not valid; choose one of: {', '.join(supported_choices(key))}")):
+        build_config([f"{key}=nope"])
+
+
+def test_a_kl_estimator_marked_unsupported_is_refused_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.algorithms import kl
+
+    # kl.UNSUPPORTED_KL (name -> why) may or may not exist; the config reads it when present.
+    monkeypatch.setattr(kl, "UNSUPPORTED_KL", {"full": "needs the full distributions"}, raising=False)
+    with pytest.raises(UnsupportedConfigError, match="kl_penalty=full is not supported yet: needs the full"):
+        build_config(["algorithm.kl_penalty=full"])

@@ -1,0 +1,81 @@
+"""Checks of what an option names: a rollout engine, a model, a data set file, a baseline.
+
+Each returns the value to use (a relative path made absolute) or raises ``OptionError`` naming the
+option and what would be valid. Only cheap checks happen here, at start-up; the content of a model
+directory or data set is read when the session builds it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+from pytest_rlbench.option_values import OptionError, RawValue
+from trainer.config import ROLLOUT_KEY, ConfigError, check_choice, supported_choices
+
+DEFAULT_MODEL = "tiny"
+
+
+def rollout_names() -> tuple[str, ...]:
+    """The rollout engines the trainer has: the names registered in trainer.rollout."""
+    return supported_choices(ROLLOUT_KEY)
+
+
+def check_rollout(name: str, source: str) -> str:
+    """Return ``name`` if the trainer has that rollout engine, else raise naming the ones it has."""
+    try:
+        check_choice(ROLLOUT_KEY, name, shown=source, invalid="is not a rollout engine")
+    except ConfigError as exc:
+        raise OptionError(str(exc)) from None
+    return name
+
+
+def check_model(name: str, source: str, base_dir: Path) -> str:
+    """A preset name as is, or an existing directory as an absolute path; raise naming the presets.
+
+    Only the name is checked here; whether the directory holds a usable model is checked at session
+    start (reading config.json means importing transformers)."""
+    if name == DEFAULT_MODEL:
+        return name  # the default preset: no need to import torch just to look it up
+    from trainer.models.presets import PRESETS  # imports torch and transformers: only when asked for
+
+    if name in PRESETS:
+        return name
+    path = Path(os.path.expanduser(name))
+    path = path if path.is_absolute() else base_dir / path
+    if path.is_dir():
+        return str(path)
+    close = difflib.get_close_matches(name, list(PRESETS), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    what = "a file, not a directory" if path.exists() else "neither a preset nor an existing directory"
+    raise OptionError(
+        f"{source}={name!r} is {what}{hint}; give a preset ({', '.join(PRESETS)}) "
+        "or the path of a Hugging Face model directory"
+    )
+
+
+def check_dataset(path: Path, source: str) -> Path:
+    """The file must exist here; its content is validated at session start (it may be large)."""
+    if not path.exists():
+        raise OptionError(
+            f"{source}: the data set file {str(path)!r} does not exist; expected a parquet file"
+        )
+    if not path.is_file():
+        raise OptionError(f"{source}: {str(path)!r} is not a file; expected a parquet file")
+    return path
+
+
+def check_baseline(raw: RawValue, text: str) -> str:
+    """A stored baseline's name as is, or a baseline file as an absolute path; raise naming the
+    built-in names otherwise. Only existence is checked here; the content when it is compared."""
+    from pytest_rlbench.baselines import BaselineError, resolve_baseline
+
+    path = Path(os.path.expanduser(text))
+    if not path.is_absolute() and (raw.base_dir / path).is_file():
+        return str(raw.base_dir / path)
+    try:
+        resolve_baseline(text)
+    except BaselineError as exc:
+        raise OptionError(f"{raw.source}: {exc}") from None
+    return str(path) if path.is_file() else text

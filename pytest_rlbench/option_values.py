@@ -1,0 +1,113 @@
+"""One option value at a time: the raw value as the user wrote it, and the parsers that turn it into
+a number, flag, path or Ray address, raising ``OptionError`` that names the option and what is valid.
+
+Pure: nothing here imports pytest or starts anything.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Ray addresses we refuse: "auto" attaches to whichever cluster was started last on this machine and
+# "local" is what leaving the option out means.
+REFUSED_ADDRESSES = ("auto", "local")
+
+
+class OptionError(ValueError):
+    """An option value that cannot be used. The message starts with the option's name."""
+
+
+@dataclass(frozen=True)
+class RawValue:
+    """A value as the user wrote it, and where: ``--rl-nodes`` or ``rl_nodes (ini)``.
+
+    ``base_dir`` is what a relative path in it is relative to (the invocation directory for the
+    command line, the ini file's directory for the ini file)."""
+
+    value: Any
+    source: str
+    base_dir: Path
+
+
+def text_of(raw: RawValue) -> str:
+    return str(raw.value).strip()
+
+
+def positive_int(raw: RawValue, what: str) -> int:
+    text = text_of(raw)
+    try:
+        number = int(text)
+    except ValueError:
+        raise OptionError(f"{raw.source} expects a whole number of {what} >= 1, got {text!r}") from None
+    if number < 1:
+        raise OptionError(f"{raw.source} expects a whole number of {what} >= 1, got {number}")
+    return number
+
+
+def non_negative_int(raw: RawValue, what: str) -> int:
+    text = text_of(raw)
+    try:
+        number = int(text)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise OptionError(f"{raw.source} expects a whole number of {what} >= 0, got {text!r}")
+    return number
+
+
+def flag(raw: RawValue) -> bool:
+    if isinstance(raw.value, bool):
+        return raw.value
+    text = text_of(raw).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise OptionError(f"{raw.source} expects true or false, got {raw.value!r}")
+
+
+def tolerance(raw: RawValue) -> float:
+    text = text_of(raw)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    # 0 is allowed: a gate that fails on any slowdown (e.g. replaying a run against itself).
+    if not (0.0 <= value < 1.0):
+        raise OptionError(
+            f"{raw.source} expects a fraction t with 0 <= t < 1 (0.10: up to 10% slower passes), got {text!r}"
+        )
+    return value
+
+
+def path(raw: RawValue) -> Path:
+    text = text_of(raw)
+    if not text:
+        raise OptionError(f"{raw.source} expects a path, got an empty value")
+    out = Path(os.path.expanduser(text))
+    return out if out.is_absolute() else raw.base_dir / out
+
+
+def output_path(raw: RawValue) -> Path:
+    out = path(raw)
+    if out.is_dir():
+        raise OptionError(f"{raw.source} expects a file to write, got the directory {str(out)!r}")
+    return out
+
+
+def ray_address(raw: RawValue) -> str | None:
+    text = text_of(raw)
+    if not text:
+        return None
+    if text.lower() in REFUSED_ADDRESSES:
+        raise OptionError(
+            f"{raw.source}={text!r} is refused: give the head node's host:port (e.g. 10.0.0.1:6379), "
+            "or leave it out for an embedded local Ray"
+        )
+    if any(c.isspace() for c in text):
+        raise OptionError(f"{raw.source} expects host:port, got {text!r}")
+    return text

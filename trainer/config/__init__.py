@@ -1,0 +1,104 @@
+"""The trainer's configuration: VERL's dotted keys (schema), ``key=value`` overrides read as Hydra
+reads them (overrides), and the start-up checks (validation). ``build_config`` puts them together.
+
+    cfg = build_config(["data.train_batch_size=16", Override("trainer.nnodes", 2, "--rl-nodes")])
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+from trainer.config.overrides import (
+    Override,
+    apply_override,
+    as_override,
+    parse_literal,
+    resolve_interpolations,
+    split_override,
+)
+from trainer.config.schema import (
+    KEY_TYPES,
+    ActorConfig,
+    ActorRolloutRefConfig,
+    AlgorithmConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    FSDPConfig,
+    KLControlConfig,
+    ModelConfig,
+    OptimConfig,
+    PolicyLossConfig,
+    RefConfig,
+    RolloutConfig,
+    TrainerSection,
+    UnsupportedConfigError,
+    clip_ratios,
+    closest_keys,
+    get_value,
+    known_keys,
+    set_value,
+)
+from trainer.config.validation import (
+    ACCEPTED_NO_EFFECT,
+    FIXED_CHOICES,
+    KNOWN_BUT_UNSUPPORTED,
+    LOGGERS,
+    REGISTRIES,
+    ROLLOUT_KEY,
+    check_choice,
+    choices,
+    supported_choices,
+    validate,
+)
+
+
+def build_config(overrides: Iterable[str | Override] = (), base: Config | None = None) -> Config:
+    """Defaults, then each override (``key=value`` text or an Override) in order, then validation."""
+    cfg = copy.deepcopy(base) if base is not None else Config()
+    for item in overrides:
+        apply_override(cfg, item)
+    return validate(resolve_interpolations(cfg))
+
+
+__all__ = [
+    "ACCEPTED_NO_EFFECT",
+    "FIXED_CHOICES",
+    "KEY_TYPES",
+    "KNOWN_BUT_UNSUPPORTED",
+    "LOGGERS",
+    "REGISTRIES",
+    "ROLLOUT_KEY",
+    "ActorConfig",
+    "ActorRolloutRefConfig",
+    "AlgorithmConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "FSDPConfig",
+    "KLControlConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "Override",
+    "PolicyLossConfig",
+    "RefConfig",
+    "RolloutConfig",
+    "TrainerSection",
+    "UnsupportedConfigError",
+    "apply_override",
+    "as_override",
+    "build_config",
+    "check_choice",
+    "choices",
+    "clip_ratios",
+    "closest_keys",
+    "get_value",
+    "known_keys",
+    "parse_literal",
+    "resolve_interpolations",
+    "set_value",
+    "split_override",
+    "supported_choices",
+    "validate",
+]

@@ -1,0 +1,212 @@
+"""What the trainer supports, and the start-up checks of a whole config.
+
+The valid names of a pluggable piece (rollout engine, advantage estimator, loss aggregation, KL
+estimator, policy loss) are read from its registry when a config is validated, so registering a new
+one makes it valid here with no second list to update. The registries are imported inside the
+functions: they import torch, and trainer.rollout imports this package (a cycle at module load).
+Choices without a registry stay as tables below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from trainer.config.schema import Config, ConfigError, UnsupportedConfigError, get_value
+
+ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
+_DTYPES = ("auto", "fp32", "bf16", "fp16")
+# Choices that no registry lists (plain settings of this trainer or of VERL's ppo_trainer.yaml).
+FIXED_CHOICES: dict[str, tuple[str, ...]] = {
+    "data.truncation": ("error", "left", "right", "middle"),
+    "data.synthetic_difficulty": ("tiny", "easy", "standard", "hard"),
+    "actor_rollout_ref.actor.strategy": ("auto", "fsdp2", "dp"),
+    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "trainer.device": ("cpu", "cuda"),
+    "trainer.resume_mode": ("disable", "auto", "resume_path"),
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": _DTYPES,
+    "actor_rollout_ref.ref.fsdp_config.model_dtype": _DTYPES,
+}
+# Values that VERL accepts and this trainer does not implement (yet): an explicit error, not a guess.
+# A name here is refused even when its registry has it (gae: the estimator exists, the critic not).
+KNOWN_BUT_UNSUPPORTED: dict[str, dict[str, str]] = {
+    ROLLOUT_KEY: {
+        "sglang": "the SGLang engine is not bundled",
+        "vllm": "the vLLM engine is not bundled",
+    },
+    "actor_rollout_ref.actor.strategy": {
+        "fsdp": "FSDP1 is not used here; fsdp2 is",
+        "megatron": "the Megatron back end is not bundled",
+    },
+    "algorithm.adv_estimator": {"gae": "GAE needs a critic worker, which this trainer does not have yet"},
+}
+LOGGERS: tuple[str, ...] = ("console", "tensorboard")
+# Keys accepted for compatibility that change nothing here; documented so nobody is surprised.
+ACCEPTED_NO_EFFECT: dict[str, str] = {
+    "actor_rollout_ref.model.use_remove_padding": "sequences are packed by attention mask; no effect",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "rollout runs data-parallel, one engine per worker",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "the rollout KV cache is sized from the batch",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "sequence parallelism is not implemented; must be 1 on one worker",
+    "trainer.critic_warmup": "no critic",
+    "trainer.val_before_train": "validation is not run",
+    "trainer.test_freq": "validation is not run",
+    "data.val_files": "validation is not run",
+}
+
+# ----------------------------------------------------------------------------- registries
+Registry = tuple[list[str], dict[str, str]]  # registered names; names known but unsupported -> why
+
+
+def _rollout_engines() -> Registry:
+    import trainer.rollout as rollout
+
+    names = rollout.engine_names() if hasattr(rollout, "engine_names") else rollout.ENGINES
+    return list(names), {}
+
+
+def _adv_estimators() -> Registry:
+    from trainer.algorithms.advantages import ADV_ESTIMATORS
+
+    return list(ADV_ESTIMATORS), {}
+
+
+def _loss_agg_modes() -> Registry:
+    from trainer.algorithms.aggregation import LOSS_AGG_MODES
+
+    return list(LOSS_AGG_MODES), {}
+
+
+def _kl_estimators() -> Registry:
+    from trainer.algorithms import kl
+
+    return list(kl.KL_ESTIMATORS), dict(getattr(kl, "UNSUPPORTED_KL", {}))
+
+
+def _policy_losses() -> Registry:
+    from trainer.algorithms.policy_loss import POLICY_LOSSES
+
+    return list(POLICY_LOSSES), {}
+
+
+REGISTRIES: dict[str, Callable[[], Registry]] = {
+    ROLLOUT_KEY: _rollout_engines,
+    "algorithm.adv_estimator": _adv_estimators,
+    "actor_rollout_ref.actor.loss_agg_mode": _loss_agg_modes,
+    "actor_rollout_ref.actor.kl_loss_type": _kl_estimators,
+    "algorithm.kl_penalty": _kl_estimators,
+    "actor_rollout_ref.actor.policy_loss.loss_mode": _policy_losses,
+}
+# The order in which validate checks the choice keys (the first bad one is reported).
+CHOICE_KEYS: tuple[str, ...] = (
+    "data.truncation",
+    "data.synthetic_difficulty",
+    ROLLOUT_KEY,
+    "actor_rollout_ref.actor.strategy",
+    "algorithm.adv_estimator",
+    "actor_rollout_ref.actor.loss_agg_mode",
+    "actor_rollout_ref.actor.policy_loss.loss_mode",
+    "actor_rollout_ref.actor.kl_loss_type",
+    "algorithm.kl_penalty",
+    "algorithm.kl_ctrl.type",
+    "trainer.device",
+    "trainer.resume_mode",
+    "actor_rollout_ref.actor.fsdp_config.model_dtype",
+    "actor_rollout_ref.ref.fsdp_config.model_dtype",
+)
+
+
+def choices(key: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The supported values of ``key`` (its registry's or its table's), and those known but
+    unsupported with the reason. KeyError for a key that takes any value."""
+    unsupported = dict(KNOWN_BUT_UNSUPPORTED.get(key, {}))
+    if key in REGISTRIES:
+        names, more = REGISTRIES[key]()
+        unsupported.update(more)
+    else:
+        names = list(FIXED_CHOICES[key])
+    return tuple(n for n in names if n not in unsupported), unsupported
+
+
+def supported_choices(key: str) -> tuple[str, ...]:
+    """The values of ``key`` this trainer runs, e.g. the registered rollout engines."""
+    return choices(key)[0]
+
+
+def check_choice(key: str, value: object, shown: str | None = None, invalid: str = "is not valid") -> None:
+    """Raise UnsupportedConfigError (known, not implemented) or ConfigError naming the valid values.
+
+    ``shown``: how the message names the setting (default ``key``; an option's flag, say)."""
+    shown = key if shown is None else shown
+    supported, unsupported = choices(key)
+    if value in unsupported:
+        raise UnsupportedConfigError(
+            f"{shown}={value} is not supported yet: {unsupported[value]}; supported: {', '.join(supported)}"
+        )
+    if value not in supported:
+        raise ConfigError(f"{shown}={value!r} {invalid}; choose one of: {', '.join(supported)}")
+
+
+# ----------------------------------------------------------------------------- validation
+def _positive(cfg: Config, *keys: str) -> None:
+    for key in keys:
+        if get_value(cfg, key) < 1:
+            raise ConfigError(f"{key} must be at least 1, got {get_value(cfg, key)}")
+
+
+def validate(cfg: Config) -> Config:
+    """Cross-field checks VERL makes at start-up, with messages that say what would be valid."""
+    for key in CHOICE_KEYS:
+        check_choice(key, get_value(cfg, key))
+    for name in cfg.trainer.logger:
+        if name not in LOGGERS:
+            raise UnsupportedConfigError(
+                f"trainer.logger {name!r} is not supported; available: {', '.join(LOGGERS)}"
+            )
+    _positive(
+        cfg,
+        "data.train_batch_size",
+        "data.max_prompt_length",
+        "data.max_response_length",
+        "actor_rollout_ref.rollout.n",
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        "actor_rollout_ref.actor.ppo_epochs",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "trainer.nnodes",
+        "trainer.n_gpus_per_node",
+        "trainer.total_epochs",
+    )
+    actor = cfg.actor_rollout_ref.actor
+    if actor.ppo_mini_batch_size > cfg.data.train_batch_size:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size}) must not exceed "
+            f"data.train_batch_size ({cfg.data.train_batch_size})"
+        )
+    if cfg.data.train_batch_size % actor.ppo_mini_batch_size:
+        raise ConfigError(
+            f"data.train_batch_size ({cfg.data.train_batch_size}) must be a multiple of "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size})"
+        )
+    responses_per_mini = actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
+    if responses_per_mini % cfg.world_size:
+        raise ConfigError(
+            f"ppo_mini_batch_size x rollout.n = {responses_per_mini} responses must split evenly over "
+            f"{cfg.world_size} workers (trainer.nnodes x trainer.n_gpus_per_node)"
+        )
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.temperature <= 0:
+        raise ConfigError(f"actor_rollout_ref.rollout.temperature must be > 0, got {rollout.temperature}")
+    if not 0.0 < rollout.top_p <= 1.0:
+        raise ConfigError(f"actor_rollout_ref.rollout.top_p must be in (0, 1], got {rollout.top_p}")
+    if not 0.0 <= actor.clip_ratio < 1.0:
+        raise ConfigError(f"actor_rollout_ref.actor.clip_ratio must be in [0, 1), got {actor.clip_ratio}")
+    if actor.ulysses_sequence_parallel_size != 1:
+        raise UnsupportedConfigError(
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size="
+            f"{actor.ulysses_sequence_parallel_size} is not supported yet: sequence parallelism is not "
+            "implemented; use 1"
+        )
+    if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
+        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
+    return cfg
