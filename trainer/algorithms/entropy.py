@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from trainer.algorithms.aggregation import agg_loss
-from trainer.kernels.chunked_logprobs import Entropy, TokenLogProbs
+from trainer.kernels.chunked_logprobs import chunked_entropy, chunked_token_logprobs
 from trainer.kernels.head_logprobs import HiddenTokenLogProbs, resolve_head_path
 
 DEFAULT_CHUNK_SIZE = 512  # rows: 512 x 152k vocab x 4 bytes = 311 MB per float32 temporary
@@ -55,7 +55,7 @@ def logprobs_from_logits(
     flat_logits = logits.reshape(-1, vocab)
     flat_labels = labels.reshape(-1).long()
     _check_labels(flat_labels, vocab)
-    out = TokenLogProbs.apply(flat_logits, flat_labels, float(temperature), int(chunk_size))
+    out = chunked_token_logprobs(flat_logits, flat_labels, temperature, chunk_size)
     return out.reshape(labels.shape)
 
 
@@ -70,7 +70,7 @@ def entropy_from_logits(
     """
     _check(logits, temperature, chunk_size)
     vocab = logits.shape[-1]
-    out = Entropy.apply(logits.reshape(-1, vocab), float(temperature), int(chunk_size))
+    out = chunked_entropy(logits.reshape(-1, vocab), temperature, chunk_size)
     return out.reshape(logits.shape[:-1])
 
 

@@ -73,70 +73,60 @@ def _backward_chunks(
 def _row_buffers(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, shift, lse): one value per row each, in the compute dtype."""
     n, dt = logits.shape[0], compute_dtype(logits)
-    return tuple(torch.empty(n, dtype=dt, device=logits.device) for _ in range(3))  # type: ignore[return-value]
+    out, shift, lse = (torch.empty(n, dtype=dt, device=logits.device) for _ in range(3))
+    return out, shift, lse
 
 
-class TokenLogProbs(torch.autograd.Function):
-    """log softmax(logits / tau)[label] of [N, V] logits, chunked over rows; float32 result
+class SoftmaxRowStat(torch.autograd.Function):
+    """One number per row of [N, V] logits, chunked over rows: log softmax(l / tau)[label] when
+    ``labels`` are given, the entropy H(softmax(l / tau)) when they are None. float32 result
     (float64 for float64 logits)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx,
         logits: torch.Tensor,
-        labels: torch.Tensor,
+        labels: torch.Tensor | None,
         temperature: float,
         chunk_size: int,
     ) -> torch.Tensor:
         out, shift, lse_all = _row_buffers(logits)
         for s, e, zs, lse in _forward_chunks(logits, temperature, chunk_size, shift, lse_all):
-            # log p(y) = z_y - lse(z), both taken relative to the row max
-            out[s:e] = zs.gather(-1, labels[s:e].unsqueeze(-1)).squeeze(-1) - lse
-        ctx.save_for_backward(logits, labels, shift, lse_all)
+            if labels is None:
+                out[s:e] = entropy_rows(zs, lse)
+            else:  # log p(y) = z_y - lse(z), both taken relative to the row max
+                out[s:e] = zs.gather(-1, labels[s:e].unsqueeze(-1)).squeeze(-1) - lse
+        # The entropy's gradient needs H itself; the log-prob's does not.
+        ctx.save_for_backward(logits, labels, shift, lse_all, out if labels is None else None)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
         return out
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor):  # type: ignore[override]
-        logits, labels, shift, lse_all = ctx.saved_tensors
+        logits, labels, shift, lse_all, entropy = ctx.saved_tensors
         tau = ctx.temperature
         grad = torch.empty_like(logits)
         grad_out = grad_out.to(lse_all.dtype)
         for s, e, log_p in _backward_chunks(logits, shift, lse_all, tau, ctx.chunk_size):
             p = torch.exp(log_p)
             g_n = grad_out[s:e].unsqueeze(-1)
-            g = -p * g_n  # the -p_v part, for every v
-            g.scatter_add_(-1, labels[s:e].unsqueeze(-1), g_n)  # the 1[v = y] part
+            if labels is None:
+                g = entropy_grad_rows(log_p, p, entropy[s:e]) * g_n
+            else:
+                g = -p * g_n  # the -p_v part, for every v
+                g.scatter_add_(-1, labels[s:e].unsqueeze(-1), g_n)  # the 1[v = y] part
             grad[s:e] = (g / tau).to(grad.dtype)
         return grad, None, None, None
 
 
-class Entropy(torch.autograd.Function):
-    """H(softmax(logits / tau)) per row of [N, V] logits, chunked; float32 result (float64 for float64 logits)."""
+def chunked_token_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float, chunk_size: int
+) -> torch.Tensor:
+    """log softmax(logits / temperature)[label] per row: [N, V] logits, [N] int64 labels -> [N]."""
+    return SoftmaxRowStat.apply(logits, labels, float(temperature), int(chunk_size))
 
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
-        logits: torch.Tensor,
-        temperature: float,
-        chunk_size: int,
-    ) -> torch.Tensor:
-        out, shift, lse_all = _row_buffers(logits)
-        for s, e, zs, lse in _forward_chunks(logits, temperature, chunk_size, shift, lse_all):
-            out[s:e] = entropy_rows(zs, lse)
-        ctx.save_for_backward(logits, shift, lse_all, out)
-        ctx.temperature = temperature
-        ctx.chunk_size = chunk_size
-        return out
 
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor):  # type: ignore[override]
-        logits, shift, lse_all, entropy = ctx.saved_tensors
-        tau = ctx.temperature
-        grad = torch.empty_like(logits)
-        grad_out = grad_out.to(lse_all.dtype)
-        for s, e, log_p in _backward_chunks(logits, shift, lse_all, tau, ctx.chunk_size):
-            dh = entropy_grad_rows(log_p, torch.exp(log_p), entropy[s:e])
-            grad[s:e] = (dh * grad_out[s:e].unsqueeze(-1) / tau).to(grad.dtype)
-        return grad, None, None
+def chunked_entropy(logits: torch.Tensor, temperature: float, chunk_size: int) -> torch.Tensor:
+    """H(softmax(logits / temperature)) per row: [N, V] -> [N]."""
+    return SoftmaxRowStat.apply(logits, None, float(temperature), int(chunk_size))
