@@ -29,8 +29,8 @@ MASK = torch.tensor([[1, 1, 0], [1, 0, 0]])
         ("seq-mean-token-sum", 3.5),
         # sequence means 3/2 and 4/1, mean over 2 sequences: (1.5 + 4) / 2
         ("seq-mean-token-mean", 2.75),
-        # (3 + 4) / T, T = 3
-        ("seq-mean-token-sum-norm", 7 / 3),
+        # Dr.GRPO: mean of the sequence sums 3 and 4, divided by T = 3 (the old sum gave 7 / 3)
+        ("seq-mean-token-sum-norm", 3.5 / 3),
     ],
 )
 def test_modes_by_hand(mode: str, expected: float) -> None:
@@ -38,8 +38,19 @@ def test_modes_by_hand(mode: str, expected: float) -> None:
 
 
 def test_sum_norm_uses_the_given_max_response_length() -> None:
-    # (3 + 4) / 7
-    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", max_response_length=7).item() == pytest.approx(1.0)
+    # mean(3, 4) / 7
+    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", max_response_length=7).item() == pytest.approx(0.5)
+
+
+def test_sum_norm_is_a_mean_over_the_non_empty_sequences() -> None:
+    # Dr.GRPO's 1/G sum_i 1/L_max sum_t l_it: doubling the batch with copies leaves it unchanged,
+    # and an empty response is not one of the G.
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1]])
+    # sequence sums 3 and 24 (the empty one left out): (3 + 24) / 2 / 4
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm", 4).item() == pytest.approx(27 / 2 / 4)
+    doubled = agg_loss(torch.cat([loss, loss]), torch.cat([mask, mask]), "seq-mean-token-sum-norm", 4)
+    assert doubled.item() == pytest.approx(27 / 2 / 4)
 
 
 def test_bool_and_float_masks_agree() -> None:
@@ -55,7 +66,7 @@ def test_empty_response_has_no_weight_in_seq_means() -> None:
     assert agg_loss(LOSS, mask, "token-mean").item() == pytest.approx(1.5)
     assert agg_loss(LOSS, mask, "seq-mean-token-mean").item() == pytest.approx(1.5)
     assert agg_loss(LOSS, mask, "seq-mean-token-sum").item() == pytest.approx(3.0)
-    # the constant normaliser does not care: (1 + 2) / 3
+    # one non-empty sequence, sum 3, divided by T = 3
     assert agg_loss(LOSS, mask, "seq-mean-token-sum-norm").item() == pytest.approx(1.0)
 
 

@@ -23,12 +23,14 @@ from trainer.workers.distributed import DataParallel, free_port
 from trainer.workers.fsdp import PolicyModel, full_model_state, resolve_strategy, shard_model
 
 ROWS_PER_RANK = ([0, 1, 2, 3, 4], [5, 6, 7])  # unequal on purpose
-# (micro-batch size, dynamic bsz, token budget, gradient checkpointing on the sharded model):
-# 3 vs 2 fixed groups; by token budget 4 vs 3 + 1 empty; fixed again with checkpointed layers.
+# (micro-batch size, dynamic bsz, token budget, gradient checkpointing on the sharded model, loss_agg_mode):
+# 3 vs 2 fixed groups; by token budget 4 vs 3 + 1 empty; fixed again with checkpointed layers;
+# fixed with Dr.GRPO's aggregation (its loss weights count sequences, not tokens).
 SETTINGS = [
-    (2, False, 0, False),
-    (2, True, 13, False),
-    (2, False, 0, True),
+    (2, False, 0, False, "token-mean"),
+    (2, True, 13, False, "token-mean"),
+    (2, False, 0, True, "token-mean"),
+    (2, False, 0, False, "seq-mean-token-sum-norm"),
 ]
 
 
@@ -49,10 +51,13 @@ def toy_batch() -> Batch:
     )
 
 
-def actor_config(micro: int, dynamic: bool, budget: int, checkpointing: bool = False) -> ActorConfig:
+def actor_config(
+    micro: int, dynamic: bool, budget: int, checkpointing: bool = False, loss_agg_mode: str = "token-mean"
+) -> ActorConfig:
     return ActorConfig(
         ppo_micro_batch_size_per_gpu=micro, use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=budget or 16384,
         grad_clip=0.05,  # small, so that clipping (a global norm over shards) is part of the check
+        loss_agg_mode=loss_agg_mode,
     )
 
 
@@ -96,7 +101,7 @@ def two_process_results(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("setting", range(len(SETTINGS)), ids=["fixed", "dynamic", "checkpointed"])
+@pytest.mark.parametrize("setting", range(len(SETTINGS)), ids=["fixed", "dynamic", "checkpointed", "sum-norm"])
 def test_fsdp_shards_of_unequal_size_take_the_single_process_step(two_process_results, setting):
     cfg = actor_config(*SETTINGS[setting])
     single = PolicyModel(build_model("tiny", seed=0))

@@ -9,10 +9,12 @@ import torch
 
 from trainer.algorithms.kl import (
     KL_ESTIMATORS,
+    UNSUPPORTED_KL,
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
     get_kl_estimator,
+    kl_estimator_names,
     kl_loss,
     kl_penalty,
     make_kl_controller,
@@ -50,34 +52,6 @@ def test_k3_clamps() -> None:
     assert (kl_penalty(x, torch.zeros_like(x), "k3") >= 0).all()
 
 
-def test_full_kl_by_hand() -> None:
-    p = torch.tensor([0.5, 0.5]).log()
-    q = torch.tensor([0.25, 0.75]).log()
-    # 0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75) = 0.5 (ln 2 + ln 2/3) = 0.143841
-    assert kl_penalty(p, q, "full").item() == pytest.approx(0.5 * (math.log(2) + math.log(2 / 3)))
-    # p = (1, 0), q = (0.5, 0.5): ln 2; the p = 0 term is 0 even with log p = -inf
-    p0 = torch.tensor([0.0, -math.inf])
-    assert kl_penalty(p0, torch.tensor([0.5, 0.5]).log(), "full").item() == pytest.approx(math.log(2))
-    # and with log q = -inf where p = 0 too
-    assert kl_penalty(p0, torch.tensor([0.0, -math.inf]), "full").item() == 0.0
-
-
-def test_full_kl_over_a_batch_matches_torch() -> None:
-    g = torch.Generator().manual_seed(0)
-    lp = torch.log_softmax(torch.randn(2, 3, 7, generator=g), -1)
-    lq = torch.log_softmax(torch.randn(2, 3, 7, generator=g), -1)
-    ours = kl_penalty(lp, lq, "full")
-    ref = torch.nn.functional.kl_div(lq, lp, log_target=True, reduction="none").sum(-1)
-    assert ours.shape == (2, 3)
-    assert torch.allclose(ours, ref, atol=1e-6)
-    assert (ours >= 0).all()
-
-
-def test_full_kl_shape_error() -> None:
-    with pytest.raises(ValueError, match=r"log-prob rows of one shape \[\.\.\., V\]"):
-        kl_penalty(torch.zeros(2, 3), torch.zeros(2, 4), "full")
-
-
 def test_straight_through_variant_keeps_value_takes_k2_gradient() -> None:
     logp = LOGP.clone().requires_grad_(True)
     out = kl_penalty(logp, REF, "low_var_kl+")
@@ -88,11 +62,20 @@ def test_straight_through_variant_keeps_value_takes_k2_gradient() -> None:
 
 
 def test_registry_errors() -> None:
-    assert set(KL_ESTIMATORS) == {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"}
+    assert set(KL_ESTIMATORS) == {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"}
+    assert kl_estimator_names() == (*KL_ESTIMATORS, *(f"{name}+" for name in KL_ESTIMATORS))
     with pytest.raises(ValueError, match="unknown KL estimator 'k4'; valid names: kl, k1, abs"):
         get_kl_estimator("k4")
-    with pytest.raises(ValueError, match="unknown KL estimator 'full\\+'"):
-        get_kl_estimator("full+")
+
+
+@pytest.mark.parametrize("name", ["full", "full+"])
+def test_full_kl_is_refused_with_its_reason_and_the_valid_names(name: str) -> None:
+    # "full" passed validation and then failed in the first update: kl over the last dim of the
+    # [B, T] token log-probs gave a [B] tensor ("loss_mat must be [B, T]; got shape (16,)").
+    assert "full" not in KL_ESTIMATORS and "full-vocabulary" in UNSUPPORTED_KL["full"]
+    with pytest.raises(ValueError, match=r"'full\+?' is not supported: it needs the full-vocabulary log-probs.*"
+                       r"valid names: kl, k1, abs, mse, k2, low_var_kl, k3, kl\+"):
+        kl_penalty(LOGP, REF, name)
 
 
 def test_kl_loss_aggregates_under_the_mask() -> None:

@@ -1,4 +1,10 @@
-"""Advantage estimators, chosen by name (REFERENCE.md section 3).
+"""Advantage estimators, chosen by name, as VERL's ``compute_*_outcome_advantage`` and
+``compute_gae_advantage_return`` (verl/trainer/ppo/core_algos.py).
+
+Sources: GAE (Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
+Estimation"); GRPO (Shao et al. 2024, "DeepSeekMath"); RLOO (Ahmadian et al. 2024, "Back to Basics:
+Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs"); REINFORCE++
+(Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models").
 
 Every estimator takes one ``AdvantageInput`` and returns ``(advantages, returns)``, both [B, T]
 over the response tokens. The outcome estimators (grpo, rloo, reinforce_plus_plus_baseline) reduce

@@ -1,8 +1,9 @@
-"""Masked statistics and loss aggregation (REFERENCE.md section 3, "Loss aggregation").
+"""Masked statistics and loss aggregation.
 
 Every loss in the trainer is first a per-token matrix ``loss_mat`` [B, T]; ``response_mask`` [B, T]
 marks the response tokens (prompt and padding out, the closing EOS in). ``agg_loss`` turns the
-matrix into a scalar in one of VERL's four modes, chosen by name from ``LOSS_AGG_MODES``.
+matrix into a scalar in one of the four modes of VERL's ``agg_loss`` (verl/trainer/ppo/core_algos.py),
+chosen by name from ``LOSS_AGG_MODES``.
 """
 
 from __future__ import annotations
@@ -101,13 +102,15 @@ def seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, norm_len: in
 
 
 def seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor, norm_len: int) -> torch.Tensor:
-    """L = sum_{i,t} m_it l_it / norm_len, norm_len = the max response length (Dr.GRPO's constant).
+    """L = mean_i (sum_t m_it l_it) / norm_len, norm_len = the max response length (Dr.GRPO's constant).
 
-    As VERL: the sequence sums are added, not averaged, and divided by a constant that should
-    stay fixed through training (defaults to T, the padded response length).
+    Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): 1/G sum_i 1/L_max sum_t,
+    the mean over sequences of each sequence's token sum, divided by a constant that should stay
+    fixed through training (defaults to T, the padded response length). Sequences with no response
+    token are left out of the mean, as in the other seq-mean modes.
     """
     seq_losses = masked_sum(loss_mat, mask, dim=-1)
-    return seq_losses.sum() / norm_len
+    return _seq_mean(seq_losses, mask) / norm_len
 
 
 LOSS_AGG_MODES: dict[str, AggFn] = {

@@ -1,15 +1,18 @@
-"""KL estimators chosen by name, the KL loss, and the KL penalty in the reward (REFERENCE.md section 3).
+"""KL estimators chosen by name, the KL loss, and the KL penalty in the reward.
 
-Per-token estimators of KL(pi || pi_ref) from the sampled token's log-probs, x = logp - logp_ref:
+Per-token estimators of KL(pi || pi_ref) from the sampled token's log-probs, x = logp - logp_ref
+(k1, k2, k3 of John Schulman's note "Approximating KL Divergence", 2020; names as VERL's
+``kl_penalty`` in verl/trainer/ppo/core_algos.py):
 
     "kl", "k1":          x
     "abs":               |x|
     "mse", "k2":         x^2 / 2
     "low_var_kl", "k3":  y = clamp(-x, -20, 20);  k3 = exp(y) - y - 1, clamped to [-10, 10]
-    "full":              sum_v p(v) (log p(v) - log p_ref(v)), from full [B, T, V] log-prob rows
 
 A name ending in "+" (e.g. "low_var_kl+") keeps that estimator's value but takes the gradient of k2,
 which is unbiased for the KL's gradient (VERL's straight-through variant).
+
+VERL's "full" (the exact KL over the vocabulary) is refused: see ``UNSUPPORTED_KL``.
 """
 
 from __future__ import annotations
@@ -46,22 +49,6 @@ def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     return torch.clamp(k3, -10.0, 10.0)
 
 
-def kl_full(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
-    """Exact KL(p || p_ref) = sum_v p(v) (log p(v) - log p_ref(v)) over the last (vocabulary) dim.
-
-    logp, logp_ref: [..., V] log-prob distributions (log-softmax rows); returns [...].
-    Terms with p(v) = 0 contribute 0 (p log p -> 0), even where log p_ref(v) = -inf.
-    """
-    if logp.shape != logp_ref.shape or logp.dim() < 1:
-        raise ValueError(
-            f"'full' KL needs log-prob rows of one shape [..., V]; got {tuple(logp.shape)} "
-            f"and {tuple(logp_ref.shape)}"
-        )
-    p = logp.exp()
-    terms = torch.where(p > 0, p * (logp - logp_ref), torch.zeros_like(p))
-    return terms.sum(dim=-1)
-
-
 KL_ESTIMATORS: dict[str, KLFn] = {
     "kl": kl_k1,
     "k1": kl_k1,
@@ -70,15 +57,26 @@ KL_ESTIMATORS: dict[str, KLFn] = {
     "k2": kl_k2,
     "low_var_kl": kl_k3,
     "k3": kl_k3,
-    "full": kl_full,
 }
+
+# Names VERL knows that this trainer refuses, with the reason (config validation reads it).
+UNSUPPORTED_KL: dict[str, str] = {
+    "full": "needs the full-vocabulary log-probs of actor and reference, which this trainer does not compute",
+}
+
+
+def kl_estimator_names() -> tuple[str, ...]:
+    """Every name ``get_kl_estimator`` accepts: the registry's, then each with the straight-through "+"."""
+    return tuple(KL_ESTIMATORS) + tuple(f"{name}+" for name in KL_ESTIMATORS)
 
 
 def get_kl_estimator(name: str) -> KLFn:
     """The estimator registered as ``name`` (a trailing "+" gives its straight-through k2 variant)."""
     base = name[:-1] if name.endswith("+") else name
-    if base not in KL_ESTIMATORS or (base != name and base == "full"):
-        valid = ", ".join(list(KL_ESTIMATORS) + [f"{k}+" for k in KL_ESTIMATORS if k != "full"])
+    if base not in KL_ESTIMATORS:
+        valid = ", ".join(kl_estimator_names())
+        if base in UNSUPPORTED_KL:
+            raise ValueError(f"KL estimator {name!r} is not supported: it {UNSUPPORTED_KL[base]}; valid names: {valid}")
         raise ValueError(f"unknown KL estimator {name!r}; valid names: {valid}")
     fn = KL_ESTIMATORS[base]
     if base == name:
@@ -93,7 +91,7 @@ def get_kl_estimator(name: str) -> KLFn:
 
 
 def kl_penalty(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
-    """Per-token KL estimate of kind ``kind`` ([B, T]; [B, T, V] inputs for "full")."""
+    """Per-token KL estimate of kind ``kind``: [B, T] token log-probs -> [B, T]."""
     return get_kl_estimator(kind)(logp, logp_ref)
 
 

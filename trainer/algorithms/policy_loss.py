@@ -1,4 +1,9 @@
-"""The clipped PPO/GRPO policy loss per token, with dual clip (REFERENCE.md section 3).
+"""The clipped PPO/GRPO policy loss per token, with dual clip.
+
+PPO's clipped surrogate (Schulman et al. 2017, "Proximal Policy Optimization Algorithms"), as used
+per token by GRPO (Shao et al. 2024, "DeepSeekMath"), with the dual clip of Ye et al. 2020
+("Mastering Complex Control in MOBA Games with Deep Reinforcement Learning") for negative
+advantages; VERL's ``compute_policy_loss_vanilla`` (verl/trainer/ppo/core_algos.py).
 
     r   = exp(clamp(logp - logp_old, -20, 20))
     L1  = -A r

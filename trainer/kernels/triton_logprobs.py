@@ -1,7 +1,7 @@
 """Fused GPU kernels for the LM head's log-softmax: one pass over a chunk's logits each way.
 
-The torch path of ``entropy.logprobs_from_hidden`` upcasts each [rows, V] chunk to float32 and runs
-about a dozen elementwise passes over it (forward and backward): with a 152k vocabulary that is
+The torch path of ``head_logprobs.HiddenTokenLogProbs`` upcasts each [rows, V] chunk to float32 and
+runs about a dozen elementwise passes over it (forward and backward): with a 152k vocabulary that is
 tens of bytes of memory traffic per logit, more than the LM-head matmuls themselves. Here:
 
 - forward: one program per row streams the logits (any float dtype) once, keeping an online

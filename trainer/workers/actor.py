@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.algorithms.kl import kl_penalty
-from trainer.algorithms.policy_loss import actor_loss, vanilla_policy_loss
+from trainer.algorithms.policy_loss import PolicyLossOutput, actor_loss, vanilla_policy_loss
 from trainer.batch import Batch
 from trainer.config import ActorConfig, clip_ratios
 from trainer.workers.distributed import DataParallel
@@ -142,23 +142,15 @@ def compute_log_probs(
 
 # ----------------------------------------------------------------------------- loss weights
 def loss_normaliser(mode: str, mask: torch.Tensor) -> float:
-    """What a mode divides by: tokens for token-mean, non-empty sequences for seq-mean-*.
+    """What ``agg_loss`` divides by in ``mode``: response tokens for token-mean, sequences with at
+    least one response token for every seq-mean-* mode (seq-mean-token-sum-norm's constant length
+    divides inside the loss, the same on every micro-batch).
 
-    seq-mean-token-sum-norm is a sum (divided by a constant length), so its normaliser is 1 locally
-    and the number of sequences globally: Dr.GRPO's 1/G sum_i 1/L_max sum_t.
+    A micro-batch's loss times normaliser(micro) / (the normaliser summed over the global mini-batch),
+    summed over micro-batches and workers, is the loss of the whole global mini-batch.
     """
     if mode == "token-mean":
         return float(mask.sum())
-    if mode == "seq-mean-token-sum-norm":
-        return 1.0
-    return float((mask.sum(dim=1) > 0).sum())
-
-
-def global_normaliser(mode: str, mask: torch.Tensor) -> float:
-    if mode == "token-mean":
-        return float(mask.sum())
-    if mode == "seq-mean-token-sum-norm":
-        return float(mask.shape[0])
     return float((mask.sum(dim=1) > 0).sum())
 
 
@@ -170,6 +162,158 @@ class UpdateSettings:
     n_mini_batches: int
     device: torch.device
     optimizer_offload: bool = False  # keep AdamW's moments on the CPU between steps (VERL's key)
+
+
+@dataclass
+class MicroBatchLoss:
+    """One micro-batch's actor loss (in cfg.loss_agg_mode, not yet weighted) and what its metrics need."""
+
+    loss: torch.Tensor
+    pg: PolicyLossOutput
+    kl: torch.Tensor | None
+    entropy: torch.Tensor | None
+    mask: torch.Tensor
+
+    def token_sums(self, tokens: float) -> dict[str, torch.Tensor]:
+        """Each token metric summed over the response tokens (the policy-loss ones are token means)."""
+        parts = {f"actor/{f.name}": getattr(self.pg, f.name).detach() * tokens
+                 for f in dataclasses.fields(self.pg) if f.name != "pg_losses"}
+        if self.kl is not None:
+            parts["actor/kl_loss"] = (self.kl.detach() * self.mask).sum()
+        if self.entropy is not None:
+            parts["actor/entropy"] = (self.entropy.detach() * self.mask).sum()
+        return parts
+
+
+def micro_batch_loss(model: torch.nn.Module, micro: Batch, cfg: ActorConfig, settings: UpdateSettings) -> MicroBatchLoss:
+    """Clipped policy loss, minus the entropy bonus, plus the KL loss, of one micro-batch on the device."""
+    eps_low, eps_high = clip_ratios(cfg)
+    use_kl = cfg.use_kl_loss
+    mask = micro.response_mask.float()
+    logp, entropy = response_log_probs(model, micro, settings.temperature, cfg.entropy_coeff != 0.0)
+    pg = vanilla_policy_loss(logp, micro.old_log_probs, micro.advantages, mask, eps_low, eps_high, cfg.clip_ratio_c)
+    kl = kl_penalty(logp, micro.ref_log_probs, cfg.kl_loss_type) if use_kl else None
+    loss = actor_loss(
+        pg.pg_losses,
+        mask,
+        cfg.loss_agg_mode,
+        entropy=entropy,
+        entropy_coeff=cfg.entropy_coeff,
+        kl=kl,
+        kl_loss_coef=cfg.kl_loss_coef if use_kl else 0.0,
+        max_response_length=settings.max_response_length,
+    )
+    return MicroBatchLoss(loss, pg, kl, entropy, mask)
+
+
+class UpdateMetrics:
+    """Metric sums over an update: on the device through a mini-batch (one host read per optimizer
+    step), then token-weighted means over all workers (loss and grad norm are already global)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+        self.device_sums: dict[str, torch.Tensor] = {}
+
+    def add_micro_batch(self, weighted_loss: torch.Tensor, token_sums: dict[str, torch.Tensor], tokens: int) -> None:
+        for key, value in {"actor/pg_loss": weighted_loss, **token_sums}.items():
+            self.device_sums[key] = self.device_sums[key] + value.float() if key in self.device_sums else value.float()
+        for key in token_sums:
+            self.counts[key] += tokens
+
+    def end_mini_batch(self, grad_norm: float, stepped: bool, dp: DataParallel) -> None:
+        if not stepped:
+            self.sums["actor/skipped_steps"] += 1.0
+        keys = list(self.device_sums)
+        values = torch.stack([self.device_sums[k] for k in keys]).tolist() if keys else []
+        self.device_sums = {}
+        mini_sums = dict(zip(keys, values, strict=True))
+        self.sums["actor/pg_loss"] += dp.all_reduce_sum(mini_sums.pop("actor/pg_loss", 0.0))
+        self.counts["actor/pg_loss"] += 1
+        for key, value in mini_sums.items():
+            self.sums[key] += value
+        self.sums["actor/grad_norm"] += grad_norm
+        self.counts["actor/grad_norm"] += 1
+
+    def finish(self, dp: DataParallel) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key, total in self.sums.items():
+            if key in ("actor/pg_loss", "actor/grad_norm"):
+                out[key] = total / max(self.counts[key], 1)
+            elif key == "actor/skipped_steps":
+                out[key] = total
+            else:
+                out[key] = dp.all_reduce_sum(total) / max(dp.all_reduce_sum(float(self.counts[key])), 1.0)
+        return out
+
+
+def backward_micro_batch(
+    model: torch.nn.Module,
+    mini: Batch,
+    rows: list[int],
+    cfg: ActorConfig,
+    settings: UpdateSettings,
+    global_norm: float,
+    metrics: UpdateMetrics,
+) -> None:
+    """Backward of one micro-batch's share of the global mini-batch's loss."""
+    if not rows:  # this worker is out of rows: a zero-weighted pass keeps FSDP's collectives in step
+        logp, _ = response_log_probs(model, dummy_micro_batch(mini, settings.device), settings.temperature)
+        (logp.sum() * 0.0).backward()
+        return
+    cpu_micro = trim_padding(mini.select(rows))
+    out = micro_batch_loss(model, cpu_micro.to(settings.device), cfg, settings)
+    # The weight and token count come from the host copy of the mask: no device sync here.
+    cpu_mask = cpu_micro.response_mask.float()
+    weight = loss_normaliser(cfg.loss_agg_mode, cpu_mask) / max(global_norm, 1.0)
+    (out.loss * weight).backward()
+    tokens = float(cpu_mask.sum())
+    metrics.add_micro_batch(out.loss.detach() * weight, out.token_sums(tokens), int(tokens))
+
+
+def optimizer_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: ActorConfig, settings: UpdateSettings,
+    dp: DataParallel,
+) -> tuple[float, bool]:
+    """Reduce the gradients, clip them, step: (grad norm, whether the step was taken)."""
+    if not is_fsdp(model):  # FSDP reduce-scatters in the backward pass itself
+        dp.all_reduce_grads(model)
+    grad_norm = clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.grad_clip)
+    stepped = math.isfinite(grad_norm)  # a non-finite gradient would poison the weights: skip it
+    if stepped:
+        if settings.optimizer_offload:
+            move_optimizer_state(optimizer, settings.device)
+        optimizer.step()
+        if settings.optimizer_offload:
+            move_optimizer_state(optimizer, torch.device("cpu"))
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, stepped
+
+
+def update_mini_batch(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mini: Batch,
+    cfg: ActorConfig,
+    settings: UpdateSettings,
+    dp: DataParallel,
+    metrics: UpdateMetrics,
+) -> None:
+    """One optimizer step on this worker's slice of a global mini-batch."""
+    global_norm = dp.all_reduce_sum(loss_normaliser(cfg.loss_agg_mode, mini.response_mask))
+    optimizer.zero_grad(set_to_none=True)
+    groups = micro_batch_groups(
+        mini, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, dp,
+        needs_lockstep(model, dp),
+    )
+    with keep_gathered(model):  # FSDP: one all-gather and one reduce-scatter per mini-batch
+        for index, rows in enumerate(groups):
+            # FSDP: gradients reduce-scatter once, after the last micro-batch (every worker has the
+            # same number of groups under lockstep, so they agree on which one is last).
+            accumulate_gradients(model, last_micro_batch=index == len(groups) - 1)
+            backward_micro_batch(model, mini, rows, cfg, settings, global_norm, metrics)
+    grad_norm, stepped = optimizer_step(model, optimizer, cfg, settings, dp)
+    metrics.end_mini_batch(grad_norm, stepped, dp)
 
 
 def update_policy(
@@ -186,104 +330,13 @@ def update_policy(
     lays it out so), so mini-batch k here and on every other worker together form global mini-batch k.
     """
     assert shard.advantages is not None and shard.old_log_probs is not None
-    eps_low, eps_high = clip_ratios(cfg)
-    use_kl = cfg.use_kl_loss
-    if use_kl and shard.ref_log_probs is None:
+    if cfg.use_kl_loss and shard.ref_log_probs is None:
         raise ValueError("use_kl_loss needs ref log-probs in the batch (the ref phase did not run)")
-    with_entropy = cfg.entropy_coeff != 0.0
-    mode = cfg.loss_agg_mode
     rows_per_mini = shard.size // settings.n_mini_batches
-    lockstep = needs_lockstep(model, dp)
-    sums: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
+    metrics = UpdateMetrics()
     model.train()
     for _epoch in range(cfg.ppo_epochs):
         for k in range(settings.n_mini_batches):
             mini = shard.select(list(range(k * rows_per_mini, (k + 1) * rows_per_mini)))
-            global_norm = dp.all_reduce_sum(global_normaliser(mode, mini.response_mask))
-            optimizer.zero_grad(set_to_none=True)
-            device_sums: dict[str, torch.Tensor] = {}
-            groups = micro_batch_groups(
-                mini, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, dp, lockstep
-            )
-            with keep_gathered(model):  # FSDP: one all-gather and one reduce-scatter per mini-batch
-                for index, rows in enumerate(groups):
-                    # FSDP: gradients reduce-scatter once, after the last micro-batch (every worker has the
-                    # same number of groups under lockstep, so they agree on which one is last).
-                    accumulate_gradients(model, last_micro_batch=index == len(groups) - 1)
-                    if not rows:  # this worker is out of rows: a zero-weighted pass keeps FSDP's collectives in step
-                        logp, _ = response_log_probs(model, dummy_micro_batch(mini, settings.device), settings.temperature)
-                        (logp.sum() * 0.0).backward()
-                        continue
-                    cpu_micro = trim_padding(mini.select(rows))
-                    micro = cpu_micro.to(settings.device)
-                    mask = micro.response_mask.float()
-                    logp, entropy = response_log_probs(model, micro, settings.temperature, with_entropy)
-                    pg = vanilla_policy_loss(
-                        logp, micro.old_log_probs, micro.advantages, mask, eps_low, eps_high, cfg.clip_ratio_c
-                    )
-                    kl = kl_penalty(logp, micro.ref_log_probs, cfg.kl_loss_type) if use_kl else None
-                    loss = actor_loss(
-                        pg.pg_losses,
-                        mask,
-                        mode,
-                        entropy=entropy,
-                        entropy_coeff=cfg.entropy_coeff,
-                        kl=kl,
-                        kl_loss_coef=cfg.kl_loss_coef if use_kl else 0.0,
-                        max_response_length=settings.max_response_length,
-                    )
-                    # The weight and token count come from the host copy of the mask: no device sync here.
-                    cpu_mask = cpu_micro.response_mask.float()
-                    weight = loss_normaliser(mode, cpu_mask) / max(global_norm, 1.0)
-                    (loss * weight).backward()
-                    tokens = float(cpu_mask.sum())
-                    # Metrics stay on the device until the mini-batch ends (one host read per optimizer step).
-                    parts = {"actor/pg_loss": loss.detach() * weight}
-                    for f in dataclasses.fields(pg):
-                        if f.name != "pg_losses":
-                            parts[f"actor/{f.name}"] = getattr(pg, f.name).detach() * tokens
-                            counts[f"actor/{f.name}"] += int(tokens)
-                    if kl is not None:
-                        parts["actor/kl_loss"] = (kl.detach() * mask).sum()
-                        counts["actor/kl_loss"] += int(tokens)
-                    if entropy is not None:
-                        parts["actor/entropy"] = (entropy.detach() * mask).sum()
-                        counts["actor/entropy"] += int(tokens)
-                    for key, value in parts.items():
-                        device_sums[key] = device_sums[key] + value.float() if key in device_sums else value.float()
-            if not is_fsdp(model):  # FSDP reduce-scatters in the backward pass itself
-                dp.all_reduce_grads(model)
-            grad_norm = clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.grad_clip)
-            if math.isfinite(grad_norm):
-                if settings.optimizer_offload:
-                    move_optimizer_state(optimizer, settings.device)
-                optimizer.step()
-                if settings.optimizer_offload:
-                    move_optimizer_state(optimizer, torch.device("cpu"))
-            else:  # a non-finite gradient would poison the weights: skip, and say so in the metrics
-                sums["actor/skipped_steps"] += 1.0
-            optimizer.zero_grad(set_to_none=True)
-            keys = list(device_sums)
-            values = torch.stack([device_sums[k] for k in keys]).tolist() if keys else []
-            mini_sums = dict(zip(keys, values, strict=True))
-            sums["actor/pg_loss"] += dp.all_reduce_sum(mini_sums.pop("actor/pg_loss", 0.0))
-            counts["actor/pg_loss"] += 1
-            for key, value in mini_sums.items():
-                sums[key] += value
-            sums["actor/grad_norm"] += grad_norm
-            counts["actor/grad_norm"] += 1
-    return _finish_metrics(sums, counts, dp)
-
-
-def _finish_metrics(sums: dict[str, float], counts: dict[str, int], dp: DataParallel) -> dict[str, float]:
-    """Token-weighted means over all workers (loss and grad norm are already global)."""
-    out: dict[str, float] = {}
-    for key, total in sums.items():
-        if key in ("actor/pg_loss", "actor/grad_norm"):
-            out[key] = total / max(counts[key], 1)
-        elif key == "actor/skipped_steps":
-            out[key] = total
-        else:
-            out[key] = dp.all_reduce_sum(total) / max(dp.all_reduce_sum(float(counts[key])), 1.0)
-    return out
+            update_mini_batch(model, optimizer, mini, cfg, settings, dp, metrics)
+    return metrics.finish(dp)

@@ -2,7 +2,7 @@
 
 ``PolicyModel`` wraps a causal LM so that one forward returns what the actor needs, the log-probs of
 the response tokens (and their entropy), straight from the final hidden states: the LM head and the
-log-softmax run in token chunks (trainer/algorithms/entropy.py), so the [tokens, vocab] logits of a
+log-softmax run in token chunks (trainer/kernels/head_logprobs.py), so the [tokens, vocab] logits of a
 micro-batch never exist whole. FSDP2 (``torch.distributed.fsdp.fully_shard``) shards every decoder
 layer and, as the root, the wrapper (embeddings, final norm, LM head); calling the root's forward
 is what gathers those root parameters, which is why the head's math lives in the wrapper's forward.
