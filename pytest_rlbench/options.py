@@ -32,7 +32,6 @@ from pytest_rlbench.option_checks import (
     check_dataset,
     check_model,
     check_rollout,
-    rollout_names,
 )
 from pytest_rlbench.option_values import OptionError, RawValue
 from trainer.config import ConfigError, Override
@@ -99,8 +98,14 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Parquet file in VERL's RL schema (default: a synthetic math set generated for the session).",
         "PATH",
     ),
-    # {rollouts}: the registered engines, filled in by option_help (reading the registry imports torch).
-    OptionSpec("--rl-rollout", "str", "Rollout engine: {rollouts} (default " + DEFAULT_ROLLOUT + ").", "ENGINE"),
+    # The engines are not listed here: reading the registry imports torch, which every pytest start
+    # (--help included) would pay. A name that is not registered is refused with the registered ones.
+    OptionSpec(
+        "--rl-rollout",
+        "str",
+        "Rollout engine registered in trainer.rollout, e.g. fast (default " + DEFAULT_ROLLOUT + ").",
+        "ENGINE",
+    ),
     OptionSpec(
         "--rl-config",
         "multi",
@@ -136,13 +141,6 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("--rl-save-baseline", "str", "Record this run as a baseline file at PATH.", "PATH"),
 )
 SPECS: dict[str, OptionSpec] = {spec.dest: spec for spec in OPTIONS}
-
-
-def option_help(spec: OptionSpec) -> str:
-    """The option's help line; the --rl-rollout one lists the engines registered in trainer.rollout."""
-    if "{rollouts}" not in spec.help:
-        return spec.help
-    return spec.help.replace("{rollouts}", ", ".join(rollout_names()))
 
 
 @dataclass(frozen=True)
@@ -322,6 +320,10 @@ def parse_options(
     )
     # Cross-field checks of the composed trainer config (batch sizes against workers, ...). With
     # --gpu and no --rl-gpus-per-node the GPU count is known only at session start: 1 stands in.
+    # Without any --rl-* value the defaults are valid as they are: skipping the check spares every
+    # pytest run that does not use the plugin the import of torch that reading the registries costs.
+    if not sources:
+        return opts
     try:
         build_trainer_config(opts)
     except ConfigError as exc:

@@ -46,7 +46,7 @@ from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attr
     rl_model,
     rl_options,
 )
-from pytest_rlbench.options import OPTIONS, OptionError, RawValue, option_help, parse_options
+from pytest_rlbench.options import OPTIONS, OptionError, RawValue, parse_options
 from pytest_rlbench.record import BaselineError, RunRecord, record_from_dict
 from pytest_rlbench.recorder import BenchRecorder, SessionOutcome, local_hardware
 from pytest_rlbench.report_terminal import terminal_lines
@@ -72,7 +72,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("rlbench", "RL post-training benchmarks (pytest-rlbench)")
     for spec in OPTIONS:
-        text = option_help(spec)
+        text = spec.help
         if spec.kind == "flag":
             group.addoption(spec.flag, action="store_true", default=None, dest=spec.dest, help=text)
         elif spec.kind == "multi":

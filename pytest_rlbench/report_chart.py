@@ -4,7 +4,7 @@ Left panel: seconds per step, one stacked horizontal bar per record, phases in t
 keys (trainer.phases.PHASE_KEYS). Right panel: the same bars as fractions of the step, so a CPU run and an 8 x H100 run can be compared
 by shape. Phases nested in gen (generate_sequences, reshard) are drawn as parts of gen; time inside
 the step that no phase accounts for is drawn as "other". save_checkpoint runs outside the step and is
-left out. Uses matplotlib's Agg backend: no display needed.
+left out. Drawn on matplotlib's Agg canvas: no display needed.
 """
 
 from __future__ import annotations
@@ -13,13 +13,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-from matplotlib.patches import Patch  # noqa: E402
-
-from pytest_rlbench.record import RunRecord  # noqa: E402
+from pytest_rlbench.record import RunRecord
 
 GEN_PARTS: tuple[str, ...] = ("generate_sequences", "reshard")
 TOP_LEVEL: tuple[str, ...] = ("reward", "old_log_prob", "ref", "adv", "update_actor")
@@ -87,12 +81,21 @@ def chart_path_for(report_path: str | Path) -> Path:
 
 def write_chart(path: str | Path, run: RunRecord, baselines: Sequence[RunRecord] = (), dpi: int = 120) -> Path:
     """Draw the run and each baseline's step breakdown to ``path`` (a PNG) and return the path."""
+    # matplotlib is imported here, not with the plugin: every pytest start would pay for it otherwise.
+    # A Figure with the Agg canvas draws without pyplot, so no global backend is set for the user.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import PercentFormatter
+
     path = Path(path)
     records = [run, *baselines]
     rows = [(r, step_segments(r)) for r in records]
     height = 1.9 + 0.75 * len(rows)
     widest = max((sum(v for _, v in s) for _, s in rows), default=0.0) or 1.0
-    fig, (ax_abs, ax_rel) = plt.subplots(1, 2, figsize=(13, height), sharey=True, gridspec_kw={"width_ratios": [3, 2]})
+    fig = Figure(figsize=(13, height))
+    FigureCanvasAgg(fig)
+    ax_abs, ax_rel = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
     used: set[str] = set()
     for y, (_, segments) in enumerate(rows):
         total = sum(v for _, v in segments)
@@ -120,7 +123,7 @@ def write_chart(path: str | Path, run: RunRecord, baselines: Sequence[RunRecord]
     ax_abs.set_xlim(0, widest * 1.18)
     ax_rel.set_xlabel("share of the step")
     ax_rel.set_xlim(0, 1)
-    ax_rel.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    ax_rel.xaxis.set_major_formatter(PercentFormatter(1.0))
     for ax in (ax_abs, ax_rel):
         ax.spines[["top", "right"]].set_visible(False)
         ax.grid(axis="x", color="#edf2f7", linewidth=0.8)
@@ -133,5 +136,4 @@ def write_chart(path: str | Path, run: RunRecord, baselines: Sequence[RunRecord]
     fig.tight_layout(rect=(0, 0.45 / height, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)
     return path

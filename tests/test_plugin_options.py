@@ -245,3 +245,18 @@ def test_help_lists_every_option_in_the_rlbench_group(pytester: pytest.Pytester)
         assert name in joined
     for spec in OPTIONS:  # and the ini twins in the ini section
         assert f"{spec.dest} (" in out or f"  {spec.dest}" in out
+
+
+def test_a_pytest_run_that_uses_no_rl_option_imports_neither_torch_nor_matplotlib(pytester):
+    """The plugin loads with every pytest run in its environment: without --rl-* values it must not
+    pay for torch (reading the registries), transformers, Ray or matplotlib (the chart)."""
+    pytester.makepyfile(
+        """
+        import sys
+
+        def test_heavy_modules_not_loaded():
+            loaded = [m for m in ("torch", "transformers", "ray", "matplotlib") if m in sys.modules]
+            assert not loaded, loaded
+        """
+    )
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)

@@ -78,7 +78,7 @@ def _loss_agg_modes() -> Registry:
 def _kl_estimators() -> Registry:
     from trainer.algorithms import kl
 
-    return list(kl.KL_ESTIMATORS), dict(getattr(kl, "UNSUPPORTED_KL", {}))
+    return list(kl.kl_estimator_names()), dict(kl.UNSUPPORTED_KL)
 
 
 def _policy_losses() -> Registry:
