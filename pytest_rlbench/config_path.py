@@ -120,13 +120,14 @@ def session_defaults(
 
 
 def build_trainer_config(
-    opts: RLBenchOptions, gpus_per_node: int | None = None, workdir: Path | None = None
+    opts: RLBenchOptions, gpus_per_node: int | None = None, workdir: Path | None = None, check_names: bool = True
 ) -> Config:
     """The trainer config, built once: session defaults, then the options' and --rl-config overrides.
 
     gpus_per_node: the cluster's count when the options leave it open (--gpu alone); workdir: the
-    session's temp dir (without it, no data file or checkpoint dir is set: the start-up check)."""
-    return build_config([*session_defaults(opts, workdir, gpus_per_node), *opts.overrides])
+    session's temp dir (without it, no data file or checkpoint dir is set: the start-up check);
+    check_names: also check the names that registries hold (rollout engine, estimator, ...)."""
+    return build_config([*session_defaults(opts, workdir, gpus_per_node), *opts.overrides], check_names=check_names)
 
 
 def write_synthetic_set(data: DataConfig) -> Path:

@@ -320,12 +320,11 @@ def parse_options(
     )
     # Cross-field checks of the composed trainer config (batch sizes against workers, ...). With
     # --gpu and no --rl-gpus-per-node the GPU count is known only at session start: 1 stands in.
-    # Without any --rl-* value the defaults are valid as they are: skipping the check spares every
-    # pytest run that does not use the plugin the import of torch that reading the registries costs.
-    if not sources:
-        return opts
+    # Names that registries hold are checked when the session builds the config for the tests that
+    # use it (still before any test runs): reading a registry imports torch, which a run of plain
+    # tests with the plugin loaded must not pay.
     try:
-        build_trainer_config(opts)
+        build_trainer_config(opts, check_names=False)
     except ConfigError as exc:
         raise OptionError(
             f"the trainer config from the --rl-* options and {config_source} is invalid: {exc}"

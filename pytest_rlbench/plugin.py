@@ -52,8 +52,8 @@ from pytest_rlbench.recorder import BenchRecorder, SessionOutcome, local_hardwar
 from pytest_rlbench.report_terminal import terminal_lines
 from trainer.phases import PHASE_KEYS
 
-# Compared with when no --rl-baseline is given: the seed's published runs, as references.
-SEED_BASELINES = ("verl-7b", "verl-v0.5.0-1.5b", "rlinf-1.5b")
+# Compared with when no --rl-baseline is given: VERL's and RLinf's published runs, as references.
+PUBLISHED_BASELINES = ("verl-7b", "verl-v0.5.0-1.5b", "rlinf-1.5b")
 BASELINES_KEY = pytest.StashKey[list[RunRecord]]()
 OUTCOME_KEY = pytest.StashKey[SessionOutcome]()
 
@@ -129,7 +129,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def load_baselines(session: RLBenchSession) -> list[RunRecord]:
     """Every baseline, loaded and validated now: a bad file is a usage error before any test runs."""
-    entries = session.baselines() or list(SEED_BASELINES)
+    entries = session.baselines() or list(PUBLISHED_BASELINES)
     records = []
     for entry in entries:
         try:

@@ -16,12 +16,17 @@ use_loopback()
 def plugin_deps_loaded() -> None:
     """Import what the plugin's in-process runs use, once, before pytester snapshots sys.modules.
 
-    An in-process pytester run drops every module first imported inside it; torch cannot be imported
-    a second time in one process, and re-importing transformers' lazy modules or hypothesis costs seconds a run."""
+    An in-process pytester run drops every module first imported inside it; torch and matplotlib cannot
+    be imported a second time in one process, and re-importing transformers' lazy modules or hypothesis costs seconds a run."""
     import hypothesis  # noqa: F401  (its pytest plugin imports it at the end of every run)
+    import matplotlib.backends.backend_agg  # noqa: F401  (the chart; matplotlib breaks when imported twice)
+    import matplotlib.figure  # noqa: F401
+    import matplotlib.patches  # noqa: F401
+    import matplotlib.ticker  # noqa: F401
     import pyarrow.parquet  # noqa: F401
 
     import trainer.data.source  # noqa: F401
+    import trainer.rollout  # noqa: F401  (the registries the session's config check reads)
     from trainer.models.presets import load_tokenizer, model_spec
 
     model_spec("tiny")

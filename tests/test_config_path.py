@@ -118,9 +118,9 @@ def test_the_session_builds_its_config_once_with_its_defaults(
     builds = []
     original = config_path.build_config
 
-    def counting(overrides):
+    def counting(overrides, **kwargs):
         builds.append(list(overrides))
-        return original(overrides)
+        return original(overrides, **kwargs)
 
     monkeypatch.setattr(config_path, "build_config", counting)
     pytester.makepyfile(

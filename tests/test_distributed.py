@@ -11,10 +11,9 @@ import pytest
 import ray
 import torch
 
+from trainer.build import build_trainer
 from trainer.config import build_config
-from trainer.data.source import load_train_dataset
-from trainer.driver.grpo_trainer import GRPOTrainer
-from trainer.models.presets import build_model, load_tokenizer
+from trainer.models.presets import build_model
 
 COMMON = [
     "data.synthetic_difficulty=tiny",
@@ -32,8 +31,7 @@ COMMON = [
 def one_step(overrides: list[str], workdir) -> tuple[dict, dict, torch.Tensor]:
     """Metrics, updated weights and sampled responses of one training step."""
     cfg = build_config(COMMON + overrides)
-    dataset = load_train_dataset(cfg.data, load_tokenizer("tiny"), workdir)
-    trainer = GRPOTrainer(cfg, dataset)
+    trainer = build_trainer(cfg, workdir)
     try:
         result = trainer.train_step(next(trainer.loader))
         state = trainer.workers.rank0("state")["model"]
@@ -60,8 +58,7 @@ def test_two_workers_take_the_same_step_as_one(two_node_cluster, tmp_path, agg):
 
 def test_workers_spread_over_both_nodes(two_node_cluster, tmp_path):
     cfg = build_config(COMMON + ["trainer.nnodes=2", "trainer.n_gpus_per_node=1"])
-    dataset = load_train_dataset(cfg.data, load_tokenizer("tiny"), tmp_path)
-    trainer = GRPOTrainer(cfg, dataset)
+    trainer = build_trainer(cfg, tmp_path)
     try:
         node_ids = ray.get([w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for w in trainer.workers.workers])
     finally:

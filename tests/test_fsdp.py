@@ -10,10 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trainer.build import build_trainer
 from trainer.config import build_config
-from trainer.data.source import load_train_dataset
-from trainer.driver.grpo_trainer import GRPOTrainer
-from trainer.models.presets import build_model, load_tokenizer
+from trainer.models.presets import build_model
 from trainer.workers.distributed import DataParallel, free_port
 from trainer.workers.fsdp import PolicyModel, full_model_state, is_fsdp, shard_model
 
@@ -41,7 +40,7 @@ def test_fsdp2_steps_equal_the_replicated_step(two_node_cluster, tmp_path):
     results = {}
     for label, overrides in layouts.items():
         cfg = build_config(COMMON + overrides + [f"trainer.default_local_dir={tmp_path / 'ckpt' / label.replace(' ', '')}"])
-        trainer = GRPOTrainer(cfg, load_train_dataset(cfg.data, load_tokenizer("tiny"), tmp_path))
+        trainer = build_trainer(cfg, tmp_path)
         try:
             assert {w["strategy"] for w in trainer.workers.info} == {overrides[0].split("=")[1]}
             result = trainer.train_step(next(trainer.loader))

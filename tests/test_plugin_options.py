@@ -19,7 +19,6 @@ from pytest_rlbench.options import (
     build_trainer_config,
     parse_options,
 )
-from trainer.config import supported_choices
 from trainer.data.synthetic import write_synthetic_parquet
 from trainer.models.presets import PRESETS
 
@@ -241,8 +240,10 @@ def test_help_lists_every_option_in_the_rlbench_group(pytester: pytest.Pytester)
     for spec in OPTIONS:
         assert spec.flag in group, f"{spec.flag} missing from --help"
     joined = " ".join(group.split())  # help text wraps
-    for name in [*PRESETS, *supported_choices("actor_rollout_ref.rollout.name")]:
+    for name in PRESETS:
         assert name in joined
+    # Engines are not listed (reading the registry imports torch); the help says where they come from.
+    assert "Rollout engine registered in trainer.rollout" in joined
     for spec in OPTIONS:  # and the ini twins in the ini section
         assert f"{spec.dest} (" in out or f"  {spec.dest}" in out
 

@@ -1,4 +1,4 @@
-"""``python -m trainer KEY=VALUE ...``: train with VERL-style overrides, as the seed's command does.
+"""``python -m trainer KEY=VALUE ...``: train with VERL-style overrides, as VERL's GRPO examples are run.
 
     python -m trainer algorithm.adv_estimator=grpo data.train_batch_size=8 \\
         actor_rollout_ref.rollout.n=4 trainer.total_training_steps=3

@@ -1,4 +1,4 @@
-"""The seed's timing keys (VERL's names), in the order one training step runs them.
+"""VERL's timing keys, in the order one training step runs them.
 
 Every duration the trainer records and every phase the suites benchmark is named by one of these.
 """

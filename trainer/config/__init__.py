@@ -54,12 +54,15 @@ from trainer.config.validation import (
 )
 
 
-def build_config(overrides: Iterable[str | Override] = (), base: Config | None = None) -> Config:
-    """Defaults, then each override (``key=value`` text or an Override) in order, then validation."""
+def build_config(
+    overrides: Iterable[str | Override] = (), base: Config | None = None, check_names: bool = True
+) -> Config:
+    """Defaults, then each override (``key=value`` text or an Override) in order, then validation
+    (``check_names``: see ``validate``)."""
     cfg = copy.deepcopy(base) if base is not None else Config()
     for item in overrides:
         apply_override(cfg, item)
-    return validate(resolve_interpolations(cfg))
+    return validate(resolve_interpolations(cfg), check_names=check_names)
 
 
 __all__ = [

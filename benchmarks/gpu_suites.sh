@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The suites on one GPU at the shapes recorded in docs/benchmarks.md. Every figure there comes from
+# one of these pytest commands; this script only fixes their options so a run can be repeated.
+#
+#   bash benchmarks/gpu_suites.sh OUT_DIR step16x8     # 16 prompts x 8, prompt 256 + response 1024, fast engine
+#   bash benchmarks/gpu_suites.sh OUT_DIR hf16x8       # the same prompts through the hf engine (generation only)
+#   bash benchmarks/gpu_suites.sh OUT_DIR gen128x14k   # 128 responses of 14,336 tokens: generation only
+#   bash benchmarks/gpu_suites.sh OUT_DIR memory       # gradient checkpointing, optimizer offload, param offload
+#
+# The package must be importable (pip install -e . or PYTHONPATH); with PYTHONPATH the plugin is
+# loaded with -p pytest_rlbench.plugin, as it is not installed through its entry point.
+set -euo pipefail
+out=${1:?usage: gpu_suites.sh OUT_DIR SHAPE...}; shift
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+plugin=()
+python3 -c "import importlib.metadata as m; assert any(e.name == 'rlbench' for e in m.entry_points(group='pytest11'))" 2>/dev/null \
+    || plugin=(-p pytest_rlbench.plugin)
+data=/tmp/rlbench-p256.parquet
+[ -f "$data" ] || python3 benchmarks/long_prompts.py "$data" --rows 512 --prompt-tokens 256
+common=(-q -p no:cacheprovider "${plugin[@]}" --gpu --rl-model r1-distill-qwen-1.5b --rl-dataset "$data"
+        --rl-config data.max_prompt_length=256 --rl-config actor_rollout_ref.rollout.ignore_eos=True
+        --rl-config actor_rollout_ref.actor.use_kl_loss=True --rl-config actor_rollout_ref.rollout.n=8)
+batch16=(--rl-config data.train_batch_size=16 --rl-config actor_rollout_ref.actor.ppo_mini_batch_size=16
+         --rl-config actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
+         --rl-config actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
+         --rl-config actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16)
+for shape in "$@"; do
+    echo "== $shape"
+    case "$shape" in
+    step16x8)
+        python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
+            suites/test_phases.py suites/test_step.py -k "not save_checkpoint" \
+            --rl-rollout fast --rl-rounds 2 --rl-warmup-rounds 1 --rl-report "$out/step16x8.json" ;;
+    hf16x8)
+        python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
+            suites/test_phases.py -k test_generate_sequences \
+            --rl-rollout hf --rl-rounds 1 --rl-warmup-rounds 1 --rl-report "$out/hf16x8.json" ;;
+    gen128x14k)
+        python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=14336 \
+            suites/test_phases.py -k test_generate_sequences \
+            --rl-rollout fast --rl-rounds 1 --rl-warmup-rounds 0 --rl-report "$out/gen128x14k.json" ;;
+    memory)
+        for opt in actor_rollout_ref.model.enable_gradient_checkpointing=True \
+                   actor_rollout_ref.actor.fsdp_config.optimizer_offload=True \
+                   actor_rollout_ref.actor.fsdp_config.param_offload=True; do
+            name=memory-${opt%%=*}; name=${name##*.}
+            python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=256 \
+                --rl-config "$opt" suites/test_step.py --rl-rollout fast --rl-rounds 1 --rl-warmup-rounds 0 \
+                --rl-report "$out/$name.json"
+        done ;;
+    *) echo "unknown shape $shape" >&2; exit 2 ;;
+    esac
+done
