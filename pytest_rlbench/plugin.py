@@ -163,7 +163,13 @@ def phase_of(item: pytest.Item) -> str | None:
 
 
 def check_phase_marks(item: pytest.Item) -> str | None:
-    """None if every rl_phase marker on ``item`` names one known phase key, else the problem."""
+    """None if every rl_phase marker on ``item`` names one known phase key, and a test that times a
+    phase with rl_bench has one; else the problem."""
+    if "rl_bench" in getattr(item, "fixturenames", ()) and item.get_closest_marker(PHASE_MARKER) is None:
+        return (
+            f"{item.nodeid}: uses rl_bench but has no @pytest.mark.{PHASE_MARKER}(KEY) saying which phase "
+            f"it times; valid keys: {', '.join(PHASE_KEYS)}"
+        )
     for mark in item.iter_markers(PHASE_MARKER):
         name = mark.args[0] if len(mark.args) == 1 and not mark.kwargs else None
         if not isinstance(name, str):

@@ -70,11 +70,13 @@ def test_rl_phase_with_a_phase_key_passes_strict_markers(pytester: pytest.Pytest
         ('rl_phase("nope")', "@pytest.mark.rl_phase('nope') is not a phase key"),
         ("rl_phase()", "@pytest.mark.rl_phase takes one phase key, got ()"),
         ('rl_phase("gen", "ref")', "@pytest.mark.rl_phase takes one phase key, got ('gen', 'ref')"),
+        ("usefixtures('rl_bench')", "uses rl_bench but has no @pytest.mark.rl_phase(KEY)"),
     ],
 )
 def test_a_bad_rl_phase_is_a_collection_error_naming_test_name_and_keys(
     pytester: pytest.Pytester, mark: str, expected: str
 ) -> None:
+    # (the last case: a benchmark with no phase key used to fail only when it ran, test by test)
     pytester.makepyfile(
         test_phases=f"""
         import pytest
