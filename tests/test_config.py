@@ -174,3 +174,43 @@ def test_the_full_vocabulary_kl_is_refused_at_start_up_with_its_reason(key: str)
     # It used to pass validation and fail at the first update ("loss_mat must be [B, T]").
     with pytest.raises(UnsupportedConfigError, match=f"{re.escape(key)}=full is not supported yet: needs the full-vocabulary"):
         build_config([f"{key}=full"])
+
+
+# ----------------------------------------------------------------------------- target lengths
+TARGETS = "actor_rollout_ref.rollout.target_lengths"
+
+
+def test_target_length_distributions_come_from_their_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.rollout.target_lengths import DISTRIBUTIONS, constant_lengths
+
+    cfg = build_config([f"{TARGETS}.distribution=lognormal", f"{TARGETS}.mean=20", f"{TARGETS}.sigma=0.5"])
+    targets = cfg.actor_rollout_ref.rollout.target_lengths
+    assert (targets.distribution, targets.mean, targets.sigma) == ("lognormal", 20.0, 0.5)
+    assert build_config().actor_rollout_ref.rollout.target_lengths.distribution == "none"
+    monkeypatch.setitem(DISTRIBUTIONS, "flat", constant_lengths)
+    build_config([f"{TARGETS}.distribution=flat", f"{TARGETS}.mean=4"])
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(f"{TARGETS}.distribution='uniform' is not valid; choose one of: none, constant, lognormal, flat"),
+    ):
+        build_config([f"{TARGETS}.distribution=uniform", f"{TARGETS}.mean=4"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([f"{TARGETS}.distribution=constant", f"{TARGETS}.mean=33"], r"mean must be in \(0, data.max_response_length=32\]"),
+        ([f"{TARGETS}.distribution=lognormal", "data.max_response_length=100", f"{TARGETS}.mean=100.5"], r"=100\] .* got 100.5"),
+        ([f"{TARGETS}.distribution=lognormal"], r"mean must be in \(0, .* got 0.0"),
+        ([f"{TARGETS}.sigma=-0.1"], r"sigma must be >= 0, got -0.1"),
+        (["data.synthetic_prompt_length=-1"], r"data.synthetic_prompt_length must be >= 0"),
+    ],
+)
+def test_target_lengths_and_prompt_length_are_checked_at_start_up(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(overrides)
+
+
+def test_a_target_mean_at_the_cap_is_accepted_and_none_ignores_the_mean():
+    build_config([f"{TARGETS}.distribution=constant", f"{TARGETS}.mean=32"])
+    build_config([f"{TARGETS}.mean=1000"])  # distribution none: the mean is not used

@@ -11,9 +11,11 @@ import pytest
 from trainer.data.synthetic import (
     DATA_SOURCE,
     DIFFICULTIES,
+    PREAMBLE,
     TEMPLATES,
     Difficulty,
     generate_rows,
+    pad_prompts,
     write_synthetic_parquet,
 )
 from trainer.data.validate import read_valid_rows, validate_rows
@@ -128,3 +130,32 @@ def test_bad_arguments_say_what_was_expected() -> None:
     with pytest.raises(ValueError, match="max_operand >= 1"):
         generate_rows(1, seed=0, max_operand=0)
     assert set(TEMPLATES) >= {"add", "subtract", "multiply", "divide", "two_step"}
+
+
+# ----------------------------------------------------------------------------- padded prompts
+def test_synthetic_prompt_length_gives_templated_prompts_of_exactly_that_length(tmp_path: Path) -> None:
+    from trainer.config import build_config
+    from trainer.data.source import load_train_dataset
+    from trainer.models.presets import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny")
+    overrides = ["data.synthetic_size=24", "data.max_prompt_length=200"]
+    natural = load_train_dataset(build_config(overrides).data, tokenizer, tmp_path)
+    assert len({len(p.input_ids) for p in natural.prompts}) > 1
+    cfg = build_config([*overrides, "data.synthetic_prompt_length=150"])
+    padded = load_train_dataset(cfg.data, tokenizer, tmp_path)
+    assert [len(p.input_ids) for p in padded.prompts] == [150] * 24
+    assert [p.ground_truth for p in padded.prompts] == [p.ground_truth for p in natural.prompts]
+    assert tokenizer.decode(padded.prompts[0].input_ids).count(PREAMBLE[:20]) >= 1
+
+
+def test_pad_prompts_refuses_a_length_below_a_natural_prompt() -> None:
+    from trainer.models.presets import load_tokenizer
+
+    with pytest.raises(ValueError, match=r"prompt_length=10: expected prompts of at most that many templated tokens"):
+        pad_prompts(generate_rows(4, seed=1), load_tokenizer("tiny"), 10)
+
+
+def test_padding_needs_the_tokenizer(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="prompt_length=64 needs the tokenizer"):
+        write_synthetic_parquet(tmp_path / "x.parquet", 4, seed=1, prompt_length=64)

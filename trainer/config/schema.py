@@ -37,6 +37,9 @@ class DataConfig:
     seed: int = 1
     synthetic_size: int = 512  # rows of the generated data set when train_files is empty
     synthetic_difficulty: str = "standard"  # tiny | easy | standard | hard
+    # Our extension: > 0 pads each synthetic prompt to exactly this many chat-templated tokens (a
+    # baseline's prompt length); 0 keeps the natural lengths. Only when train_files is empty.
+    synthetic_prompt_length: int = 0
 
 
 @dataclass
@@ -106,6 +109,17 @@ class RefConfig:
 
 
 @dataclass
+class TargetLengthsConfig:
+    """Our extension: each row's response length drawn per row (trainer/rollout/target_lengths.py),
+    so random weights generate a baseline's ragged lengths. Every engine stops a row exactly at its
+    target; an EOS before it does not end the row (as with ignore_eos)."""
+
+    distribution: str = "none"  # none (rows end at EOS or the limit) | a name of DISTRIBUTIONS
+    mean: float = 0.0  # tokens; 0 < mean <= data.max_response_length unless distribution is none
+    sigma: float = 0.6  # log-space standard deviation (lognormal only)
+
+
+@dataclass
 class RolloutConfig:
     name: str = "hf"
     n: int = 4
@@ -127,6 +141,7 @@ class RolloutConfig:
     enforce_eager: bool = False
     # VERL's key: release the engine's KV cache (and its captured graphs) after each generate call.
     free_cache_engine: bool = False
+    target_lengths: TargetLengthsConfig = field(default_factory=TargetLengthsConfig)
 
 
 @dataclass

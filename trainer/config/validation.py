@@ -14,6 +14,7 @@ from collections.abc import Callable
 from trainer.config.schema import Config, ConfigError, UnsupportedConfigError, get_value
 
 ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
+TARGET_LENGTHS_KEY = "actor_rollout_ref.rollout.target_lengths.distribution"
 _DTYPES = ("auto", "fp32", "bf16", "fp16")
 # Choices that no registry lists (plain settings of this trainer or of VERL's ppo_trainer.yaml).
 FIXED_CHOICES: dict[str, tuple[str, ...]] = {
@@ -87,6 +88,12 @@ def _policy_losses() -> Registry:
     return list(POLICY_LOSSES), {}
 
 
+def _target_length_distributions() -> Registry:
+    from trainer.rollout.target_lengths import distribution_names
+
+    return list(distribution_names()), {}
+
+
 REGISTRIES: dict[str, Callable[[], Registry]] = {
     ROLLOUT_KEY: _rollout_engines,
     "algorithm.adv_estimator": _adv_estimators,
@@ -94,12 +101,14 @@ REGISTRIES: dict[str, Callable[[], Registry]] = {
     "actor_rollout_ref.actor.kl_loss_type": _kl_estimators,
     "algorithm.kl_penalty": _kl_estimators,
     "actor_rollout_ref.actor.policy_loss.loss_mode": _policy_losses,
+    TARGET_LENGTHS_KEY: _target_length_distributions,
 }
 # The order in which validate checks the choice keys (the first bad one is reported).
 CHOICE_KEYS: tuple[str, ...] = (
     "data.truncation",
     "data.synthetic_difficulty",
     ROLLOUT_KEY,
+    TARGET_LENGTHS_KEY,
     "actor_rollout_ref.actor.strategy",
     "algorithm.adv_estimator",
     "actor_rollout_ref.actor.loss_agg_mode",
@@ -150,6 +159,22 @@ def _positive(cfg: Config, *keys: str) -> None:
     for key in keys:
         if get_value(cfg, key) < 1:
             raise ConfigError(f"{key} must be at least 1, got {get_value(cfg, key)}")
+
+
+def _check_target_lengths(cfg: Config) -> None:
+    """rollout.target_lengths: a mean in (0, max_response_length] and sigma >= 0 when targets are on."""
+    targets = cfg.actor_rollout_ref.rollout.target_lengths
+    prefix = "actor_rollout_ref.rollout.target_lengths"
+    if not targets.sigma >= 0:
+        raise ConfigError(f"{prefix}.sigma must be >= 0, got {targets.sigma}")
+    if targets.distribution == "none":
+        return
+    cap = cfg.data.max_response_length
+    if not 0 < targets.mean <= cap:
+        raise ConfigError(
+            f"{prefix}.mean must be in (0, data.max_response_length={cap}] tokens for "
+            f"distribution={targets.distribution}, got {targets.mean}"
+        )
 
 
 def validate(cfg: Config, check_names: bool = True) -> Config:
@@ -203,6 +228,11 @@ def validate(cfg: Config, check_names: bool = True) -> Config:
         raise ConfigError(f"actor_rollout_ref.rollout.temperature must be > 0, got {rollout.temperature}")
     if not 0.0 < rollout.top_p <= 1.0:
         raise ConfigError(f"actor_rollout_ref.rollout.top_p must be in (0, 1], got {rollout.top_p}")
+    _check_target_lengths(cfg)
+    if cfg.data.synthetic_prompt_length < 0:
+        raise ConfigError(
+            f"data.synthetic_prompt_length must be >= 0 (0: natural lengths), got {cfg.data.synthetic_prompt_length}"
+        )
     if not 0.0 <= actor.clip_ratio < 1.0:
         raise ConfigError(f"actor_rollout_ref.actor.clip_ratio must be in [0, 1), got {actor.clip_ratio}")
     if actor.ulysses_sequence_parallel_size != 1:

@@ -12,20 +12,40 @@ from trainer.data.loader import PromptDataset, load_prompts
 from trainer.data.synthetic import write_synthetic_parquet
 
 
-def synthetic_path(data: DataConfig, workdir: str | Path) -> Path:
-    """Write (once) the synthetic set that ``data`` describes into ``workdir``; return its path."""
-    name = f"synthetic_math_{data.synthetic_difficulty}_n{data.synthetic_size}_seed{data.seed}.parquet"
-    path = Path(workdir) / name
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        write_synthetic_parquet(tmp, data.synthetic_size, data.seed, difficulty=data.synthetic_difficulty)
-        tmp.replace(path)  # never leave a half-written file under the final name
+def write_synthetic_set(data: DataConfig, path: str | Path, tokenizer: PreTrainedTokenizerBase | None) -> Path:
+    """Write the synthetic set that ``data.synthetic_*`` describe at ``path`` (through a temporary
+    file, so a half-written file never has the final name); the tokenizer pads the prompts to
+    data.synthetic_prompt_length templated tokens when that is > 0."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    write_synthetic_parquet(
+        tmp,
+        data.synthetic_size,
+        data.seed,
+        difficulty=data.synthetic_difficulty,
+        prompt_length=data.synthetic_prompt_length,
+        tokenizer=tokenizer,
+    )
+    tmp.replace(path)
     return path
 
 
-def train_files(data: DataConfig, workdir: str | Path) -> list[Path]:
-    return [Path(p) for p in data.train_files] if data.train_files else [synthetic_path(data, workdir)]
+def synthetic_path(data: DataConfig, workdir: str | Path, tokenizer: PreTrainedTokenizerBase | None = None) -> Path:
+    """Write (once) the synthetic set that ``data`` describes into ``workdir``; return its path."""
+    padded = f"_p{data.synthetic_prompt_length}" if data.synthetic_prompt_length > 0 else ""
+    name = f"synthetic_math_{data.synthetic_difficulty}_n{data.synthetic_size}_seed{data.seed}{padded}.parquet"
+    path = Path(workdir) / name
+    if not path.exists():
+        write_synthetic_set(data, path, tokenizer)
+    return path
+
+
+def train_files(
+    data: DataConfig, workdir: str | Path, tokenizer: PreTrainedTokenizerBase | None = None
+) -> list[Path]:
+    """data.train_files, or the synthetic set (written once into ``workdir``) when it is empty."""
+    return [Path(p) for p in data.train_files] if data.train_files else [synthetic_path(data, workdir, tokenizer)]
 
 
 def load_train_dataset(data: DataConfig, tokenizer: PreTrainedTokenizerBase, workdir: str | Path) -> PromptDataset:
@@ -38,7 +58,7 @@ def load_train_dataset(data: DataConfig, tokenizer: PreTrainedTokenizerBase, wor
             truncation=data.truncation,
             filter_overlong_prompts=data.filter_overlong_prompts,
         )
-        for path in train_files(data, workdir)
+        for path in train_files(data, workdir, tokenizer)
     ]
     if len(loaded) == 1:
         return loaded[0]

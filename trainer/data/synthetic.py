@@ -11,13 +11,18 @@ version. Only ``random.Random.random()`` is used, the one method whose stream Py
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trainer.data.chat_template import template_prompts
 from trainer.data.schema import write_rows
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 DATA_SOURCE = "rlbench/synthetic_math"
 ABILITY = "math"
@@ -241,17 +246,73 @@ def generate_rows(
     return rows
 
 
+# A neutral working instruction, repeated and cut to length, that pads a prompt to a given length.
+PREAMBLE = "Work carefully: read the question, write each step of the arithmetic, check it, then answer. "
+_PAD_TRIES = 4  # corrections of the filler's length; one suffices with a character-level tokenizer
+
+
+def _with_filler(row: dict[str, Any], chars: int) -> dict[str, Any]:
+    """A copy of ``row`` whose user message starts with ``chars`` characters of PREAMBLE."""
+    out = copy.deepcopy(row)
+    out["prompt"][0]["content"] = (PREAMBLE * (chars // len(PREAMBLE) + 1))[:chars] + out["prompt"][0]["content"]
+    return out
+
+
+def pad_prompts(
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, prompt_tokens: int
+) -> list[dict[str, Any]]:
+    """Copies of ``rows`` whose chat-templated prompts (generation prompt included) are exactly
+    ``prompt_tokens`` tokens: a neutral preamble before each question, so every sequence does the
+    same prompt work (a baseline's prompt length) without padding tokens.
+
+    The filler's length in characters starts at the missing token count (exact for a character
+    tokenizer) and is corrected by the measured difference a few times for other tokenizers."""
+    natural = [len(ids) for ids in template_prompts(rows, tokenizer)]
+    too_long = [i for i, n in enumerate(natural) if n > prompt_tokens]
+    if too_long:
+        i = too_long[0]
+        raise ValueError(
+            f"synthetic prompt_length={prompt_tokens}: expected prompts of at most that many templated tokens, "
+            f"found {len(too_long)} longer (row {i} has {natural[i]})"
+        )
+    chars = [prompt_tokens - n for n in natural]
+    out = [_with_filler(r, c) for r, c in zip(rows, chars, strict=True)]
+    for attempt in range(_PAD_TRIES + 1):
+        lengths = [len(ids) for ids in template_prompts(out, tokenizer)]
+        wrong = [i for i, n in enumerate(lengths) if n != prompt_tokens]
+        if not wrong or attempt == _PAD_TRIES:
+            break
+        for i in wrong:
+            chars[i] = max(0, chars[i] + prompt_tokens - lengths[i])
+            out[i] = _with_filler(rows[i], chars[i])
+    if not wrong:
+        return out
+    raise ValueError(
+        f"synthetic prompt_length={prompt_tokens}: expected every templated prompt that long, found "
+        f"{len(wrong)} rows off (row {wrong[0]} has {lengths[wrong[0]]} tokens) after {_PAD_TRIES} corrections"
+    )
+
+
 def write_synthetic_parquet(
     path: str | Path,
     n: int,
     seed: int,
     split: str = "train",
     difficulty: str | Difficulty = "standard",
+    *,
+    prompt_length: int = 0,
+    tokenizer: PreTrainedTokenizerBase | None = None,
     **bounds: int | None,
 ) -> Path:
     """Write ``generate_rows(n, seed, split, difficulty, **bounds)`` (bounds: its ``max_operand`` and
-    ``max_answer``) as a VERL-schema parquet file and return its path."""
-    return write_rows(generate_rows(n, seed, split, difficulty, **bounds), path)
+    ``max_answer``) as a VERL-schema parquet file and return its path; with ``prompt_length`` > 0
+    each prompt is padded to that many templated tokens of ``tokenizer`` (``pad_prompts``)."""
+    rows = generate_rows(n, seed, split, difficulty, **bounds)
+    if prompt_length > 0:
+        if tokenizer is None:
+            raise ValueError(f"prompt_length={prompt_length} needs the tokenizer that templates the prompts, got None")
+        rows = pad_prompts(rows, tokenizer, prompt_length)
+    return write_rows(rows, path)
 
 
 __all__ = [
@@ -260,8 +321,10 @@ __all__ = [
     "DIFFICULTIES",
     "Difficulty",
     "INSTRUCTION",
+    "PREAMBLE",
     "TEMPLATES",
     "generate_rows",
     "make_row",
+    "pad_prompts",
     "write_synthetic_parquet",
 ]

@@ -22,7 +22,7 @@ BLOCK = 2048
 
 @triton.jit
 def _mix32(h):
-    # lowbias32 on int64 values that hold 32 bits, as sampling._mix32
+    # lowbias32 on int64 values that hold 32 bits, as sampling.mix32
     h = h ^ (h >> 16)
     h = (h * 0x7FEB352D) & 0xFFFFFFFF
     h = h ^ (h >> 15)

@@ -24,10 +24,10 @@ from trainer.rollout.base import (
     RolloutEngine,
     RowsRequest,
     SamplingParams,
-    finalize_responses,
 )
 from trainer.rollout.fast_engine import FastRolloutEngine
 from trainer.rollout.hf_engine import HFRolloutEngine
+from trainer.rollout.responses import finalize_responses
 from trainer.rollout.static_engine import StaticRolloutEngine
 
 ENTRY_POINT_GROUP = "pytest_rlbench.rollout_engines"

@@ -3,7 +3,9 @@
 An engine turns prompts into a ``Batch``: each prompt repeated ``n`` times in consecutive rows
 ([p0, p0, ..., p1, p1, ...]), prompts left-padded, responses right-padded with the response mask
 covering the generated tokens up to and including the first EOS (with rollout.ignore_eos, every
-generated token: an EOS then neither stops a row nor ends its mask). The common work (repeating,
+generated token: an EOS then neither stops a row nor ends its mask). With rollout.target_lengths
+each row has a target length (target_lengths.py): it generates as with ignore_eos and its mask
+covers exactly its target; the engines decode only up to the longest target. The common work (repeating,
 padding, micro-batching, eval mode, masks, assembling the Batch) lives here; an engine only
 implements ``_generate_rows``, the decoding of one left-padded micro-batch described by a
 ``RowsRequest``; the static and fast engines share their decode loop too (decode_loop.py).
@@ -28,10 +30,13 @@ import torch
 from torch import nn
 
 from trainer.batch import Batch, left_pad
+from trainer.rollout.responses import finalize_responses, mask_to_targets, pad_right
+from trainer.rollout.target_lengths import NO_TARGETS, draw_targets
 from trainer.workers.fsdp import full_tensor
 
 if TYPE_CHECKING:
     from trainer.config import RolloutConfig
+    from trainer.config.schema import TargetLengthsConfig
 
 
 @dataclass(frozen=True)
@@ -108,34 +113,18 @@ class RowsRequest:
     micro_batch: int
     row_offset: int  # index of this micro-batch's first row in the whole batch
     n: int  # responses per prompt
+    # [b] int64 on the device: each row's target length (rollout.target_lengths), None without targets
+    targets: torch.Tensor | None = None
+    longest_target: int = 0  # the largest of ``targets`` (a host value, known before decoding)
+
+    @property
+    def decode_limit(self) -> int:
+        """Tokens to decode: the longest target with targets, else max_new_tokens."""
+        return self.longest_target if self.targets is not None else self.max_new_tokens
 
     def nonfinite(self, engine: str, step: int, rows: Sequence[int]) -> NonFiniteLogitsError:
         """The error for non-finite logits at ``step`` in these micro-batch ``rows``."""
         return NonFiniteLogitsError(engine, step, [r + self.row_offset for r in rows], self.micro_batch, self.n)
-
-
-def finalize_responses(
-    tokens: torch.Tensor, eos_token_ids: Sequence[int], pad_token_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(response_ids, response_mask) from raw generated tokens [B, R].
-
-    The mask is 1 up to and including each row's first EOS and 0 after it; a row without EOS (it
-    hit max_new_tokens) is all 1. Tokens after the first EOS become padding.
-    """
-    eos = torch.as_tensor(list(eos_token_ids), dtype=torch.long, device=tokens.device)
-    is_eos = torch.isin(tokens, eos).long()
-    eos_before = is_eos.cumsum(dim=1) - is_eos  # EOS tokens strictly before each position
-    mask = (eos_before == 0).long()
-    ids = tokens.masked_fill(mask == 0, pad_token_id)
-    return ids, mask
-
-
-def pad_right(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
-    """Right-pad or cut [B, R] to [B, width]."""
-    if t.shape[1] >= width:
-        return t[:, :width]
-    fill = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype, device=t.device)
-    return torch.cat([t, fill], dim=1)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -167,11 +156,21 @@ class RolloutEngine(ABC):
         self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_ids[0]
         # ignore_eos: an EOS neither stops a row nor ends its response mask (fixed-length work).
         self.ignore_eos = bool(config.ignore_eos) if config is not None else False
+        self.target_lengths: TargetLengthsConfig | None = (
+            config.target_lengths if config is not None and config.target_lengths.distribution != NO_TARGETS else None
+        )
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
-        """The tokens that end a response: the EOS ids, or none with ignore_eos."""
-        return () if self.ignore_eos else self.eos_token_ids
+        """The tokens that end a response: the EOS ids, or none with ignore_eos or target lengths."""
+        return () if self.ignore_eos or self.target_lengths is not None else self.eos_token_ids
+
+    def row_targets(self, row_keys: torch.Tensor, seed: int, cap: int) -> torch.Tensor | None:
+        """Each row's target length [B] (CPU int64), or None without rollout.target_lengths."""
+        spec = self.target_lengths
+        if spec is None:
+            return None
+        return draw_targets(spec.distribution, spec.mean, spec.sigma, row_keys, seed, cap)
 
     @property
     def device(self) -> torch.device:
@@ -201,7 +200,10 @@ class RolloutEngine(ABC):
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         step = self.micro_batch_size or len(rows)
         # Row j of prompt uid u has key u * n + j: its own sampling noise, wherever it runs.
-        row_keys = torch.as_tensor([u * n + j for u in uids for j in range(n)], dtype=torch.long, device=device)
+        keys = torch.as_tensor([u * n + j for u in uids for j in range(n)], dtype=torch.long)
+        row_keys = keys.to(device)
+        host_targets = self.row_targets(keys, seed, max_new_tokens)  # drawn on the CPU: the same everywhere
+        targets = host_targets.to(device) if host_targets is not None else None
         parts: list[torch.Tensor] = []
         with self._generation_mode(), self._seeded(seed, device) as generator:
             for mb, start in enumerate(range(0, len(rows), step)):
@@ -217,13 +219,21 @@ class RolloutEngine(ABC):
                     micro_batch=mb,
                     row_offset=start,
                     n=n,
+                    targets=targets[rows_slice] if targets is not None else None,
+                    longest_target=int(host_targets[rows_slice].max()) if host_targets is not None else 0,
                 )
                 tokens = self._generate_rows(request)
                 parts.append(tokens)
         width = max(p.shape[1] for p in parts)
         tokens = torch.cat([pad_right(p, width, self.pad_token_id) for p in parts])
-        response_ids, response_mask = finalize_responses(tokens, self.stop_token_ids, self.pad_token_id)
-        longest = int(response_mask.sum(dim=1).max())  # one host read, after decoding
+        if targets is not None:
+            longest = int(host_targets.max())
+            if tokens.shape[1] < longest:
+                raise RuntimeError(f"{self.name} rollout decoded {tokens.shape[1]} tokens, expected {longest} (targets)")
+            response_ids, response_mask = mask_to_targets(tokens, targets, self.pad_token_id)
+        else:
+            response_ids, response_mask = finalize_responses(tokens, self.stop_token_ids, self.pad_token_id)
+            longest = int(response_mask.sum(dim=1).max())  # one host read, after decoding
         return Batch(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,

@@ -19,6 +19,9 @@ What makes it fast, and why each piece is there:
   non-finite logits; the loop (decode_loop.py, shared with the static engine) reads the host every
   ``check_every`` steps to stop once every row has ended (EOS) and to raise NonFiniteLogitsError,
   never a device assert.
+- Target lengths (rollout.target_lengths): each row's target sits in a device buffer that the
+  captured step reads to mark the row finished; the buffers keep max_new_tokens as their shape (so
+  the graphs are reused from step to step) and the loop stops at the longest target.
 - Weights come from the actor on the device in the reshard phase: each parameter (gathered whole
   with ``DTensor.full_tensor()`` under FSDP2) is copied into the engine's fixed buffers, whose
   addresses the captured graphs hold.
@@ -80,6 +83,8 @@ class DecodeBuffers:
         self.step = torch.zeros((), dtype=torch.long, device=dev)
         self.seed = torch.zeros((), dtype=torch.long, device=dev)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=dev)
+        # each row's target length, read inside the captured step (max_new without target lengths)
+        self.targets = torch.full((batch,), max_new, dtype=torch.long, device=dev)
         self.first_bad = torch.full((batch,), -1, dtype=torch.long, device=dev)
         self.row_keys = torch.zeros(batch, dtype=torch.long, device=dev)
         self.stop_ids = torch.tensor(list(stop_ids), dtype=torch.long, device=dev)
@@ -91,7 +96,9 @@ class DecodeBuffers:
     def nbytes(self) -> int:
         return 2 * self.cache_k.numel() * self.cache_k.element_size()
 
-    def reset(self, prompt_mask: torch.Tensor, row_keys: torch.Tensor, seed: int) -> None:
+    def reset(
+        self, prompt_mask: torch.Tensor, row_keys: torch.Tensor, seed: int, targets: torch.Tensor | None = None
+    ) -> None:
         width = self.prompt_width
         self.attn_bias.fill_(float("-inf"))
         self.attn_bias[:, :width].masked_fill_(prompt_mask.bool(), 0.0)
@@ -102,6 +109,10 @@ class DecodeBuffers:
         self.step.zero_()
         self.seed.fill_(seed & 0xFFFFFFFF)
         self.finished.zero_()
+        if targets is None:
+            self.targets.fill_(self.max_new)
+        else:
+            self.targets.copy_(targets)
         self.first_bad.fill_(-1)
         self.row_keys.copy_(row_keys)
 
@@ -187,6 +198,7 @@ class FastRolloutEngine(RolloutEngine):
         buf.tokens.index_copy_(1, buf.step.view(1), token.view(-1, 1))
         if buf.stop_ids.numel():
             buf.finished.logical_or_((token.unsqueeze(1) == buf.stop_ids).any(dim=1))
+        buf.finished.logical_or_(buf.step + 1 >= buf.targets)  # token ``step`` was the row's last
         buf.last.copy_(token)
         buf.step.add_(1)
 
@@ -255,7 +267,7 @@ class FastRolloutEngine(RolloutEngine):
             prompt_ids = F.pad(prompt_ids, (padded - width, 0), value=self.pad_token_id)
             prompt_mask = F.pad(prompt_mask, (padded - width, 0), value=0)
         buf = self._prepare(b, padded, request.max_new_tokens, sampling)
-        buf.reset(prompt_mask, request.row_keys, request.seed)
+        buf.reset(prompt_mask, request.row_keys, request.seed, request.targets)
         chunk = max(1, PREFILL_TOKENS // padded)
         logits = torch.empty((b, self.shape.vocab), dtype=self.weights.dtype, device=self.device)
         for r in range(0, b, chunk):

@@ -4,6 +4,10 @@ The reference engine: transformers' own decode loop, cache and samplers (tempera
 torch.multinomial). Two things are added: a logits processor that checks every step's logits and
 raises NonFiniteLogitsError before multinomial can meet NaN (a device-side assert on a GPU), and
 seeding through a forked global RNG, since generate samples from torch's global generator.
+
+With rollout.target_lengths, generate runs with ignore_eos semantics to the micro-batch's longest
+target; ``RolloutEngine.generate`` then cuts each row to its own target (``mask_to_targets``). A row
+shorter than the longest is computed further and thrown away, as in any static batch.
 """
 
 from __future__ import annotations
@@ -75,9 +79,9 @@ class HFRolloutEngine(RolloutEngine):
         )
 
     def _generate_eos_ids(self) -> list[int]:
-        """What generate stops on. For ignore_eos, an id past the vocabulary that no step can sample:
-        with None, generate would fall back to the model's own generation_config and stop at EOS."""
-        if self.ignore_eos:
+        """What generate stops on. For ignore_eos (or target lengths), an id past the vocabulary that
+        no step can sample: with None, generate would fall back to the model's generation_config."""
+        if not self.stop_token_ids:
             return [int(self.model.config.vocab_size)]
         return list(self.eos_token_ids)
 
@@ -87,7 +91,7 @@ class HFRolloutEngine(RolloutEngine):
         out = self.model.generate(
             input_ids=request.prompt_ids,
             attention_mask=request.prompt_mask,
-            generation_config=self.generation_config(request.max_new_tokens, request.sampling),
+            generation_config=self.generation_config(request.decode_limit, request.sampling),
             logits_processor=LogitsProcessorList([FiniteLogitsCheck(request)]),
         )
         return out[:, width:]

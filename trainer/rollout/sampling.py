@@ -68,18 +68,18 @@ def sample(logits: torch.Tensor, generator: torch.Generator | None = None) -> to
     return torch.argmax(probs / race, dim=-1)
 
 
-_M32 = 0xFFFFFFFF
+M32 = 0xFFFFFFFF
 
 
-def _mix32(h: torch.Tensor) -> torch.Tensor:
+def mix32(h: torch.Tensor) -> torch.Tensor:
     """A 32-bit integer finaliser (lowbias32) on int64 tensors holding 32-bit values.
 
     Products may wrap past 2**63; masking keeps the low 32 bits, which two's complement preserves.
     """
     h = h ^ (h >> 16)
-    h = (h * 0x7FEB352D) & _M32
+    h = (h * 0x7FEB352D) & M32
     h = h ^ (h >> 15)
-    h = (h * 0x846CA68B) & _M32
+    h = (h * 0x846CA68B) & M32
     return h ^ (h >> 16)
 
 
@@ -95,10 +95,10 @@ def keyed_exponential(
     """
     keys = row_keys.long()
     step_t = torch.as_tensor(step, dtype=torch.long, device=keys.device)
-    row = _mix32((keys * 0x9E3779B1 + (seed & _M32)) & _M32)
-    row = _mix32((row ^ ((step_t * 0x85EBCA6B + 0x165667B1) & _M32)) & _M32)
+    row = mix32((keys * 0x9E3779B1 + (seed & M32)) & M32)
+    row = mix32((row ^ ((step_t * 0x85EBCA6B + 0x165667B1) & M32)) & M32)
     token = torch.arange(vocab, dtype=torch.long, device=keys.device) * 0x27D4EB2F
-    h = _mix32((row.unsqueeze(-1) + token) & _M32)
+    h = mix32((row.unsqueeze(-1) + token) & M32)
     u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits: exact in float32, never 0 or 1
     return -torch.log(u)
 

@@ -9,8 +9,8 @@ One micro-batch runs as:
   3. ``decode_step`` per further token: one forward of [b, 1] then ``sample_step``.
 
 A step has static shapes and keeps its state in device tensors updated in place (``DecodeState``):
-the cache slot, positions, slot mask, finished flags and the first step at which each row saw
-non-finite logits. The loop (decode_loop.py, shared with the fast engine) reads the host only every
+the cache slot, positions, slot mask, finished flags (an EOS, or a row's target length with
+rollout.target_lengths) and the first step at which each row saw non-finite logits. The loop (decode_loop.py, shared with the fast engine) reads the host only every
 ``check_every`` steps, to stop early when every row has finished and to raise NonFiniteLogitsError
 (naming the first bad step and its rows); sampling uses the exponential race driven by per-row
 keyed noise (``sampling.sample_keyed``), which cannot device-assert on NaN, so the check can wait,
@@ -52,7 +52,8 @@ class DecodeState:
     slot_mask: torch.Tensor  # [b, P + max_new] 1 on cache slots a query may attend to
     write_slot: torch.Tensor  # [] cache slot ``last`` is written to
     step: torch.Tensor  # [] index of the next token to sample
-    finished: torch.Tensor  # [b] bool: the row has produced an EOS
+    finished: torch.Tensor  # [b] bool: the row has produced an EOS or reached its target length
+    targets: torch.Tensor  # [b] each row's target length (max_new without rollout.target_lengths)
     first_bad_step: torch.Tensor  # [b] first step with non-finite logits, -1 if none
     eos: torch.Tensor  # [k] EOS ids
     row_keys: torch.Tensor  # [b] each row's sampling key (see sampling.keyed_exponential)
@@ -68,6 +69,7 @@ class DecodeState:
         pad_token_id: int,
         row_keys: torch.Tensor,
         seed: int,
+        targets: torch.Tensor | None = None,
     ) -> DecodeState:
         b, width = prompt_mask.shape
         device = prompt_mask.device
@@ -81,6 +83,11 @@ class DecodeState:
             write_slot=torch.tensor(width, dtype=torch.long, device=device),
             step=torch.tensor(0, dtype=torch.long, device=device),
             finished=torch.zeros(b, dtype=torch.bool, device=device),
+            targets=(
+                torch.full((b,), max_new_tokens, dtype=torch.long, device=device)
+                if targets is None
+                else targets.to(device=device, dtype=torch.long)
+            ),
             first_bad_step=torch.full((b,), -1, dtype=torch.long, device=device),
             eos=torch.tensor(list(eos_token_ids), dtype=torch.long, device=device),
             row_keys=row_keys.to(device),
@@ -103,6 +110,7 @@ def sample_step(
     token = token.masked_fill(state.finished, state.pad_token_id)  # finished rows emit padding
     state.tokens.index_copy_(1, state.step.view(1), token.view(-1, 1))
     state.finished.logical_or_(torch.isin(token, state.eos))
+    state.finished.logical_or_(state.step + 1 >= state.targets)  # token ``step`` was its last
     state.last.copy_(token)
     state.step.add_(1)
 
@@ -164,10 +172,11 @@ class StaticRolloutEngine(RolloutEngine):
 
     def _generate_rows(self, request: RowsRequest) -> torch.Tensor:
         width = request.prompt_ids.shape[1]
-        max_new = request.max_new_tokens
+        max_new = request.decode_limit  # with targets, the longest: no cache beyond it
         cache = StaticCache(config=self.model.config, max_cache_len=width + max_new)
         state = DecodeState.start(
-            request.prompt_mask, max_new, self.stop_token_ids, self.pad_token_id, request.row_keys, request.seed
+            request.prompt_mask, max_new, self.stop_token_ids, self.pad_token_id, request.row_keys, request.seed,
+            request.targets,
         )
         sampling = request.sampling
         sample_step(state, prefill(self.model, cache, request.prompt_ids, request.prompt_mask), sampling)

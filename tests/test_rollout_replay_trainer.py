@@ -1,0 +1,55 @@
+"""Replayed lengths through the whole trainer on a real local Ray: rollout.target_lengths reaches
+every worker's engine, each row's length does not depend on how many workers split the batch, and
+data.synthetic_prompt_length gives every prompt exactly that many tokens."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+
+from trainer.build import build_trainer, ray_session
+from trainer.config import build_config
+from trainer.rollout.target_lengths import draw_targets
+
+N, CAP, PROMPT = 4, 24, 96
+REPLAY = [
+    "data.synthetic_difficulty=tiny",
+    "data.train_batch_size=8",
+    f"data.max_response_length={CAP}",
+    "data.max_prompt_length=128",
+    f"data.synthetic_prompt_length={PROMPT}",
+    f"actor_rollout_ref.rollout.n={N}",
+    "actor_rollout_ref.rollout.name=static",
+    "actor_rollout_ref.rollout.target_lengths.distribution=lognormal",
+    "actor_rollout_ref.rollout.target_lengths.mean=10",
+    "actor_rollout_ref.rollout.target_lengths.sigma=0.7",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    with ray_session(num_cpus=2) as started:
+        assert started and ray.is_initialized()
+        yield
+
+
+def rollout_lengths(workers: int, workdir) -> tuple[list[int], list[int], list[int]]:
+    """(response lengths, the targets drawn for the step's seed, prompt lengths) of one rollout."""
+    trainer = build_trainer(build_config([*REPLAY, f"trainer.n_gpus_per_node={workers}"]), workdir)
+    try:
+        batch = trainer.generate_sequences(next(trainer.loader))
+        keys = torch.arange(8 * N)  # uid u (its position in the step's batch), response j: u * n + j
+        targets = draw_targets("lognormal", 10.0, 0.7, keys, trainer._rollout_seed(), CAP).tolist()
+        return batch.response_mask.sum(dim=1).tolist(), targets, batch.prompt_mask.sum(dim=1).tolist()
+    finally:
+        trainer.shutdown()
+
+
+def test_replayed_lengths_reach_every_worker_and_do_not_depend_on_the_split(local_ray, tmp_path):
+    one, targets, prompts = rollout_lengths(1, tmp_path)
+    assert one == targets and len(set(one)) > 3
+    assert prompts == [PROMPT] * (8 * N)
+    two, _, _ = rollout_lengths(2, tmp_path)
+    assert two == one

@@ -1,0 +1,96 @@
+"""Per-row response-length targets (rollout.target_lengths, our extension): how many tokens each row
+generates, drawn from a named distribution so that random weights do a baseline's ragged work.
+
+A row's target depends only on (the step's rollout seed, the row's key) -- the key the engines
+already give each row for its sampling noise (u * n + j for response j of prompt uid u, see
+``sampling.keyed_exponential``) -- so a row gets the same target whichever worker or micro-batch it
+lands in. The draw is a counter-based hash (``sampling.mix32``) turned into a uniform u in (0, 1) and
+then a standard normal z = Phi^-1(u), computed in float64 on the CPU so that every process and
+device gets the same integers.
+
+The distributions (``DISTRIBUTIONS``, the one list of valid names besides ``NO_TARGETS``) map z to a
+real length; ``draw_targets`` rounds half up and clamps to [1, cap]:
+- constant: ``mean`` for every row;
+- lognormal: exp(mu + sigma z) with mu = ln(mean) - sigma^2 / 2, so that the arithmetic mean of the
+  untruncated law is ``mean`` (E[X] = exp(mu + sigma^2 / 2); e.g. Wikipedia, "Log-normal
+  distribution", or NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.6.9). A draw above
+  the cap becomes the cap, so the truncated mass sits on the cap (``truncated_lognormal_mean`` gives
+  the resulting mean).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from trainer.rollout.sampling import M32, mix32
+
+NO_TARGETS = "none"  # rows end at EOS or at max_response_length, as without this extension
+_TARGET_STREAM = 0x7A3C_51D9  # separates the target's hash from the token noise of the same row key
+
+# A distribution maps standard normals z [B] (float64) to real lengths [B], given (mean, sigma).
+Distribution = Callable[[torch.Tensor, float, float], torch.Tensor]
+
+
+def constant_lengths(z: torch.Tensor, mean: float, sigma: float) -> torch.Tensor:
+    """Every row ``mean`` tokens (sigma unused)."""
+    return torch.full_like(z, float(mean))
+
+
+def lognormal_lengths(z: torch.Tensor, mean: float, sigma: float) -> torch.Tensor:
+    """exp(mu + sigma z), mu = ln(mean) - sigma^2 / 2: a log-normal of arithmetic mean ``mean``."""
+    mu = math.log(mean) - sigma * sigma / 2.0
+    return torch.exp(mu + sigma * z)
+
+
+DISTRIBUTIONS: dict[str, Distribution] = {
+    "constant": constant_lengths,
+    "lognormal": lognormal_lengths,
+}
+
+
+def distribution_names() -> tuple[str, ...]:
+    """Every valid rollout.target_lengths.distribution: "none", then the registered shapes."""
+    return (NO_TARGETS, *DISTRIBUTIONS)
+
+
+def keyed_normals(row_keys: torch.Tensor, seed: int) -> torch.Tensor:
+    """One standard normal per row [B] (float64, CPU) that depends only on (seed, row key)."""
+    keys = row_keys.detach().to("cpu", torch.long)
+    h = mix32((keys * 0x9E3779B1 + (seed & M32)) & M32)
+    h = mix32((h ^ _TARGET_STREAM) & M32)
+    u = (h.double() + 0.5) / float(1 << 32)  # in (0, 1): never 0 or 1
+    return torch.special.ndtri(u)
+
+
+def draw_targets(
+    distribution: str, mean: float, sigma: float, row_keys: torch.Tensor, seed: int, cap: int
+) -> torch.Tensor | None:
+    """Each row's target length [B] (int64, CPU) in [1, cap], or None for ``NO_TARGETS``."""
+    if distribution == NO_TARGETS:
+        return None
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(
+            f"unknown target-length distribution {distribution!r}; choose one of: {', '.join(distribution_names())}"
+        )
+    if cap < 1:
+        raise ValueError(f"the target-length cap (max_response_length) must be >= 1, got {cap}")
+    lengths = DISTRIBUTIONS[distribution](keyed_normals(row_keys, seed), mean, sigma)
+    return torch.floor(lengths + 0.5).clamp(1, cap).long()  # round half up, then into [1, cap]
+
+
+def truncated_lognormal_mean(mean: float, sigma: float, cap: float) -> float:
+    """E[min(X, cap)] for X log-normal with arithmetic mean ``mean`` and log-space sd ``sigma``
+    (before rounding): mean * Phi((ln cap - mu - sigma^2) / sigma) + cap * (1 - Phi((ln cap - mu) / sigma))."""
+    if sigma == 0:
+        return min(mean, cap)
+    mu = math.log(mean) - sigma * sigma / 2.0
+    a = (math.log(cap) - mu) / sigma
+    return mean * _phi(a - sigma) + cap * (1.0 - _phi(a))
+
+
+def _phi(x: float) -> float:
+    """The standard normal CDF."""
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
