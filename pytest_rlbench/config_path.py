@@ -24,7 +24,6 @@ from trainer.config import (
     ROLLOUT_KEY,
     Config,
     ConfigError,
-    DataConfig,
     Override,
     apply_override,
     build_config,
@@ -128,13 +127,3 @@ def build_trainer_config(
     session's temp dir (without it, no data file or checkpoint dir is set: the start-up check);
     check_names: also check the names that registries hold (rollout engine, estimator, ...)."""
     return build_config([*session_defaults(opts, workdir, gpus_per_node), *opts.overrides], check_names=check_names)
-
-
-def write_synthetic_set(data: DataConfig) -> Path:
-    """Write (once) the synthetic math set that data.synthetic_* describe at data.train_files[0]."""
-    from trainer.data.synthetic import write_synthetic_parquet
-
-    path = Path(data.train_files[0])
-    if not path.exists():
-        write_synthetic_parquet(path, data.synthetic_size, data.seed, difficulty=data.synthetic_difficulty)
-    return path

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_rlbench.cluster import ClusterError, ClusterInfo, RayConnection, check_cluster, precheck_embedded
-from pytest_rlbench.config_path import build_trainer_config, write_synthetic_set
+from pytest_rlbench.config_path import build_trainer_config
 from pytest_rlbench.options import RLBenchOptions
 
 if TYPE_CHECKING:
@@ -218,13 +218,22 @@ class RLBenchSession:
         try:
             cfg = build_trainer_config(opts, gpus_per_node=gpus, workdir=self.workdir())
             if opts.dataset is None:  # the synthetic set, at the path the session default gave
-                write_synthetic_set(cfg.data)
+                self._write_synthetic_set(cfg)
             self.config.hook.pytest_rlbench_update_config(config=self.config, rl_config=cfg)
             validate(cfg)
         except ConfigError as exc:
             raise SetupError(f"the trainer config is invalid: {exc}") from exc
         self._trainer_config = cfg
         return cfg
+
+    def _write_synthetic_set(self, cfg: Config) -> None:
+        """Write (once) the synthetic set at data.train_files[0]; the model's tokenizer pads its
+        prompts when data.synthetic_prompt_length asks for exact lengths."""
+        from trainer.data.source import write_synthetic_set
+
+        path = Path(cfg.data.train_files[0])
+        if not path.exists():
+            write_synthetic_set(cfg.data, path, self.model().tokenizer)
 
     def model(self) -> RLModel:
         """The model's spec and tokenizer; a directory must hold a readable config and weights."""

@@ -156,3 +156,18 @@ def test_an_option_and_its_key_in_rl_config_is_a_usage_error(pytester: pytest.Py
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
     assert "rl_nodes (ini)=1 and --rl-config trainer.nnodes=1" in err and "one key given twice" in err
+
+
+def test_the_session_pads_its_synthetic_prompts_to_the_asked_length(pytester: pytest.Pytester) -> None:
+    # data.synthetic_prompt_length used to be ignored by the plugin's own synthetic file.
+    pytester.makepyfile(
+        """
+        def test_prompts(rl_dataset):
+            lengths = {len(p.input_ids) for p in rl_dataset.prompts.prompts}
+            assert lengths == {160}, sorted(lengths)
+        """
+    )
+    pytester.runpytest(
+        "--rl-config=data.synthetic_size=16", "--rl-config=data.synthetic_prompt_length=160",
+        "--rl-config=data.max_prompt_length=200",
+    ).assert_outcomes(passed=1)
