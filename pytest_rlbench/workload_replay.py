@@ -76,13 +76,18 @@ def _length_settings(w: Workload) -> list[WorkloadSetting]:
         why = f"{_origin('prompt_length.mean', prompt.mean)}, every prompt alike"
         out.append(WorkloadSetting("data.synthetic_prompt_length", round(prompt.mean.value), why))
     shape = response.shape.value
-    target = NO_TARGET if shape == NATURAL else shape
+    # Every row at the cap is what ignore_eos does (a run saved with it replays with it).
+    at_cap = shape == CONSTANT and response.mean.value == response.max.value
+    target = NO_TARGET if shape == NATURAL or at_cap else shape
     out.append(
         WorkloadSetting(
             f"{TARGET_LENGTHS}.distribution", target, _origin("response_length.shape", response.shape)
         )
     )
-    if shape != NATURAL:
+    if at_cap:
+        why = f"{_origin('response_length.shape', response.shape)} at the cap"
+        out.append(WorkloadSetting("actor_rollout_ref.rollout.ignore_eos", True, why))
+    elif shape != NATURAL:
         mean = response.mean
         out.append(
             WorkloadSetting(
