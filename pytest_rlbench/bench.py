@@ -20,6 +20,8 @@ from pytest_rlbench.cluster import ClusterInfo
 from pytest_rlbench.fixtures import RLDataset, RLModel, get_session
 from pytest_rlbench.record import Hardware, ModelArch, RunConfig, TokenCounts
 from pytest_rlbench.recorder import BenchRecorder
+from pytest_rlbench.workload import run_workload
+from pytest_rlbench.workload_format import Workload
 from trainer.phases import PHASE_KEYS
 
 if TYPE_CHECKING:
@@ -95,6 +97,11 @@ def describe_config(cfg: Config) -> RunConfig:
     )
 
 
+def describe_workload(cfg: Config, model: ModelArch) -> Workload:
+    """The run's own workload, every value as configured (pytest_rlbench.workload.run_workload)."""
+    return run_workload(cfg, model, cfg.world_size)
+
+
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
 def rl_trainer(
@@ -117,6 +124,7 @@ def rl_trainer(
     recorder.context.hardware = describe_hardware(rl_cluster, cfg, workers)
     recorder.context.model = describe_model(rl_model, cfg)
     recorder.context.config = describe_config(cfg)
+    recorder.context.workload = describe_workload(cfg, recorder.context.model)
     try:
         yield trainer
     finally:

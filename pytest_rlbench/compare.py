@@ -24,16 +24,34 @@ its family ("timing_s"), else the default.
 In a reference, the baseline's times, throughputs and efficiency figures, and the run's own
 efficiency figures (MFU, memory-bandwidth use: they carry across hardware), are listed side by side
 with verdict "reference"; nothing passes or fails.
+
+Against a published baseline, whose work was never done on this machine, there is a second kind of
+gate (``pytest_rlbench.workload``): when the run's recorded workload matches the baseline's per GPU
+(``workload_matches`` empty; the GPU count may differ) and both name their GPU model:
+- the same GPU model (names compared by model: "NVIDIA H100 80GB HBM3" is an "H100"): per-GPU
+  throughput (tokens_per_s_per_gpu/<phase>) of each phase the baseline publishes is gated, its times
+  listed beside as references;
+- another GPU model: hardware-normalised efficiency is gated instead (MFU of the compute-bound phases,
+  memory-bandwidth use of gen), derived for both sides by ``derive`` from raw values and workloads.
+Each row then names the workload values it rests on that are assumed, and so does the comparison.
+A run whose work differs from the baseline's gets references, never a gate.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pytest_rlbench.derived import Figure, derive
+from pytest_rlbench.gate_basis import (
+    PER_GPU_FAMILIES,
+    SAME_MACHINE,
+    hardware_assumptions,
+    normalise_gpu,
+    per_gpu_gate,
+)
 from pytest_rlbench.metrics import (
     DEFAULT_TOLERANCE,
     EFFICIENCY_FAMILIES,
@@ -46,11 +64,14 @@ from pytest_rlbench.metrics import (
     metric_label,
 )
 from pytest_rlbench.record import RunRecord
-from trainer.models.flops import DecoderArch
+from pytest_rlbench.workload import MODEL_KEYS as MODEL_KEYS  # the model fields a gate needs alike
+from pytest_rlbench.workload import model_differences
+from pytest_rlbench.workload_format import assumptions
 from trainer.phases import PHASE_KEYS
 
 Verdict = Literal["pass", "fail", "reference"]
 Mode = Literal["gate", "reference"]
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -67,6 +88,7 @@ class Comparison:
     reason: str  # "within tolerance", "inside noise", "slower", "lower", "missing", "reference"
     message: str
     unit: str = ""
+    assumptions: tuple[str, ...] = ()  # the assumed values the verdict rests on, one line each
 
 
 @dataclass(frozen=True)
@@ -78,6 +100,8 @@ class BaselineComparison:
     mode: Mode
     mismatches: tuple[str, ...]
     comparisons: tuple[Comparison, ...] = field(default_factory=tuple)
+    basis: str = ""  # for a gate: SAME_MACHINE, PER_GPU or EFFICIENCY
+    assumptions: tuple[str, ...] = ()  # the assumed values a per-GPU gate rests on
 
     @property
     def failures(self) -> list[Comparison]:
@@ -91,15 +115,6 @@ class BaselineComparison:
 # --- Same work, same hardware? ----------------------------------------------------------------------
 
 
-def _normalise_gpu(name: str | None) -> str | None:
-    if name is None:
-        return None
-    text = " ".join(name.split()).casefold()
-    return text.removeprefix("nvidia ")
-
-
-# The model fields that must match for a gate: the architecture's cost-defining ones, and the dtype.
-MODEL_KEYS: tuple[str, ...] = (*(f.name for f in fields(DecoderArch)), "dtype")
 CONFIG_KEYS: tuple[str, ...] = (
     "algorithm",
     "train_batch_size",
@@ -114,7 +129,8 @@ def _hardware_keys(record: RunRecord) -> dict[str, Any]:
     h = record.hardware
     keys: dict[str, Any] = {"hardware.device": h.device, "hardware.nodes": h.nodes, "hardware.world_size": h.world_size}
     if h.device == "gpu":
-        return keys | {"hardware.gpu_model": _normalise_gpu(h.gpu_model), "hardware.gpus_per_node": h.gpus_per_node}
+        gpu = normalise_gpu(h.gpu_model)
+        return keys | {"hardware.gpu_model": gpu, "hardware.gpus_per_node": h.gpus_per_node}
     return keys | {"hardware.cpu_model": h.cpu_model, "hardware.cpus_per_node": h.cpus_per_node}
 
 
@@ -139,10 +155,7 @@ def gate_mismatches(run: RunRecord, baseline: RunRecord) -> list[str]:
     Hardware first, then the step's work, then the model (one entry naming the differing fields).
     """
     out = _diff(_hardware_keys(run), _hardware_keys(baseline)) + _diff(_work_keys(run), _work_keys(baseline))
-    fields = [k for k in MODEL_KEYS if getattr(run.model, k) != getattr(baseline.model, k)]
-    if fields:
-        out.append(f"model: run {run.model.name!r}, baseline {baseline.model.name!r} (differ in {', '.join(fields)})")
-    return out
+    return out + model_differences(run.model, baseline.model)
 
 
 # --- Judging one metric. ----------------------------------------------------------------------------
@@ -222,9 +235,35 @@ def _order(metric: str) -> tuple[int, int, str]:
     return phase_rank, family_rank, metric
 
 
+def _per_gpu_compare(run: RunRecord, baseline: RunRecord, basis: str, tolerance: float) -> BaselineComparison:
+    """The per-GPU gate: each published phase's gated figure judged, the others listed beside."""
+    read_as, hardware = hardware_assumptions(run, baseline, basis)
+    assumed = tuple(hardware + assumptions(baseline.workload))
+    names = ", ".join(dict.fromkeys(line.split(" ", 1)[0].rstrip(":") for line in assumed))
+    note = f"; rests on {len(assumed)} assumed value(s): {names}" if assumed else ""
+    gated, shown = PER_GPU_FAMILIES[basis]
+    ours, theirs = derive(run), derive(read_as)
+    rows = []
+    for metric in sorted(theirs, key=_order):
+        base_fig = theirs[metric]
+        if family_of(metric) not in gated + shown or base_fig.value is None:
+            continue
+        mode: Mode = "gate" if family_of(metric) in gated else "reference"
+        tol = tolerance_for(metric, baseline, tolerance)
+        row = judge(ours.get(metric), base_fig, baseline.name, tol, mode)
+        rows.append(replace(row, message=row.message + note, assumptions=assumed))
+    source = baseline.provenance.source
+    return BaselineComparison(baseline.name, source, "gate", (), tuple(rows), basis, assumed)
+
+
 def compare(run: RunRecord, baseline: RunRecord, tolerance: float = DEFAULT_TOLERANCE) -> BaselineComparison:
-    """Compare ``run`` with ``baseline``: a gate or a reference, one Comparison per metric."""
+    """Compare ``run`` with ``baseline``: a gate on the same machine, a per-GPU gate on the same per-GPU
+    work, else a reference; one Comparison per metric."""
     mismatches = gate_mismatches(run, baseline)
+    if mismatches and run.workload is not None and baseline.workload is not None:
+        basis, mismatches = per_gpu_gate(run, baseline)
+        if basis is not None:
+            return _per_gpu_compare(run, baseline, basis, tolerance)
     mode: Mode = "reference" if mismatches else "gate"
     ours, theirs = derive(run), derive(baseline)
     custom = set(run.metrics) | set(baseline.metrics)
@@ -244,7 +283,9 @@ def compare(run: RunRecord, baseline: RunRecord, tolerance: float = DEFAULT_TOLE
         base_fig = theirs.get(metric) or _absent(ours[metric])
         tol = tolerance_for(metric, baseline, tolerance)
         rows.append(judge(ours.get(metric), base_fig, baseline.name, tol, mode))
-    return BaselineComparison(baseline.name, baseline.provenance.source, mode, tuple(mismatches), tuple(rows))
+    basis = SAME_MACHINE if mode == "gate" else ""
+    source = baseline.provenance.source
+    return BaselineComparison(baseline.name, source, mode, tuple(mismatches), tuple(rows), basis)
 
 
 def _absent(like: Figure) -> Figure:

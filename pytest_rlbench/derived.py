@@ -18,7 +18,11 @@ verl/utils/flops_counter.py for model FLOPs); the families' units and token base
   sampling and prefill traffic are not counted. Time is generate_sequences when timed, else gen.
 
 "devices" is the record's world size: GPUs on a GPU run, ranks on a CPU run. A figure whose raw inputs
-are missing has value None and a reason; it is never filled with a guess.
+are missing has value None and a reason; it is never filled with a guess. Where a source published no
+token counts, its workload's are used (``pytest_rlbench.workload.workload_tokens``: sequences per
+step, mean lengths, expected per-sequence lengths of its length shapes), so a baseline's MFU and
+bandwidth use follow from its published times and workload; which values were assumed is listed by
+the comparisons that use them.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pytest_rlbench.metrics import (
     family_of,
 )
 from pytest_rlbench.record import DTYPE_BYTES, Hardware, ModelArch, RunConfig, RunRecord, TokenCounts
+from pytest_rlbench.workload import workload_tokens
 from trainer.models.flops import flops_params
 from trainer.models.flops import forward_flops as _forward_flops
 from trainer.models.flops import train_flops as _train_flops
@@ -222,9 +227,10 @@ def tokens_processed(tok: TokenCounts, config: RunConfig, basis: str) -> Known:
 
 
 def phase_tokens(record: RunRecord, phase: str) -> TokenCounts:
-    """The phase's own token counts when it ran on another batch than the step's."""
+    """The phase's own token counts when it ran on another batch than the step's; else the step's,
+    completed from the record's workload where the source published no counts."""
     own = record.phases[phase].tokens if phase in record.phases else None
-    return own if own is not None else record.tokens
+    return own if own is not None else workload_tokens(record)
 
 
 # --- Figures. ------------------------------------------------------------------------------------

@@ -2,10 +2,11 @@
 
 A record holds raw measurements with their provenance: where they come from, the hardware, the model
 architecture, the work done (batch, samples per prompt, lengths, parallelism), per-phase seconds (one
-value or one sample per benchmark round) and token counts. Derived figures (tokens/s, MFU, bandwidth
-use) are never stored as inputs; they are computed by ``pytest_rlbench.derived.derive``. A source's own
-published derived figures are kept apart under ``published_derived`` so that
-``pytest_rlbench.consistency`` can recompute them.
+value or one sample per benchmark round) and token counts, and, optionally, the workload a replay
+needs, each value marked published, inferred or assumed (``pytest_rlbench.workload_format``).
+Derived figures (tokens/s, MFU, bandwidth use) are never stored as inputs; they are computed by
+``pytest_rlbench.derived.derive``. A source's own published derived figures are kept apart under
+``published_derived`` so that ``pytest_rlbench.consistency`` can recompute them.
 
 Reading validates the whole document and reports every problem with its JSON path
 (``$.phases.gen.seconds[1]: expected a number > 0, found -3``) in one ``BaselineError``. Finding the
@@ -24,6 +25,7 @@ from typing import Any
 
 from pytest_rlbench.metrics import METRIC_FAMILIES, family_of
 from pytest_rlbench.typed_json import NON_NEGATIVE, POSITIVE, SAMPLES, describe, parse_dataclass, to_json
+from pytest_rlbench.workload_format import Workload, check_workload
 from trainer.models.flops import DecoderArch
 from trainer.phases import PHASE_KEYS
 
@@ -166,6 +168,8 @@ class RunRecord:
     metrics: dict[str, Metric] = field(default_factory=dict)
     published_derived: dict[str, PublishedFigure] = field(default_factory=dict)
     tolerances: dict[str, float] = field(default_factory=dict, metadata=NON_NEGATIVE)
+    # What a replay needs to do the same work (pytest_rlbench.workload_format); optional: older files lack it.
+    workload: Workload | None = field(default=None, metadata={"omit_default": True})
     format_version: int = FORMAT_VERSION
 
 
@@ -195,6 +199,8 @@ def _check_record(rec: RunRecord, problems: list[str]) -> None:
         except ValueError:
             problems.append(f"$.provenance.date: expected an ISO date (YYYY-MM-DD), found {rec.provenance.date!r}")
     _check_tokens(rec.tokens, "$.tokens", problems)
+    if rec.workload is not None:
+        check_workload(rec.workload, hw.world_size, "$.workload", problems)
     for key, phase in rec.phases.items():
         if key not in PHASE_KEYS:
             problems.append(f"$.phases.{key}: unknown phase key; expected one of: {', '.join(PHASE_KEYS)}")

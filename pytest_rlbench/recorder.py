@@ -35,6 +35,7 @@ from pytest_rlbench.record import (
 )
 from pytest_rlbench.report_chart import chart_path_for, write_chart
 from pytest_rlbench.report_json import build_report, write_report_dict
+from pytest_rlbench.workload_format import Workload
 from trainer.phases import PHASE_KEYS
 
 
@@ -46,6 +47,7 @@ class RunContext:
     model: ModelArch | None = None
     config: RunConfig | None = None
     tokens: TokenCounts | None = None  # of the batch the phase benchmarks ran on
+    workload: Workload | None = None  # what the run was configured to do (pytest_rlbench.workload)
 
 
 @dataclass
@@ -146,6 +148,7 @@ class BenchRecorder:
             tokens=ctx.tokens or TokenCounts(),
             phases=dict(self.phases),
             metrics=dict(self.metrics),
+            workload=ctx.workload,
         )
 
     def phase_figures(self, phase: str) -> dict[str, float]:

@@ -1,10 +1,16 @@
-"""A PNG of one step's phase breakdown: this run beside each baseline.
+"""A PNG of one step's phase breakdown: this run beside each baseline of the same model.
 
-Left panel: seconds per step, one stacked horizontal bar per record, phases in the order of the phase
-keys (trainer.phases.PHASE_KEYS). Right panel: the same bars as fractions of the step, so a CPU run and an 8 x H100 run can be compared
-by shape. Phases nested in gen (generate_sequences, reshard) are drawn as parts of gen; time inside
-the step that no phase accounts for is drawn as "other". save_checkpoint runs outside the step and is
-left out. Drawn on matplotlib's Agg canvas: no display needed.
+Only baselines of the run's model (the same architecture and dtype) are drawn: seconds of another
+model's step say nothing about this one's, so those are named in a note under the chart instead. Each
+bar's label gives its hardware and its per-GPU work (sequences per GPU, mean response length) and says
+whether that is the run's own per-GPU work, so a replay of a baseline reads on the same scale: the
+same per-GPU work, seconds per step.
+
+Left panel: seconds per step, one stacked horizontal bar per record, phases in the order of the
+phase keys (trainer.phases.PHASE_KEYS). Right panel: the same bars as fractions of the step, so runs
+on different hardware can be compared by shape. Phases nested in gen (generate_sequences, reshard)
+are drawn as parts of gen; time inside the step that no phase accounts for is drawn as "other".
+save_checkpoint runs outside the step and is left out. Drawn on matplotlib's Agg canvas: no display needed.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_rlbench.record import RunRecord
+from pytest_rlbench.workload import model_differences, workload_matches, workload_tokens
 
 GEN_PARTS: tuple[str, ...] = ("generate_sequences", "reshard")
 TOP_LEVEL: tuple[str, ...] = ("reward", "old_log_prob", "ref", "adv", "update_actor")
@@ -68,6 +75,31 @@ def _hardware_label(record: RunRecord) -> str:
     return f"{nodes} x {hw.gpus_per_node} {model}"
 
 
+def drawn_baselines(run: RunRecord, baselines: Sequence[RunRecord]) -> tuple[list[RunRecord], list[str]]:
+    """(the baselines of the run's model, a note for each other one: left off the chart)."""
+    drawn, notes = [], []
+    for b in baselines:
+        if model_differences(run.model, b.model):
+            notes.append(f"{b.name} ({b.model.name}: another model than this run's)")
+        else:
+            drawn.append(b)
+    return drawn, notes
+
+
+def work_label(record: RunRecord, run: RunRecord | None = None) -> str:
+    """A record's per-GPU work in a few words; beside ``run``, whether it is the run's own."""
+    tokens = workload_tokens(record)
+    sequences = tokens.num_sequences or (tokens.response_lengths and len(tokens.response_lengths))
+    mean = tokens.response_length_mean
+    if mean is None and tokens.response_lengths:
+        mean = sum(tokens.response_lengths) / len(tokens.response_lengths)
+    per_gpu = f"{sequences / record.hardware.world_size:g} seq/GPU" if sequences else "seq/GPU unknown"
+    text = per_gpu + (f", response {mean:,.0f} tokens" if mean is not None else "")
+    if run is None:
+        return text
+    return text + ("; same per-GPU work" if not workload_matches(run, record) else "; other per-GPU work")
+
+
 def _text_colour(fill: str) -> str:
     """White on dark fills, near-black on light ones."""
     r, g, b = (int(fill[i : i + 2], 16) for i in (1, 3, 5))
@@ -80,7 +112,7 @@ def chart_path_for(report_path: str | Path) -> Path:
 
 
 def write_chart(path: str | Path, run: RunRecord, baselines: Sequence[RunRecord] = (), dpi: int = 120) -> Path:
-    """Draw the run and each baseline's step breakdown to ``path`` (a PNG) and return the path."""
+    """Draw the run's and each same-model baseline's step breakdown to ``path`` (a PNG); return the path."""
     # matplotlib is imported here, not with the plugin: every pytest start would pay for it otherwise.
     # A Figure with the Agg canvas draws without pyplot, so no global backend is set for the user.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -89,9 +121,10 @@ def write_chart(path: str | Path, run: RunRecord, baselines: Sequence[RunRecord]
     from matplotlib.ticker import PercentFormatter
 
     path = Path(path)
-    records = [run, *baselines]
+    drawn, left_off = drawn_baselines(run, baselines)
+    records = [run, *drawn]
     rows = [(r, step_segments(r)) for r in records]
-    height = 1.9 + 0.75 * len(rows)
+    height = 2.2 + 0.95 * len(rows)
     widest = max((sum(v for _, v in s) for _, s in rows), default=0.0) or 1.0
     fig = Figure(figsize=(13, height))
     FigureCanvasAgg(fig)
@@ -115,7 +148,10 @@ def write_chart(path: str | Path, run: RunRecord, baselines: Sequence[RunRecord]
             used.add(label)
         note = f"{total:,.1f} s" if segments else "no step phases timed"
         ax_abs.text(total, y, f"  {note}", va="center", fontsize=9, color="#2d3748")
-    labels = [f"{r.name}{' (this run)' if i == 0 else ''}\n{_hardware_label(r)}" for i, (r, _) in enumerate(rows)]
+    labels = [
+        f"{r.name}{'' if i else ' (this run)'}\n{_hardware_label(r)}\n{work_label(r, run if i else None)}"
+        for i, (r, _) in enumerate(rows)
+    ]
     ax_abs.set_yticks(range(len(rows)), labels, fontsize=9)
     ax_abs.get_yticklabels()[0].set_fontweight("bold")
     ax_abs.invert_yaxis()  # this run on top
@@ -131,9 +167,22 @@ def write_chart(path: str | Path, run: RunRecord, baselines: Sequence[RunRecord]
     ax_abs.set_title("Time per step, by phase", loc="left", fontsize=11)
     ax_rel.set_title("Same, as fractions of the step", loc="left", fontsize=11)
     handles = [Patch(facecolor=COLOURS[k], hatch="//" if k == OTHER else None, label=k) for k in COLOURS if k in used]
-    fig.suptitle(f"Step phase breakdown: {run.name} and {len(baselines)} baseline(s)", x=0.01, ha="left", fontsize=12, fontweight="bold")
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 10), frameon=False, fontsize=9)
-    fig.tight_layout(rect=(0, 0.45 / height, 1, 1))
+    title = f"Step phase breakdown: {run.name} and {len(drawn)} baseline(s) of the same model"
+    fig.suptitle(title, x=0.01, ha="left", fontsize=12, fontweight="bold")
+    note_room = 0.3 / height if left_off else 0.0  # inches for the note under the legend
+    columns = min(len(handles), 10)
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        bbox_to_anchor=(0.5, note_room),
+        ncol=columns,
+        frameon=False,
+        fontsize=9,
+    )
+    if left_off:
+        note = "Not drawn, not comparable: " + "; ".join(left_off)
+        fig.text(0.01, 0.01, note, ha="left", va="bottom", fontsize=8, color="#4a5568")
+    fig.tight_layout(rect=(0, 0.6 / height + note_room, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     return path

@@ -2,13 +2,13 @@
 with each baseline, and the consistency findings.
 
     {"format_version": 1, "passed": true,
-     "run": {"name", "provenance", "hardware", "model", "config", "tokens"},
+     "run": {"name", "provenance", "hardware", "model", "config", "tokens", "workload" (when recorded)},
      "phases": {"gen": {"seconds": {"median", "min", "max", "samples"} | null,
                         "figures": {"tokens_per_s_per_gpu": {"value", "unit", "basis", "reason"}, ...}}, ...},
      "metrics": {name: {"value" (median), "unit", "samples"}},
-     "baselines": [{"name", "source", "mode", "mismatches", "passed"}],
+     "baselines": [{"name", "source", "mode", "basis", "mismatches", "assumptions", "passed"}],
      "comparisons": [{"metric", "phase", "measured", "baseline", "source", "ratio", "tolerance",
-                      "verdict", "reason", "message", "unit", "mode"}],
+                      "verdict", "reason", "message", "unit", "mode", "assumptions"}],
      "consistency": [{"record", "figure", "label", "published", "unit", "verdict", "detail",
                       "interpretations": [...]}]}
 
@@ -31,7 +31,7 @@ from pytest_rlbench.record import RunRecord, record_to_dict
 from trainer.phases import PHASE_KEYS
 
 REPORT_FORMAT_VERSION = 1
-RUN_SECTIONS: tuple[str, ...] = ("name", "provenance", "hardware", "model", "config", "tokens")
+RUN_SECTIONS: tuple[str, ...] = ("name", "provenance", "hardware", "model", "config", "tokens", "workload")
 
 
 def _figure_json(fig: Figure) -> dict[str, Any]:
@@ -63,13 +63,21 @@ def build_report(
     report: dict[str, Any] = {
         "format_version": REPORT_FORMAT_VERSION,
         "passed": all(r.passed for r in results),
-        "run": {k: record[k] for k in RUN_SECTIONS},
+        "run": {k: record[k] for k in RUN_SECTIONS if k in record},
         "phases": phases_json(figures),
         "metrics": {
             name: {"value": figures[name].value, "unit": m.unit, "samples": m.value} for name, m in run.metrics.items()
         },
         "baselines": [
-            {"name": r.baseline, "source": r.source, "mode": r.mode, "mismatches": list(r.mismatches), "passed": r.passed}
+            {
+                "name": r.baseline,
+                "source": r.source,
+                "mode": r.mode,
+                "basis": r.basis,
+                "mismatches": list(r.mismatches),
+                "assumptions": list(r.assumptions),
+                "passed": r.passed,
+            }
             for r in results
         ],
         "comparisons": [
@@ -86,6 +94,7 @@ def build_report(
                 "message": c.message,
                 "unit": c.unit,
                 "mode": r.mode,
+                "assumptions": list(c.assumptions),
             }
             for r in results
             for c in r.comparisons

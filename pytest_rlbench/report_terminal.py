@@ -2,8 +2,10 @@
 
 One table per baseline (phase, metric, measured, baseline, ratio, tolerance, verdict) under a heading
 that names the baseline, its source and whether it is a gate; a reference's heading says why it is not
-a gate. Then the consistency findings (only the disagreements unless ``verbose``) and the failures,
-one message each.
+a gate. A gate on the same per-GPU work as a published baseline says what it gates (per-GPU throughput,
+or efficiency across GPU models) and lists, beside its verdicts, every assumed value it rests on.
+Then the consistency findings (only the disagreements unless ``verbose``) and the failures, one
+message each.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 
 from pytest_rlbench.compare import BaselineComparison, Comparison
 from pytest_rlbench.consistency import Finding
+from pytest_rlbench.gate_basis import SAME_MACHINE
 from pytest_rlbench.metrics import family_label, format_value
 
 MAX_MISMATCHES_SHOWN = 3
@@ -43,6 +46,11 @@ def comparison_lines(result: BaselineComparison) -> list[str]:
         failed = len(result.failures)
         status = f"gate, {failed} of {len(result.comparisons)} failed" if failed else f"gate, all {len(result.comparisons)} passed"
         lines = [f"baseline '{result.baseline}' ({result.source}): {status}"]
+        if result.basis and result.basis != SAME_MACHINE:
+            lines.append(f"  gated on {result.basis}")
+        if result.assumptions:
+            lines.append(f"  rests on {len(result.assumptions)} assumed value(s):")
+            lines += [f"    - {line}" for line in result.assumptions]
     else:
         shown = "; ".join(result.mismatches[:MAX_MISMATCHES_SHOWN])
         more = len(result.mismatches) - MAX_MISMATCHES_SHOWN

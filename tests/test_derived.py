@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from pytest_rlbench.derived import (
     train_flops,
 )
 from pytest_rlbench.record import ModelArch, record_from_dict
+from pytest_rlbench.workload import workload_tokens
 
 # L=1, H=2, I=4, n_h=1, n_kv=1, d=2, V=3.
 TINY = ModelArch(
@@ -138,14 +140,37 @@ def test_a_missing_input_gives_none_and_a_reason(changes: dict, metric: str, rea
 
 
 def test_mean_length_times_sequences_from_the_config() -> None:
-    figures = derive(load_baseline("verl-7b"))
+    seven = load_baseline("verl-7b")
+    figures = derive(seven)
     # 128 prompts x 16 responses x mean 10425.773048 tokens over 325.086604 s on 64 GPUs
     assert figures["tokens_per_s_per_gpu/gen"].value == pytest.approx(2048 * 10425.773048 / 325.086604 / 64)
     assert figures["tokens_per_s_per_gpu/gen"].value == pytest.approx(1026.26, abs=0.01)
-    assert figures["tokens_per_s_per_gpu/update_actor"].value is None  # prompt lengths not published
-    verl_1_5b = derive(load_baseline("verl-v0.5.0-1.5b"))
-    assert verl_1_5b["tokens_per_s_per_gpu/gen"].value is None
-    assert "number of sequences" in verl_1_5b["tokens_per_s_per_gpu/gen"].reason
+    # prompt lengths are not published: without a workload there is no prompt + response figure
+    bare = derive(dataclasses.replace(seven, workload=None))
+    assert bare["tokens_per_s_per_gpu/update_actor"].value is None
+    # with it, the workload's assumed prompt mean (150 tokens) counts
+    expected = 2048 * (150 + 10425.773048) / 73.008971 / 64
+    assert figures["tokens_per_s_per_gpu/update_actor"].value == pytest.approx(expected, abs=0.01)
+    verl_1_5b = load_baseline("verl-v0.5.0-1.5b")
+    without = derive(dataclasses.replace(verl_1_5b, workload=None))
+    assert without["tokens_per_s_per_gpu/gen"].value is None
+    assert "number of sequences" in without["tokens_per_s_per_gpu/gen"].reason
+
+
+def test_a_baseline_without_token_counts_gets_them_from_its_workload() -> None:
+    verl = derive(load_baseline("verl-v0.5.0-1.5b"))
+    # the per-GPU gen throughput the consistency checks support: 512 sequences over 8 GPUs, not 6,993
+    assert verl["tokens_per_s_per_gpu/gen"].value == pytest.approx(512 * 14254.837890625 / 260.922 / 8)
+    assert verl["tokens_per_s_per_gpu/gen"].value == pytest.approx(3496.48, abs=0.01)
+    # MFU from the expected lengths of the workload's shape (512 sequences, prompt 148.5 as 148 or 149 tokens)
+    tokens = workload_tokens(load_baseline("verl-v0.5.0-1.5b"))
+    lengths = [p + r for p, r in zip(tokens.prompt_lengths, tokens.response_lengths, strict=True)]
+    assert len(lengths) == 512 and sum(tokens.response_lengths) == round(512 * 14254.837890625)
+    expected_mfu = train_flops(QWEN_1_5B, lengths) / 61.125 / 989e12 / 8
+    assert verl["mfu/update_actor"].value == pytest.approx(expected_mfu)
+    assert 0.15 < verl["mfu/update_actor"].value < 0.35
+    # "H100" names no variant: no peak bandwidth, so no bandwidth use is guessed here
+    assert verl["bandwidth_util/gen"].value is None
 
 
 @pytest.mark.parametrize(

@@ -9,12 +9,13 @@ from typing import Any
 
 import matplotlib.image
 import pytest
+from replay_records import replay_record
 
 from pytest_rlbench.baselines import load_baseline
 from pytest_rlbench.compare import compare, compare_all
 from pytest_rlbench.consistency import check_record
 from pytest_rlbench.record import RunRecord, record_from_dict
-from pytest_rlbench.report_chart import OTHER, step_segments, write_chart
+from pytest_rlbench.report_chart import OTHER, drawn_baselines, step_segments, work_label, write_chart
 from pytest_rlbench.report_json import build_report, write_json_report
 from pytest_rlbench.report_terminal import terminal_lines
 from trainer.phases import PHASE_KEYS
@@ -135,9 +136,24 @@ def test_step_segments_follow_the_phase_key_order() -> None:
     assert step_segments(load_baseline("rlinf-1.5b"))[0] == ("gen", 266.083)
 
 
-def test_chart_is_written(results, tmp_path: Path) -> None:
-    run, _, _ = results
-    path = write_chart(tmp_path / "chart.png", run, [load_baseline("verl-7b"), load_baseline("rlinf-1.5b")])
+def test_chart_draws_only_baselines_of_the_run_model_with_their_per_gpu_work() -> None:
+    rlinf, seven = load_baseline("rlinf-1.5b"), load_baseline("verl-7b")
+    replay = replay_record(rlinf, world_size=1)
+    drawn, left_off = drawn_baselines(replay, [seven, rlinf])
+    assert drawn == [rlinf]
+    assert left_off == ["verl-7b (DeepSeek-R1-Distill-Qwen-7B: another model than this run's)"]
+    assert work_label(replay) == "64 seq/GPU, response 13,975 tokens"
+    assert work_label(rlinf, replay) == "64 seq/GPU, response 13,975 tokens; same per-GPU work"
+    tiny_drawn, _ = drawn_baselines(run_record(), [seven, rlinf])
+    assert tiny_drawn == []  # a tiny CPU run is drawn alone, never beside a 1.5B or 7B step
+    assert work_label(run_record(), rlinf).endswith("; other per-GPU work")
+
+
+def test_chart_is_written(tmp_path: Path) -> None:
+    rlinf = load_baseline("rlinf-1.5b")
+    run = replay_record(rlinf, world_size=1)
+    baselines = [load_baseline("verl-7b"), rlinf, load_baseline("verl-v0.5.0-1.5b")]
+    path = write_chart(tmp_path / "chart.png", run, baselines)
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 20_000

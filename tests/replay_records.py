@@ -1,0 +1,64 @@
+"""Run records of replays of a stored baseline, built the way a session builds them: the baseline's
+workload applied to a trainer config (``workload_overrides``), the run's workload read back from that
+config (``run_workload``), and phase times scaled from the baseline's.
+
+The per-row target-length keys and ``data.synthetic_prompt_length`` are set as plain attributes: the
+branch that adds them to the config schema is not merged here, and ``run_workload`` reads them with
+defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+from pytest_rlbench.bench import describe_config
+from pytest_rlbench.record import Hardware, PhaseRecord, Provenance, RunRecord
+from pytest_rlbench.workload import TARGET_LENGTHS, run_workload, workload_overrides, workload_tokens
+from trainer.config import Config, Override, apply_override, known_keys
+
+H100 = "NVIDIA H100 80GB HBM3"
+H200 = "NVIDIA H200"
+
+
+def replay_config(baseline: RunRecord, world_size: int) -> Config:
+    """A default trainer config with the baseline's workload applied for ``world_size`` GPUs."""
+    cfg = Config()
+    target = SimpleNamespace(distribution="none", mean=0.0, sigma=1.0)
+    cfg.actor_rollout_ref.rollout.target_lengths = target
+    cfg.data.synthetic_prompt_length = None
+    keys = set(known_keys())
+    for setting in workload_overrides(baseline, world_size):
+        if setting.key in keys:
+            apply_override(cfg, Override(setting.key, setting.value, setting.why))
+        elif setting.key.startswith(TARGET_LENGTHS + "."):
+            setattr(target, setting.key.rsplit(".", 1)[1], setting.value)
+        else:
+            assert setting.key == "data.synthetic_prompt_length", setting.key
+            cfg.data.synthetic_prompt_length = setting.value
+    return cfg
+
+
+def replay_record(
+    baseline: RunRecord,
+    gpu_model: str | None = H100,
+    world_size: int = 1,
+    speedup: float = 2.0,
+    name: str = "replay",
+) -> RunRecord:
+    """A run that replayed ``baseline`` per GPU on ``world_size`` GPUs, each phase ``speedup`` x faster.
+
+    Its token counts are the expected lengths of its own workload (as measured lengths would be, up to
+    the draw). ``gpu_model`` None: a CPU run."""
+    cfg = replay_config(baseline, world_size)
+    workload = run_workload(cfg, baseline.model, world_size)
+    if gpu_model is None:
+        hardware = Hardware("cpu", 1, world_size, 0, None, "x86_64", 16)
+    else:
+        hardware = Hardware("gpu", 1, world_size, world_size, gpu_model)
+    phases = {k: PhaseRecord([s / speedup for s in p.seconds]) for k, p in baseline.phases.items()}
+    run = RunRecord(
+        name, Provenance("pytest-rlbench test"), hardware, baseline.model, describe_config(cfg), phases=phases
+    )
+    run = dataclasses.replace(run, workload=workload)
+    return dataclasses.replace(run, tokens=workload_tokens(run))

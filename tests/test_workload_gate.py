@@ -1,0 +1,184 @@
+"""Gates against published baselines: on the same per-GPU work only, by throughput on the same GPU
+model and by efficiency on another; references on any other work."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from replay_records import H100, H200, replay_record
+
+from pytest_rlbench.baselines import load_baseline
+from pytest_rlbench.compare import compare
+from pytest_rlbench.gate_basis import EFFICIENCY, PER_GPU, SAME_MACHINE, gpu_family
+from pytest_rlbench.record import record_from_dict, record_to_dict
+from pytest_rlbench.report_json import build_report
+from pytest_rlbench.report_terminal import terminal_lines
+
+VERL = load_baseline("verl-v0.5.0-1.5b")
+RLINF = load_baseline("rlinf-1.5b")
+PUBLISHED_PHASES = ("gen", "old_log_prob", "update_actor", "step")
+
+
+def rows(result) -> dict:
+    return {c.metric: c for c in result.comparisons}
+
+
+def gated(result) -> dict:
+    return {c.metric: c for c in result.comparisons if c.verdict != "reference"}
+
+
+def test_gpu_names_are_compared_by_model() -> None:
+    assert gpu_family("NVIDIA H100 80GB HBM3") == gpu_family("h100") == gpu_family("H100 PCIe") == "h100"
+    assert gpu_family("NVIDIA H200") == "h200" != gpu_family("H100")
+    assert gpu_family(None) is None and gpu_family("Some GPU") == "some gpu"
+
+
+@pytest.mark.parametrize("baseline", [VERL, RLINF], ids=lambda b: b.name)
+def test_a_replay_on_the_same_gpu_model_is_gated_on_per_gpu_throughput(baseline) -> None:
+    result = compare(replay_record(baseline, H100, world_size=1, speedup=2.0), baseline)
+    assert (result.mode, result.basis, result.mismatches) == ("gate", PER_GPU, ())
+    assert set(gated(result)) == {f"tokens_per_s_per_gpu/{p}" for p in PUBLISHED_PHASES}
+    assert all(c.verdict == "pass" for c in gated(result).values()) and result.passed
+    # the times are listed beside, on the same per-GPU work
+    assert rows(result)["timing_s/step"].verdict == "reference"
+    assert rows(result)["timing_s/step"].ratio == pytest.approx(0.5)
+
+
+def test_the_gate_takes_the_per_gpu_reading_the_consistency_checks_support() -> None:
+    gen = rows(compare(replay_record(VERL), VERL))["tokens_per_s_per_gpu/gen"]
+    assert gen.baseline == pytest.approx(
+        3496.48, abs=0.01
+    )  # 512 sequences over 8 GPUs, not the published 6,993
+    assert gen.ratio == pytest.approx(2.0, rel=1e-3)
+
+
+def test_a_slower_replay_fails_and_its_verdict_names_everything() -> None:
+    result = compare(replay_record(VERL, speedup=0.8), VERL)
+    assert not result.passed
+    gen = rows(result)["tokens_per_s_per_gpu/gen"]
+    assert (gen.verdict, gen.reason, gen.tolerance) == ("fail", "lower", 0.1)
+    assert gen.ratio == pytest.approx(0.8, rel=1e-3)
+    assert gen.message.startswith(
+        "gen tokens/s per GPU: 2,797 tokens/s/GPU vs 3,496 tokens/s/GPU in baseline 'verl-v0.5.0-1.5b' "
+        "(ratio 0.80, tolerance 0.10): lower; rests on "
+    )
+    for name in (
+        "hardware.gpu_model",
+        "samples_per_prompt",
+        "response_length.shape",
+        "response_length.sigma",
+    ):
+        assert name in gen.message
+    assert any(a.startswith("response_length.sigma = 0.5 (not published") for a in gen.assumptions)
+    assert (
+        "hardware.gpu_model: the baseline's 'H100' read as the run's 'NVIDIA H100 80GB HBM3'"
+        in gen.assumptions[0]
+    )
+    assert gen.assumptions == result.assumptions
+
+
+def test_a_replay_on_more_gpus_is_the_same_per_gpu_work() -> None:
+    result = compare(replay_record(VERL, world_size=8), VERL)
+    assert (result.mode, result.basis) == ("gate", PER_GPU) and result.passed
+
+
+def test_a_replay_on_another_gpu_model_is_gated_on_efficiency() -> None:
+    result = compare(replay_record(VERL, H200, speedup=2.0), VERL)
+    assert (result.mode, result.basis) == ("gate", EFFICIENCY)
+    assert set(gated(result)) == {"bandwidth_util/gen", "mfu/old_log_prob", "mfu/update_actor"}
+    mfu = gated(result)["mfu/update_actor"]
+    assert mfu.baseline == pytest.approx(0.2304, abs=1e-4)  # from the baseline's time and workload
+    assert mfu.ratio == pytest.approx(2.0, rel=1e-2)  # H200 and H100 have the same peak bf16 FLOP/s
+    bandwidth = gated(result)["bandwidth_util/gen"]
+    assert bandwidth.ratio == pytest.approx(2.0 * 3.35 / 4.8, rel=1e-2)  # H200 has 4.8 TB/s, H100 SXM 3.35
+    assert any("taken as 'H100 SXM'" in a for a in result.assumptions)
+    assert any(
+        a.startswith("parallelism: the rollout's tensor-parallel size taken as 1") for a in result.assumptions
+    )
+    assert rows(result)["tokens_per_s_per_gpu/gen"].verdict == "reference"
+    slow = compare(replay_record(VERL, H200, speedup=0.5), VERL)
+    assert {c.metric for c in slow.failures} == set(gated(result))
+
+
+def _changed(run, path: str, value):
+    data = record_to_dict(run)
+    node = data["workload"]
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node[part]
+    node[last]["value"] = value
+    if path == "sequences_per_gpu":
+        data["workload"]["sequences_per_step"]["value"] = value * run.hardware.world_size
+    return record_from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("response_length.mean", 1024.0),
+        ("response_length.max", 1024),
+        ("sequences_per_gpu", 8),
+        ("samples_per_prompt", 4),
+        ("prompt_length.mean", 256.0),
+        ("use_kl_loss", False),
+        ("gradient_checkpointing", False),
+        ("param_offload", True),
+        ("ppo_epochs", 2),
+    ],
+)
+@pytest.mark.parametrize("gpu", [H100, H200])
+def test_never_a_gate_on_other_work(path: str, value, gpu: str) -> None:
+    # faster than the baseline by 10x: a gate would pass; other work must give references only
+    run = _changed(replay_record(VERL, gpu, speedup=10.0), path, value)
+    result = compare(run, VERL)
+    assert result.mode == "reference" and result.basis == ""
+    assert {c.verdict for c in result.comparisons} == {"reference"}
+    assert any(m.startswith(f"workload.{path}") for m in result.mismatches)
+
+
+def test_never_a_gate_on_another_model_cpu_or_an_unnamed_gpu() -> None:
+    seven = load_baseline("verl-7b")
+    result = compare(replay_record(seven, H100, world_size=2, speedup=10.0), seven)
+    assert result.mode == "reference"
+    assert result.mismatches == ("hardware.gpu_model: not stated in the baseline",)
+    result = compare(replay_record(seven, H100, world_size=2, speedup=10.0), VERL)
+    assert result.mode == "reference" and any(m.startswith("model: ") for m in result.mismatches)
+    cpu = compare(replay_record(VERL, None, speedup=10.0), VERL)
+    assert cpu.mode == "reference" and "hardware.device: the run is not a GPU run" in cpu.mismatches
+
+
+def test_a_saved_baseline_gates_as_before_and_per_gpu_on_another_gpu_count() -> None:
+    saved = replay_record(VERL, H100, world_size=1, speedup=2.0, name="local-h100")
+    same = compare(replay_record(VERL, H100, world_size=1, speedup=2.0), saved)
+    assert (same.mode, same.basis) == ("gate", SAME_MACHINE) and same.assumptions == ()
+    assert "timing_s/step" in gated(same)  # the same-machine gate judges times too, as before
+    slower = compare(replay_record(VERL, H100, world_size=1, speedup=1.5), saved)
+    assert {c.reason for c in slower.failures} == {"slower", "lower"}
+    wider = compare(replay_record(VERL, H100, world_size=8, speedup=2.0), saved)
+    assert (wider.mode, wider.basis) == ("gate", PER_GPU) and wider.passed
+    assert wider.assumptions == ()  # a run's own workload is all published
+
+
+def test_the_reports_list_the_assumptions_beside_the_verdict() -> None:
+    run = replay_record(VERL, speedup=0.8)
+    results = [compare(run, VERL)]
+    lines = terminal_lines(results)
+    assert lines[0].endswith("gate, 4 of 8 failed")
+    assert lines[1] == f"  gated on {PER_GPU}"
+    assert lines[2].startswith("  rests on ") and lines[2].endswith("assumed value(s):")
+    assert any(line.startswith("    - samples_per_prompt = 16 (rollout.n not stated") for line in lines)
+    report = build_report(run, results)
+    entry = report["baselines"][0]
+    assert entry["basis"] == PER_GPU and entry["assumptions"] == list(results[0].assumptions)
+    assert report["comparisons"][1]["assumptions"] == list(results[0].assumptions)
+    assert report["run"]["workload"]["response_length"]["shape"]["value"] == "lognormal"
+
+
+def test_a_workload_gate_is_no_gate_once_the_baseline_loses_its_workload() -> None:
+    bare = dataclasses.replace(VERL, workload=None)
+    result = compare(replay_record(VERL, speedup=10.0), bare)
+    assert (
+        result.mode == "reference"
+        and "config.train_batch_size: not stated in the baseline" in result.mismatches
+    )
