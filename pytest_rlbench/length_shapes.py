@@ -21,32 +21,16 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
+# The one definition of the capped log-normal, shared with the trainer's per-row draw, so that a replay
+# draws exactly the lengths its recorded workload describes.
+from trainer.algorithms.lengths import lognormal_mu, truncated_lognormal_mean  # noqa: F401
+
 CONSTANT = "constant"
 LOGNORMAL = "lognormal"
 NATURAL = "natural"
 SHAPES: tuple[str, ...] = (CONSTANT, LOGNORMAL, NATURAL)
 
 _STD_NORMAL = NormalDist()
-
-
-def truncated_lognormal_mean(mu: float, sigma: float, cap: float) -> float:
-    """E[min(X, cap)] for X = exp(mu + sigma Z): the partial mean below the cap plus the cap's mass."""
-    log_cap = math.log(cap)
-    below = math.exp(mu + sigma * sigma / 2) * _STD_NORMAL.cdf((log_cap - mu - sigma * sigma) / sigma)
-    return below + cap * (1 - _STD_NORMAL.cdf((log_cap - mu) / sigma))
-
-
-def lognormal_mu(mean: float, sigma: float, cap: float) -> float:
-    """The mu whose lognormal, truncated at ``cap``, has mean ``mean`` (bisection: the mean rises with mu)."""
-    if not 0 < mean < cap:
-        raise ValueError(f"a lognormal truncated at {cap:g} needs 0 < mean < cap, found mean {mean:g}")
-    if sigma <= 0:
-        raise ValueError(f"a lognormal needs sigma > 0, found {sigma:g}")
-    low, high = math.log(mean) - 10 * sigma - 10, math.log(cap) + 10 * sigma
-    for _ in range(200):
-        mid = (low + high) / 2
-        low, high = (mid, high) if truncated_lognormal_mean(mid, sigma, cap) < mean else (low, mid)
-    return (low + high) / 2
 
 
 def _match_total(lengths: list[int], total: int, cap: int) -> list[int]:

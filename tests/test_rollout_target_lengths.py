@@ -17,6 +17,7 @@ from trainer.rollout.target_lengths import (
     distribution_names,
     draw_targets,
     keyed_normals,
+    lognormal_mu,
     truncated_lognormal_mean,
 )
 
@@ -89,22 +90,23 @@ def test_none_draws_nothing_and_unknown_names_are_refused():
 
 def test_truncated_lognormal_mean_matches_a_large_independent_sample():
     # the closed form, against exp(mu + sigma z) from torch's own seeded normal stream
-    mean, sigma, cap = 1000.0, 0.9, 2500.0
+    mu, sigma, cap = 6.5, 0.9, 2500.0
     z = torch.randn(2_000_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    x = torch.exp(math.log(mean) - sigma**2 / 2 + sigma * z)
-    assert float(x.mean()) == pytest.approx(mean, rel=0.01)  # the parameterisation's arithmetic mean
-    assert truncated_lognormal_mean(mean, sigma, cap) == pytest.approx(float(x.clamp(max=cap).mean()), rel=2e-3)
+    x = torch.exp(mu + sigma * z)
+    assert truncated_lognormal_mean(mu, sigma, cap) == pytest.approx(float(x.clamp(max=cap).mean()), rel=2e-3)
+    assert lognormal_mu(truncated_lognormal_mean(mu, sigma, cap), sigma, cap) == pytest.approx(mu, abs=1e-9)
 
 
 @pytest.mark.parametrize(("mean", "sigma", "cap"), [(14254.8, 0.6, 27648), (300.0, 1.0, 512), (50.0, 0.3, 4096)])
-def test_lognormal_sample_mean_is_the_truncated_mean(mean, sigma, cap):
+def test_lognormal_draws_have_the_asked_mean_after_the_cap(mean, sigma, cap):
+    # A source publishes the mean of lengths that were all at most the cap: the draw matches that mean.
     rows = 100_000
     lengths = draw_targets("lognormal", mean, sigma, torch.arange(rows) * 7 + 3, 1234, cap).double()
     standard_error = float(lengths.std()) / math.sqrt(rows)
-    expected = truncated_lognormal_mean(mean, sigma, cap)
-    assert abs(float(lengths.mean()) - expected) < 4 * standard_error + 0.5  # 0.5: rounding to tokens
+    assert abs(float(lengths.mean()) - mean) < 4 * standard_error + 0.5  # 0.5: rounding to tokens
     assert int(lengths.max()) <= cap
-    if expected < 0.99 * mean:  # the cap holds the truncated mass
+    untruncated = math.exp(lognormal_mu(mean, sigma, cap) + sigma * sigma / 2)
+    if untruncated > 1.01 * mean:  # the cap holds the truncated mass
         assert float((lengths == cap).double().mean()) > 0.01
 
 

@@ -175,6 +175,12 @@ def _check_target_lengths(cfg: Config) -> None:
             f"{prefix}.mean must be in (0, data.max_response_length={cap}] tokens for "
             f"distribution={targets.distribution}, got {targets.mean}"
         )
+    if targets.distribution == "lognormal" and targets.sigma > 0 and targets.mean >= cap:
+        # a spread-out law capped at the cap has a mean below it
+        raise ConfigError(
+            f"{prefix}.mean must be below data.max_response_length={cap} for a log-normal with sigma > 0, "
+            f"got {targets.mean}"
+        )
 
 
 def validate(cfg: Config, check_names: bool = True) -> Config:

@@ -11,38 +11,41 @@ device gets the same integers.
 The distributions (``DISTRIBUTIONS``, the one list of valid names besides ``NO_TARGETS``) map z to a
 real length; ``draw_targets`` rounds half up and clamps to [1, cap]:
 - constant: ``mean`` for every row;
-- lognormal: exp(mu + sigma z) with mu = ln(mean) - sigma^2 / 2, so that the arithmetic mean of the
-  untruncated law is ``mean`` (E[X] = exp(mu + sigma^2 / 2); e.g. Wikipedia, "Log-normal
-  distribution", or NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.6.9). A draw above
-  the cap becomes the cap, so the truncated mass sits on the cap (``truncated_lognormal_mean`` gives
-  the resulting mean).
+- lognormal: X = exp(mu + sigma z), and a draw above the cap becomes the cap (the truncated mass sits
+  on the cap, as a real rollout stops at max_response_length). mu is chosen so that the mean *after*
+  that truncation is ``mean`` (``lognormal_mu``): a source publishes the mean of the lengths its
+  responses really had, all of them at most the cap. The partial expectation behind it:
+  E[min(X, c)] = exp(mu + sigma^2/2) Phi((ln c - mu - sigma^2)/sigma) + c (1 - Phi((ln c - mu)/sigma))
+  (e.g. Wikipedia, "Log-normal distribution", partial expectation; NIST/SEMATECH e-Handbook of
+  Statistical Methods, section 1.3.6.6.9).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 
+from trainer.algorithms.lengths import lognormal_mu, truncated_lognormal_mean  # noqa: F401  (re-exported)
 from trainer.rollout.sampling import M32, mix32
 
 NO_TARGETS = "none"  # rows end at EOS or at max_response_length, as without this extension
 _TARGET_STREAM = 0x7A3C_51D9  # separates the target's hash from the token noise of the same row key
 
-# A distribution maps standard normals z [B] (float64) to real lengths [B], given (mean, sigma).
-Distribution = Callable[[torch.Tensor, float, float], torch.Tensor]
+# A distribution maps standard normals z [B] (float64) to real lengths [B], given (mean, sigma, cap).
+Distribution = Callable[[torch.Tensor, float, float, float], torch.Tensor]
 
 
-def constant_lengths(z: torch.Tensor, mean: float, sigma: float) -> torch.Tensor:
+def constant_lengths(z: torch.Tensor, mean: float, sigma: float, cap: float) -> torch.Tensor:
     """Every row ``mean`` tokens (sigma unused)."""
     return torch.full_like(z, float(mean))
 
 
-def lognormal_lengths(z: torch.Tensor, mean: float, sigma: float) -> torch.Tensor:
-    """exp(mu + sigma z), mu = ln(mean) - sigma^2 / 2: a log-normal of arithmetic mean ``mean``."""
-    mu = math.log(mean) - sigma * sigma / 2.0
-    return torch.exp(mu + sigma * z)
+def lognormal_lengths(z: torch.Tensor, mean: float, sigma: float, cap: float) -> torch.Tensor:
+    """exp(mu + sigma z), mu = lognormal_mu(mean, sigma, cap): once capped, the mean is ``mean``."""
+    if sigma == 0:
+        return torch.full_like(z, float(mean))
+    return torch.exp(lognormal_mu(mean, sigma, cap) + sigma * z)
 
 
 DISTRIBUTIONS: dict[str, Distribution] = {
@@ -77,20 +80,5 @@ def draw_targets(
         )
     if cap < 1:
         raise ValueError(f"the target-length cap (max_response_length) must be >= 1, got {cap}")
-    lengths = DISTRIBUTIONS[distribution](keyed_normals(row_keys, seed), mean, sigma)
+    lengths = DISTRIBUTIONS[distribution](keyed_normals(row_keys, seed), mean, sigma, cap)
     return torch.floor(lengths + 0.5).clamp(1, cap).long()  # round half up, then into [1, cap]
-
-
-def truncated_lognormal_mean(mean: float, sigma: float, cap: float) -> float:
-    """E[min(X, cap)] for X log-normal with arithmetic mean ``mean`` and log-space sd ``sigma``
-    (before rounding): mean * Phi((ln cap - mu - sigma^2) / sigma) + cap * (1 - Phi((ln cap - mu) / sigma))."""
-    if sigma == 0:
-        return min(mean, cap)
-    mu = math.log(mean) - sigma * sigma / 2.0
-    a = (math.log(cap) - mu) / sigma
-    return mean * _phi(a - sigma) + cap * (1.0 - _phi(a))
-
-
-def _phi(x: float) -> float:
-    """The standard normal CDF."""
-    return 0.5 * math.erfc(-x / math.sqrt(2.0))
