@@ -174,3 +174,18 @@ def test_the_full_vocabulary_kl_is_refused_at_start_up_with_its_reason(key: str)
     # It used to pass validation and fail at the first update ("loss_mat must be [B, T]").
     with pytest.raises(UnsupportedConfigError, match=f"{re.escape(key)}=full is not supported yet: needs the full-vocabulary"):
         build_config([f"{key}=full"])
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "actor_rollout_ref.actor.optim.lr=nan",
+        "actor_rollout_ref.actor.kl_loss_coef=inf",
+        "algorithm.kl_ctrl.kl_coef=-inf",
+        "actor_rollout_ref.actor.optim.betas=[0.9,nan]",
+    ],
+)
+def test_a_non_finite_float_is_refused_naming_its_key(override: str) -> None:
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)} must be a finite number"):
+        build_config([override])
