@@ -261,11 +261,16 @@ class RLBenchSession:
         cfg = self.trainer_config()
         tokenizer = self.model().tokenizer
         path = Path(cfg.data.train_files[0])
+        source = self.opts.source_of("rl_dataset") if self.opts.dataset else "the synthetic data set"
         try:
             prompts = load_train_dataset(cfg.data, tokenizer, self.workdir())
         except (OSError, ValueError) as exc:  # DatasetError and PromptTooLongError are ValueErrors
-            source = self.opts.source_of("rl_dataset") if self.opts.dataset else "the synthetic data set"
             raise SetupError(f"{source}: {exc}") from exc
+        if len(prompts) < cfg.data.train_batch_size:  # a step could never fill its batch
+            raise SetupError(
+                f"data.train_batch_size ({cfg.data.train_batch_size}) is larger than {source} at "
+                f"{str(path)!r}, which has {len(prompts)} usable prompt(s)"
+            )
         self._dataset = RLDataset(path, synthetic=self.opts.dataset is None, prompts=prompts)
         return self._dataset
 

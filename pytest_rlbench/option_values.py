@@ -1,7 +1,7 @@
 """One option value at a time: the raw value as the user wrote it, and the parsers that turn it into
 a number, flag, path or Ray address, raising ``OptionError`` that names the option and what is valid.
 
-Pure: nothing here imports pytest or starts anything.
+Nothing here imports pytest or starts anything; an output path is probed on disk (``outputs``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pytest_rlbench.outputs import write_problem
 
 # Ray addresses we refuse: "auto" attaches to whichever cluster was started last on this machine and
 # "local" is what leaving the option out means.
@@ -93,9 +95,11 @@ def path(raw: RawValue) -> Path:
 
 
 def output_path(raw: RawValue) -> Path:
+    """A file the session can write at its end: checked now, so no result is lost after the run."""
     out = path(raw)
-    if out.is_dir():
-        raise OptionError(f"{raw.source} expects a file to write, got the directory {str(out)!r}")
+    problem = write_problem(out)
+    if problem:
+        raise OptionError(f"{raw.source} expects a file it can write, got {str(out)!r}: {problem}")
     return out
 
 

@@ -10,9 +10,12 @@ Loaded through the ``pytest11`` entry point. The order of a session:
    runs; a failure ends the session at once (exit 4) with a message naming what is wrong.
 5. the tests: ``rl_bench`` records each phase's timed rounds (pytest_rlbench/bench.py).
 6. ``pytest_sessionfinish``: the run record is built and compared with every baseline; the JSON
-   report, its chart and the saved baseline are written; a regression makes the exit status 1. An
-   embedded Ray is stopped (an atexit guard covers harder exits).
-7. ``pytest_terminal_summary``: the comparison table, consistency findings and files written.
+   report, its chart and the saved baseline are written, each on its own (pytest_rlbench/outputs.py);
+   the baseline only when every selected test passed and the session was not interrupted. A
+   regression or an output that could not be written makes the exit status 1. An embedded Ray is
+   stopped (an atexit guard covers harder exits).
+7. ``pytest_terminal_summary``: the comparison table, consistency findings, files written and files
+   not written (one line each, with the reason).
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attr
     rl_options,
 )
 from pytest_rlbench.options import OPTIONS, OptionError, RawValue, parse_options
+from pytest_rlbench.outputs import clashing_outputs
 from pytest_rlbench.record import BaselineError, RunRecord, record_from_dict
 from pytest_rlbench.recorder import BenchRecorder, SessionOutcome, local_hardware
+from pytest_rlbench.report_chart import chart_path_for
 from pytest_rlbench.report_terminal import terminal_lines
 from trainer.phases import PHASE_KEYS
 
@@ -120,6 +125,15 @@ def pytest_configure(config: pytest.Config) -> None:
         opts = parse_options(read_raw_options(config), os.environ, cwd=config.invocation_params.dir)
     except OptionError as exc:
         raise pytest.UsageError(f"pytest-rlbench: {exc}") from None
+    clash = clashing_outputs(
+        {
+            opts.source_of("rl_report"): opts.report,
+            "the report's chart": chart_path_for(opts.report) if opts.report else None,
+            opts.source_of("rl_save_baseline"): opts.save_baseline,
+        }
+    )
+    if clash:
+        raise pytest.UsageError(f"pytest-rlbench: {clash}")
     session = RLBenchSession(config, opts)
     config.stash[SESSION_KEY] = session
     config.stash[BASELINES_KEY] = load_baselines(session)
@@ -243,15 +257,30 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     recorder = config.stash.get(RECORDER_KEY, None)
     try:
         if recorder is not None and recorder.measured_anything:
-            outcome = finish_run(config, state, recorder)
+            outcome = finish_run(config, state, recorder, incomplete_reason(session))
             config.stash[OUTCOME_KEY] = outcome
-            if outcome.regressions and session.exitstatus == pytest.ExitCode.OK:
+            failed = outcome.regressions or outcome.write_failed
+            if failed and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
     finally:
         state.close()
 
 
-def finish_run(config: pytest.Config, state: RLBenchSession, recorder: BenchRecorder) -> SessionOutcome:
+def incomplete_reason(session: pytest.Session) -> str | None:
+    """Why the session's measurements are not a complete run (None when they are): a saved
+    baseline with phases missing would silently stop gating them."""
+    if session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        return "the session was interrupted"
+    if session.testsfailed:
+        return f"{session.testsfailed} test(s) failed or errored"
+    if session.exitstatus != pytest.ExitCode.OK:
+        return f"the session ended with exit status {int(session.exitstatus)}"
+    return None
+
+
+def finish_run(
+    config: pytest.Config, state: RLBenchSession, recorder: BenchRecorder, incomplete: str | None = None
+) -> SessionOutcome:
     """Describe what the trainer fixtures did not (a run of rl_bench alone), then compare and report."""
     ctx = recorder.context
     if ctx.hardware is None:  # no cluster was used: a CPU run on this machine
@@ -270,6 +299,7 @@ def finish_run(config: pytest.Config, state: RLBenchSession, recorder: BenchReco
         opts.save_baseline,
         update_record=lambda record: config.hook.pytest_rlbench_update_run_record(config=config, record=record),
         update_report=lambda report: config.hook.pytest_rlbench_update_report(config=config, report=report),
+        incomplete=incomplete,
     )
 
 
@@ -282,6 +312,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(line)
     for path in outcome.written:
         terminalreporter.write_line(f"wrote {path}")
+    for problem in outcome.problems:
+        terminalreporter.write_line(f"pytest-rlbench: {problem}", red=True, bold=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

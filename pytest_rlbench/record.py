@@ -24,7 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rlbench.metrics import METRIC_FAMILIES, family_of
-from pytest_rlbench.typed_json import NON_NEGATIVE, POSITIVE, SAMPLES, describe, parse_dataclass, to_json
+from pytest_rlbench.outputs import write_text_atomic
+from pytest_rlbench.typed_json import (
+    NON_NEGATIVE,
+    POSITIVE,
+    SAMPLES,
+    JSONFileError,
+    describe,
+    load_json_file,
+    parse_dataclass,
+    to_json,
+)
 from pytest_rlbench.workload_format import Workload, check_workload
 from trainer.models.flops import DecoderArch
 from trainer.phases import PHASE_KEYS
@@ -38,6 +48,10 @@ TOTAL_TOKENS_PER_S = "total tokens/s"
 PUBLISHED_UNITS: tuple[str, ...] = (PER_GPU_TOKENS_PER_S, TOTAL_TOKENS_PER_S)
 
 DEVICES: tuple[str, ...] = ("gpu", "cpu")
+# A phase's seconds: above a clock's resolution (5e-324 s would make every ratio infinite) and under
+# about 11.6 days (1e308 s would let any run pass its gate). A tolerance is a fraction, as --rl-tolerance.
+PHASE_SECONDS: dict[str, Any] = {**SAMPLES, **POSITIVE, "ge": 1e-9, "le": 1e6}
+TOLERANCE: dict[str, Any] = {"ge": 0, "lt": 1}
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -130,7 +144,7 @@ class TokenCounts:
 class PhaseRecord:
     """One phase's wall seconds: one value, or one sample per round. tokens: if not the step's batch."""
 
-    seconds: list[float] = field(metadata={**SAMPLES, **POSITIVE})
+    seconds: list[float] = field(metadata=PHASE_SECONDS)
     tokens: TokenCounts | None = field(default=None, metadata={"omit_default": True})
 
 
@@ -167,7 +181,7 @@ class RunRecord:
     phases: dict[str, PhaseRecord] = field(default_factory=dict)
     metrics: dict[str, Metric] = field(default_factory=dict)
     published_derived: dict[str, PublishedFigure] = field(default_factory=dict)
-    tolerances: dict[str, float] = field(default_factory=dict, metadata=NON_NEGATIVE)
+    tolerances: dict[str, float] = field(default_factory=dict, metadata=TOLERANCE)
     # What a replay needs to do the same work (pytest_rlbench.workload_format); optional: older files lack it.
     workload: Workload | None = field(default=None, metadata={"omit_default": True})
     format_version: int = FORMAT_VERSION
@@ -295,20 +309,16 @@ def save_record(record: RunRecord, path: str | Path) -> Path:
     path = Path(path)
     data = record_to_dict(record)
     record_from_dict(json.loads(json.dumps(data)), source=path)  # refuse to write what we could not read back
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps_record(record), encoding="utf-8")
-    return path
+    return write_text_atomic(path, dumps_record(record))  # a reader never sees half a baseline
 
 
 def load_record(path: str | Path) -> RunRecord:
     """Read and validate one record file; BaselineError naming the file and every problem."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = load_json_file(path)
     except OSError as exc:
         raise BaselineError(path, [f"cannot read the file: {exc.strerror or exc}"]) from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BaselineError(path, [f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"]) from exc
+    except JSONFileError as exc:
+        raise BaselineError(path, [str(exc)]) from exc
     return record_from_dict(data, source=path)

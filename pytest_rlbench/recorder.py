@@ -4,6 +4,9 @@ The ``rl_bench`` fixture hands each phase's timed rounds to ``BenchRecorder.reco
 fixtures describe the work (model, config, the batch's token counts) and where it ran. At the end of
 the session ``finish`` builds one ``RunRecord`` (the same format as a stored baseline), compares it
 with every baseline, and writes the JSON report, its chart and, if asked, the record as a baseline.
+Each file is written on its own and atomically (``outputs``); a file that cannot be written is one
+line in ``SessionOutcome.problems``, never a lost report. A baseline is saved only from a complete
+session (``incomplete`` None): a partial one would silently stop gating the phases it lacks.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pytest_rlbench import __version__
 from pytest_rlbench.compare import BaselineComparison, compare_all
 from pytest_rlbench.consistency import Finding, check_record
 from pytest_rlbench.derived import derive
+from pytest_rlbench.outputs import dumps_report, failure_line, write_atomic, write_text_atomic
 from pytest_rlbench.record import (
     Hardware,
     Metric,
@@ -34,7 +38,7 @@ from pytest_rlbench.record import (
     save_record,
 )
 from pytest_rlbench.report_chart import chart_path_for, write_chart
-from pytest_rlbench.report_json import build_report, write_report_dict
+from pytest_rlbench.report_json import build_report
 from pytest_rlbench.workload_format import Workload
 from trainer.phases import PHASE_KEYS
 
@@ -56,6 +60,8 @@ class SessionOutcome:
     results: list[BaselineComparison]
     findings: list[Finding]
     written: list[Path] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # outputs not written, one line each
+    write_failed: bool = False  # an output could not be written (the exit status says so)
 
     @property
     def regressions(self) -> list[str]:
@@ -168,10 +174,13 @@ class BenchRecorder:
         save_path: Path | None,
         update_record: Any = None,
         update_report: Any = None,
+        incomplete: str | None = None,
     ) -> SessionOutcome:
         """Compare with every baseline, write the report and chart, save the record if asked.
 
-        ``update_record(record_dict)`` and ``update_report(report_dict)`` are the plugin hooks."""
+        ``update_record(record_dict)`` and ``update_report(report_dict)`` are the plugin hooks.
+        ``incomplete``: why the session did not run every selected test to a pass (None when it
+        did); the report then says ``"passed": false`` and no baseline is saved."""
         run = self.build_record()
         if update_record is not None:  # a hook may add metadata; the result must still be valid
             data = record_to_dict(run)
@@ -180,12 +189,26 @@ class BenchRecorder:
         results = compare_all(run, baselines, tolerance)
         findings = [f for b in baselines for f in check_record(b)]
         outcome = SessionOutcome(run, results, findings)
-        if save_path is not None:
-            outcome.written.append(save_record(run, save_path))
+        if save_path is not None and incomplete is not None:
+            outcome.problems.append(f"baseline not saved to {str(save_path)!r}: {incomplete}")
+        elif save_path is not None:
+            _write(outcome, "the baseline", save_path, lambda p: save_record(run, p))
         if report_path is not None:
             report = build_report(run, results, findings, {"step_breakdown": self.step_breakdown})
+            if incomplete is not None:
+                report["passed"] = False
             if update_report is not None:  # a hook may add sections to the report
                 update_report(report)
-            outcome.written.append(write_report_dict(report_path, report))
-            outcome.written.append(write_chart(chart_path_for(report_path), run, baselines))
+            _write(outcome, "the JSON report", report_path, lambda p: write_text_atomic(p, dumps_report(report)))
+            chart = chart_path_for(report_path)
+            _write(outcome, "the chart", chart, lambda p: write_atomic(p, lambda t: write_chart(t, run, baselines)))
         return outcome
+
+
+def _write(outcome: SessionOutcome, what: str, path: Path, write: Any) -> None:
+    """Write one output; a failure becomes one line in ``outcome.problems`` and stops nothing else."""
+    try:
+        outcome.written.append(write(path))
+    except Exception as exc:  # any failure (disk, a chart that cannot be drawn): the others still go out
+        outcome.problems.append(failure_line(what, path, exc))
+        outcome.write_failed = True

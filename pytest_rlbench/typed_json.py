@@ -5,10 +5,15 @@ collects all the problems (``$.phases.gen.seconds[1]: expected a number > 0, fou
 stopping at the first. Field metadata understood here:
 
 - ``SAMPLES``: a number or a non-empty list of numbers, written back as a plain number when it holds one;
-- ``{"gt": x}`` / ``{"ge": x}``: numeric bounds, applied to every number inside the field;
+- ``{"gt": x}`` / ``{"ge": x}`` / ``{"lt": x}`` / ``{"le": x}``: numeric bounds, applied to every
+  number inside the field;
 - ``{"omit_default": True}``: left out of the JSON while it holds its default.
 
 Types used: int, float, bool, str, Any, Optional[X], list[X], dict[str, X] and nested dataclasses.
+Every integer must fit in 64 bits and every float must be finite, whatever the field's bounds.
+
+``load_json_file`` reads a document with limits (size, nesting depth, UTF-8), so a hostile or broken
+file is one ``JSONFileError`` naming the problem, never a RecursionError or UnicodeDecodeError.
 """
 
 from __future__ import annotations
@@ -17,8 +22,13 @@ import json
 import math
 import typing
 from dataclasses import MISSING, fields, is_dataclass
+from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any
+
+MAX_FILE_BYTES = 16 * 1024 * 1024  # a baseline is a few kilobytes; this is generous
+MAX_DEPTH = 64  # the record format nests five levels deep
+INT_LIMIT = 2**63  # integers as a C int64 holds them (counts, sizes)
 
 SAMPLES: dict[str, Any] = {"samples": True}
 POSITIVE: dict[str, Any] = {"gt": 0}
@@ -31,6 +41,8 @@ def describe(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return f"boolean {json.dumps(value)}"
+    if isinstance(value, int) and abs(value) >= INT_LIMIT:
+        return f"an integer of {len(str(abs(value)))} digits"
     if isinstance(value, int | float):
         return f"number {value!r}"
     if isinstance(value, str):
@@ -43,7 +55,18 @@ def _bound_problem(value: float, meta: typing.Mapping[str, Any]) -> str | None:
         return f"expected a number > {meta['gt']}, found {value!r}"
     if "ge" in meta and not value >= meta["ge"]:
         return f"expected a number >= {meta['ge']}, found {value!r}"
+    if "lt" in meta and not value < meta["lt"]:
+        return f"expected a number < {meta['lt']}, found {value!r}"
+    if "le" in meta and not value <= meta["le"]:
+        return f"expected a number <= {meta['le']}, found {value!r}"
     return None
+
+
+def _is_number(value: Any) -> bool:
+    """A JSON number this format can hold: an int64 or a finite float (10**400 is neither)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return abs(value) < INT_LIMIT if isinstance(value, int) else math.isfinite(value)
 
 
 def _parse_value(tp: Any, value: Any, path: str, problems: list[str], meta: typing.Mapping[str, Any]) -> Any:
@@ -77,13 +100,15 @@ def _parse_scalar(tp: Any, value: Any, path: str, problems: list[str], meta: typ
     if tp is bool:
         ok = isinstance(value, bool)
     elif tp is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
+        ok = isinstance(value, int) and _is_number(value)
     elif tp is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        ok = _is_number(value)
     else:
         ok = isinstance(value, tp)
     if not ok:
         name = {bool: "a boolean", int: "an integer", float: "a finite number", str: "a string"}[tp]
+        if tp is int and isinstance(value, int) and not isinstance(value, bool):
+            name = "an integer of magnitude below 2**63"
         problems.append(f"{path}: expected {name}, found {describe(value)}")
         return None
     if tp in (int, float):
@@ -134,3 +159,43 @@ def to_json(value: Any, meta: typing.Mapping[str, Any] | None = None) -> Any:
             return value[0]
         return [to_json(v) for v in value]
     return value
+
+
+class JSONFileError(ValueError):
+    """A file that is not a JSON document this package reads; the message says why."""
+
+
+def _depth(data: Any) -> int:
+    """The nesting depth of a decoded document, walked without recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        deepest = max(deepest, depth)
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def load_json_file(path: Path) -> Any:
+    """A JSON document read from ``path``: UTF-8, at most MAX_FILE_BYTES, nested at most MAX_DEPTH.
+
+    OSError if the file cannot be read; JSONFileError for anything else wrong with it."""
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise JSONFileError(f"the file is {size} bytes; a record is at most {MAX_FILE_BYTES}")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JSONFileError(f"not UTF-8 text: byte {raw[exc.start]:#04x} at offset {exc.start}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JSONFileError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise JSONFileError(f"nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # e.g. an integer past Python's digit limit for int()
+        raise JSONFileError(f"not valid JSON: {exc}") from None
+    if _depth(data) > MAX_DEPTH:
+        raise JSONFileError(f"nested deeper than {MAX_DEPTH} levels")
+    return data

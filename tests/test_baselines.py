@@ -176,3 +176,45 @@ def test_save_refuses_an_invalid_record(tmp_path: Path) -> None:
         save_record(record, target)
     assert str(target) in str(err.value) and "$.hardware.device" in str(err.value)
     assert not target.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested deeper than 64 levels"),
+        (b'{"name": "\xff\xfe"}', "not UTF-8 text: byte 0xff at offset 10"),
+        (json.dumps(VALID).replace("1.5, 1.25", "1" + "0" * 400 + ", 1.25").encode(), "an integer of 401 digits"),
+        (b'{"format_version": 1, "name": 1' + b"0" * 5000 + b"}", "not valid JSON"),
+    ],
+)
+def test_a_hostile_file_is_a_baseline_error_naming_the_problem(tmp_path: Path, content: bytes, problem: str) -> None:
+    path = tmp_path / "hostile.json"
+    path.write_bytes(content)
+    with pytest.raises(BaselineError) as err:
+        load_record(path)
+    assert str(err.value).startswith(str(path)) and problem in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"phases": {"gen": {"seconds": 5e-324}}}, "$.phases.gen.seconds[0]: expected a number >= 1e-09"),
+        ({"phases": {"gen": {"seconds": 1e308}}}, "$.phases.gen.seconds[0]: expected a number <= 1000000.0"),
+        ({"tolerances": {"timing_s": 1e300}}, "$.tolerances.timing_s: expected a number < 1, found 1e+300"),
+        ({"tolerances": {"timing_s": -0.1}}, "$.tolerances.timing_s: expected a number >= 0"),
+        ({"hardware": {**VALID["hardware"], "nodes": 2**63}}, "$.hardware.nodes: expected an integer of magnitude below 2**63"),
+    ],
+)
+def test_absurd_values_that_would_disable_the_gate_are_refused(change: dict, problem: str) -> None:
+    data = {**copy.deepcopy(VALID), **change}
+    assert any(p.startswith(problem) for p in validate(data)), validate(data)
+
+
+def test_the_plugin_turns_a_hostile_baseline_into_a_usage_error(pytester: pytest.Pytester) -> None:
+    deep = pytester.path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest(f"--rl-baseline={deep}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert f"--rl-baseline {deep}: not a usable run record" in result.stderr.str()
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()

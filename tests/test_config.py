@@ -214,3 +214,18 @@ def test_target_lengths_and_prompt_length_are_checked_at_start_up(overrides, mes
 def test_a_target_mean_at_the_cap_is_accepted_and_none_ignores_the_mean():
     build_config([f"{TARGETS}.distribution=constant", f"{TARGETS}.mean=32"])
     build_config([f"{TARGETS}.mean=1000"])  # distribution none: the mean is not used
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "actor_rollout_ref.actor.optim.lr=nan",
+        "actor_rollout_ref.actor.kl_loss_coef=inf",
+        "algorithm.kl_ctrl.kl_coef=-inf",
+        "actor_rollout_ref.actor.optim.betas=[0.9,nan]",
+    ],
+)
+def test_a_non_finite_float_is_refused_naming_its_key(override: str) -> None:
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)} must be a finite number"):
+        build_config([override])

@@ -247,3 +247,11 @@ def test_plain_tests_build_nothing(pytester: pytest.Pytester) -> None:
     pytester.mkdir("nowhere")
     result = pytester.runpytest("--rl-model=nowhere")
     result.assert_outcomes(passed=1)
+
+
+def test_a_batch_larger_than_the_data_set_ends_the_session_naming_both_numbers(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(RECORDS_RUN.format(fixture="rl_dataset"))
+    result = pytester.runpytest("--rl-config=data.synthetic_size=16", "--rl-config=data.train_batch_size=32")
+    assert_ended_before_tests(
+        result, pytester, "data.train_batch_size (32) is larger than the synthetic data set", "16 usable prompt(s)"
+    )

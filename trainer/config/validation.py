@@ -9,9 +9,10 @@ Choices without a registry stay as tables below.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
-from trainer.config.schema import Config, ConfigError, UnsupportedConfigError, get_value
+from trainer.config.schema import KEY_TYPES, Config, ConfigError, UnsupportedConfigError, get_value
 
 ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
 TARGET_LENGTHS_KEY = "actor_rollout_ref.rollout.target_lengths.distribution"
@@ -183,6 +184,16 @@ def _check_target_lengths(cfg: Config) -> None:
         )
 
 
+def _finite(cfg: Config) -> None:
+    """Every float key (and each float of a list key such as optim.betas) is a finite number: a NaN
+    learning rate or an infinite KL coefficient would make every update a silent no-op while still timed."""
+    for key in KEY_TYPES:
+        value = get_value(cfg, key)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"{key} must be a finite number, got {value}")
+
+
 def validate(cfg: Config, check_names: bool = True) -> Config:
     """Cross-field checks VERL makes at start-up, with messages that say what would be valid.
 
@@ -191,6 +202,7 @@ def validate(cfg: Config, check_names: bool = True) -> Config:
     for key in CHOICE_KEYS:
         if check_names or key not in REGISTRIES:
             check_choice(key, get_value(cfg, key))
+    _finite(cfg)
     for name in cfg.trainer.logger:
         if name not in LOGGERS:
             raise UnsupportedConfigError(
