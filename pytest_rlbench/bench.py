@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -71,6 +72,21 @@ def describe_model(model: RLModel, cfg: Config) -> ModelArch:
     )
 
 
+def dataset_label(cfg: Config) -> str:
+    """The data set as a record names it: the user's file, or the synthetic set by what defines it
+    (not by the session's temp path, which differs in every session)."""
+    from pytest_rlbench.config_path import SYNTHETIC_FILE
+
+    files = cfg.data.train_files
+    if files and Path(files[0]).name != SYNTHETIC_FILE:
+        return files[0]
+    data = cfg.data
+    return (
+        f"synthetic (size {data.synthetic_size}, difficulty {data.synthetic_difficulty}, seed {data.seed}, "
+        f"prompt length {data.synthetic_prompt_length or 'natural'})"
+    )
+
+
 def describe_config(cfg: Config) -> RunConfig:
     arr = cfg.actor_rollout_ref
     return RunConfig(
@@ -92,7 +108,7 @@ def describe_config(cfg: Config) -> RunConfig:
             "gradient_checkpointing": arr.model.enable_gradient_checkpointing,
             "param_offload": arr.actor.fsdp_config.param_offload,
             "optimizer_offload": arr.actor.fsdp_config.optimizer_offload,
-            "dataset": cfg.data.train_files[0] if cfg.data.train_files else "synthetic",
+            "dataset": dataset_label(cfg),
         },
     )
 

@@ -119,11 +119,31 @@ def session_defaults(
 
 
 def build_trainer_config(
-    opts: RLBenchOptions, gpus_per_node: int | None = None, workdir: Path | None = None, check_names: bool = True
+    opts: RLBenchOptions,
+    gpus_per_node: int | None = None,
+    workdir: Path | None = None,
+    check_names: bool = True,
+    replay: bool = True,
 ) -> Config:
-    """The trainer config, built once: session defaults, then the options' and --rl-config overrides.
+    """The trainer config, built once: session defaults, a replayed workload, then the options' and
+    --rl-config overrides.
 
     gpus_per_node: the cluster's count when the options leave it open (--gpu alone); workdir: the
     session's temp dir (without it, no data file or checkpoint dir is set: the start-up check);
-    check_names: also check the names that registries hold (rollout engine, estimator, ...)."""
-    return build_config([*session_defaults(opts, workdir, gpus_per_node), *opts.overrides], check_names=check_names)
+    check_names: also check the names that registries hold (rollout engine, estimator, ...); replay:
+    apply --rl-workload (its work per GPU needs the number of workers, unknown before the cluster is
+    when --gpu leaves the GPU count open)."""
+    first = session_defaults(opts, workdir, gpus_per_node)
+    if opts.workload and replay:
+        first = [*first, *workload_overrides_for(opts, first)]
+    return build_config([*first, *opts.overrides], check_names=check_names)
+
+
+def workload_overrides_for(opts: RLBenchOptions, defaults: Sequence[Override]) -> list[Override]:
+    """--rl-workload's overrides for the number of workers the rest of the config gives."""
+    from pytest_rlbench.replay import load_workload_baseline, replay_overrides, replay_settings
+
+    source = opts.source_of("rl_workload")
+    baseline = load_workload_baseline(opts.workload, source)
+    world_size = build_config([*defaults, *opts.overrides], check_names=False).world_size
+    return replay_overrides(replay_settings(baseline, world_size, source), f"{source} {baseline.name}")

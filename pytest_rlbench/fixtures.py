@@ -22,6 +22,7 @@ import pytest
 from pytest_rlbench.cluster import ClusterError, ClusterInfo, RayConnection, check_cluster, precheck_embedded
 from pytest_rlbench.config_path import build_trainer_config
 from pytest_rlbench.options import RLBenchOptions
+from pytest_rlbench.replay import session_replay_notes
 
 if TYPE_CHECKING:
     import torch
@@ -138,6 +139,7 @@ class RLBenchSession:
         self._model: RLModel | None = None
         self._dataset: RLDataset | None = None
         self._workdir: Path | None = None
+        self.replay_notes: list[str] = []  # --rl-workload: what was replayed and what was set on top
 
     # ------------------------------------------------------------------ start-up checks
     def prepare(self, fixturenames: set[str]) -> list[str]:
@@ -217,6 +219,7 @@ class RLBenchSession:
             gpus = resolve_gpus_per_node(self.cluster(), opts.nodes)
         try:
             cfg = build_trainer_config(opts, gpus_per_node=gpus, workdir=self.workdir())
+            self.replay_notes = session_replay_notes(opts, cfg)
             if opts.dataset is None:  # the synthetic set, at the path the session default gave
                 self._write_synthetic_set(cfg)
             self.config.hook.pytest_rlbench_update_config(config=self.config, rl_config=cfg)

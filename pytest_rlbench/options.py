@@ -137,6 +137,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
         f"Untimed rounds before a phase's timed ones (default {DEFAULT_WARMUP_ROUNDS}).",
         "N",
     ),
+    OptionSpec(
+        "--rl-workload",
+        "str",
+        "Do a baseline's recorded work per GPU on the GPUs at hand (a stored name or a baseline file), "
+        "so the comparison with it can be a gate; --rl-config on top turns it into a reference.",
+        "NAME|PATH",
+    ),
     OptionSpec("--rl-report", "str", "Write the benchmark report as JSON to this file.", "PATH"),
     OptionSpec("--rl-save-baseline", "str", "Record this run as a baseline file at PATH.", "PATH"),
 )
@@ -162,6 +169,7 @@ class RLBenchOptions:
     # The options' overrides, then --rl-config's: what the trainer config is built from.
     overrides: tuple[Override, ...] = ()
     baselines: tuple[str, ...] = ()
+    workload: str | None = None  # a baseline whose work per GPU the run replays (--rl-workload)
     tolerance: float = DEFAULT_TOLERANCE
     rounds: int = DEFAULT_ROUNDS
     warmup_rounds: int = DEFAULT_WARMUP_ROUNDS
@@ -188,6 +196,7 @@ class RLBenchOptions:
             "rollout": self.rollout,
             "config_overrides": list(self.config_overrides),
             "baselines": list(self.baselines),
+            "workload": self.workload,
             "tolerance": self.tolerance,
             "rounds": self.rounds,
             "warmup_rounds": self.warmup_rounds,
@@ -294,6 +303,8 @@ def parse_options(
     if (r := get("rl_baseline")) is not None:
         baselines = tuple(check_baseline(r, str(v).strip()) for v in r.value if str(v).strip())
 
+    workload = check_baseline(r, values.text_of(r)) if (r := get("rl_workload")) is not None else None
+
     owned = {"rl_gpu": gpu, "rl_nodes": nodes, "rl_gpus_per_node": gpus_per_node, "rl_model": model}
     owned.update(rl_rollout=rollout, rl_dataset=dataset)
     folded = {OPTION_KEYS[dest] for dest in owned if dest in sources}  # now set by the options' overrides
@@ -309,6 +320,7 @@ def parse_options(
         config_overrides=config_texts,
         overrides=(*option_overrides(owned, sources), *(o for o in user if o.key not in folded)),
         baselines=baselines,
+        workload=workload,
         tolerance=values.tolerance(r) if (r := get("rl_tolerance")) else DEFAULT_TOLERANCE,
         rounds=values.positive_int(r, "rounds") if (r := get("rl_rounds")) else DEFAULT_ROUNDS,
         warmup_rounds=(
@@ -324,7 +336,8 @@ def parse_options(
     # use it (still before any test runs): reading a registry imports torch, which a run of plain
     # tests with the plugin loaded must not pay.
     try:
-        build_trainer_config(opts, check_names=False)
+        # --gpu without a GPU count: the workload's split over GPUs is checked at session start
+        build_trainer_config(opts, check_names=False, replay=not (opts.gpu and opts.gpus_per_node is None))
     except ConfigError as exc:
         raise OptionError(
             f"the trainer config from the --rl-* options and {config_source} is invalid: {exc}"

@@ -144,15 +144,19 @@ def pytest_configure(config: pytest.Config) -> None:
 def load_baselines(session: RLBenchSession) -> list[RunRecord]:
     """Every baseline, loaded and validated now: a bad file is a usage error before any test runs."""
     entries = session.baselines() or list(PUBLISHED_BASELINES)
-    records = []
+    if session.opts.workload:  # the replayed baseline is always compared with
+        entries.append(session.opts.workload)
+    records: list[RunRecord] = []
     for entry in entries:
         try:
             if isinstance(entry, dict):
-                records.append(record_from_dict(entry, source="a baseline from pytest_rlbench_baselines"))
+                record = record_from_dict(entry, source="a baseline from pytest_rlbench_baselines")
             else:
-                records.append(load_baseline(entry))
+                record = load_baseline(entry)
         except BaselineError as exc:
             raise pytest.UsageError(f"pytest-rlbench: --rl-baseline {exc}") from None
+        if all(r.name != record.name for r in records):
+            records.append(record)
     return records
 
 
@@ -308,6 +312,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if outcome is None:
         return
     terminalreporter.section("rlbench")
+    session = config.stash.get(SESSION_KEY, None)
+    for note in session.replay_notes if session is not None else []:
+        terminalreporter.write_line(note)
     for line in terminal_lines(outcome.results, outcome.findings, verbose=config.option.verbose > 0):
         terminalreporter.write_line(line)
     for path in outcome.written:
