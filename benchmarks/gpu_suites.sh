@@ -6,6 +6,9 @@
 #   bash benchmarks/gpu_suites.sh OUT_DIR hf16x8       # the same prompts through the hf engine (generation only)
 #   bash benchmarks/gpu_suites.sh OUT_DIR gen128x14k   # 128 responses of 14,336 tokens: generation only
 #   bash benchmarks/gpu_suites.sh OUT_DIR memory       # gradient checkpointing, optimizer offload, param offload
+#   bash benchmarks/gpu_suites.sh OUT_DIR replay-gen replay-gen-uniform replay-step replay-phases
+#                                                      # VERL v0.5.0's 1.5B work per GPU (--rl-workload), in
+#                                                      # parts that each fit a 10-minute command
 #
 # The package must be importable (pip install -e . or PYTHONPATH); with PYTHONPATH the plugin is
 # loaded with -p pytest_rlbench.plugin, as it is not installed through its entry point.
@@ -49,6 +52,18 @@ for shape in "$@"; do
                 --rl-config "$opt" suites/test_step.py --rl-rollout fast --rl-rounds 1 --rl-warmup-rounds 0 \
                 --rl-report "$out/$name.json"
         done ;;
+    replay-*)
+        replay=(-q -p no:cacheprovider "${plugin[@]}" --gpu --rl-workload verl-v0.5.0-1.5b --rl-rollout fast
+                --rl-rounds 1 --rl-warmup-rounds 0 --rl-report "$out/$shape.json")
+        case "$shape" in
+        replay-gen) python3 -m pytest "${replay[@]}" suites/test_phases.py -k "test_gen and not generate" ;;
+        replay-gen-uniform)  # the same, every response at the published mean: the length shape's weight
+            python3 -m pytest "${replay[@]}" suites/test_phases.py -k "test_gen and not generate" \
+                --rl-config actor_rollout_ref.rollout.target_lengths.distribution=constant ;;
+        replay-step) python3 -m pytest "${replay[@]}" suites/test_step.py ;;
+        replay-phases) python3 -m pytest "${replay[@]}" suites/test_phases.py -k "old_log_prob or test_ref or update_actor" ;;
+        *) echo "unknown shape $shape" >&2; exit 2 ;;
+        esac ;;
     *) echo "unknown shape $shape" >&2; exit 2 ;;
     esac
 done

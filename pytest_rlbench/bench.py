@@ -180,8 +180,10 @@ class PhaseBench:
     then timed rounds through pytest-benchmark with the device-synchronised clock; returns the last
     round's result.
 
-    tokens: the work a round does, when it is not the warm step's batch: token counts
-    (``trainer.batch_tokens(batch)``), or a function of ``fn``'s result that returns them.
+    tokens: the work a round does, when it is not the warm step's batch: token counts, or a function
+    of a round's result that returns them (``rl_trainer.batch_tokens`` for a generation, ``lambda r:
+    r.tokens`` for a whole step); a function is asked for every timed round, and each round's figures
+    are then taken over its own work.
     breakdown: a function of each timed round's result that returns its seconds by phase key (a whole
     step's ``result.timing_s``); the report keeps one breakdown per round."""
 
@@ -233,8 +235,13 @@ class PhaseBench:
             result = self.benchmark.pedantic(round_, setup=prepare, rounds=self.rounds, warmup_rounds=self.warmup)
             self.samples = list(self.benchmark.stats.stats.data)
         timed = results[-len(self.samples) :]  # warm-up rounds come first
-        counts = token_counts(tokens(result) if callable(tokens) else tokens)
-        self.recorder.record(phase, self.samples, self.item.nodeid, counts)
+        if callable(tokens):  # each round's own work: a generation's responses, a step's new batch
+            per_round = [token_counts(tokens(r)) for r in timed]
+            counts = per_round[-1]
+            self.recorder.record(phase, self.samples, self.item.nodeid, counts, round_tokens=per_round)
+        else:
+            counts = token_counts(tokens)
+            self.recorder.record(phase, self.samples, self.item.nodeid, counts)
         if breakdown is not None:
             self.recorder.add_step_breakdown([breakdown(r) for r in timed])
         self._describe(phase, counts)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_rlbench.metrics import (
     BANDWIDTH,
@@ -42,7 +42,15 @@ from pytest_rlbench.metrics import (
     TOKEN_BASIS,
     family_of,
 )
-from pytest_rlbench.record import DTYPE_BYTES, Hardware, ModelArch, RunConfig, RunRecord, TokenCounts
+from pytest_rlbench.record import (
+    DTYPE_BYTES,
+    Hardware,
+    ModelArch,
+    PhaseRecord,
+    RunConfig,
+    RunRecord,
+    TokenCounts,
+)
 from pytest_rlbench.workload import workload_tokens
 from trainer.models.flops import flops_params
 from trainer.models.flops import forward_flops as _forward_flops
@@ -310,15 +318,33 @@ def _bandwidth(record: RunRecord) -> Figure:
     return _utilisation(record, metric, phase, read, peak, bandwidth_utilisation, basis)
 
 
+def _per_round(record: RunRecord, phase: str, make: Callable[[RunRecord], Figure]) -> Figure:
+    """``make``'s figure; where each round worked on its own batch (``round_tokens``), each round's
+    figure over its own tokens, and their median."""
+    timed = record.phases[phase]
+    rounds = timed.round_tokens
+    if not rounds or len(rounds) != len(timed.seconds):
+        return make(record)
+    figures = [
+        make(replace(record, phases={**record.phases, phase: PhaseRecord(seconds=[t], tokens=tok)}))
+        for t, tok in zip(timed.seconds, rounds, strict=True)
+    ]
+    if any(f.value is None for f in figures):
+        return figures[0]
+    samples = tuple(f.value for f in figures if f.value is not None)
+    basis = f"{figures[0].basis}, each round over its own batch"
+    return replace(figures[0], value=statistics.median(samples), samples=samples, basis=basis)
+
+
 def phase_figures(record: RunRecord, phase: str) -> list[Figure]:
     """The derived figures of one timed phase, in the families' order (bandwidth use comes with gen)."""
     out = [
-        _per_token_figure(record, family, phase)
+        _per_round(record, phase, lambda r, f=family: _per_token_figure(r, f, phase))
         for family in (THROUGHPUT, TIMING_PER_TOKEN)
         if phase in FAMILIES[family].phases
     ]
     if phase in FAMILIES[MFU].phases:
-        out.append(_mfu(record, phase))
+        out.append(_per_round(record, phase, lambda r: _mfu(r, phase)))
     return out
 
 
@@ -335,7 +361,8 @@ def derive(record: RunRecord) -> dict[str, Figure]:
     for phase in timed:
         figures.update((f.metric, f) for f in phase_figures(record, phase))
     if "gen" in record.phases or "generate_sequences" in record.phases:
-        figures[f"{BANDWIDTH}/gen"] = _bandwidth(record)
+        phase = "generate_sequences" if "generate_sequences" in record.phases else "gen"
+        figures[f"{BANDWIDTH}/gen"] = _per_round(record, phase, _bandwidth)
     for name, metric in record.metrics.items():
         values = metric.value
         figures[name] = Figure(

@@ -146,6 +146,9 @@ class PhaseRecord:
 
     seconds: list[float] = field(metadata=PHASE_SECONDS)
     tokens: TokenCounts | None = field(default=None, metadata={"omit_default": True})
+    # Each timed round's own work, when the rounds worked on different batches (whole steps, each on
+    # the next prompts): one per entry of ``seconds``; derived figures then take each round over its own.
+    round_tokens: list[TokenCounts] | None = field(default=None, metadata={"omit_default": True})
 
 
 @dataclass

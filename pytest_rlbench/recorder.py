@@ -96,7 +96,16 @@ class BenchRecorder:
         self.metrics: dict[str, Metric] = {}
         self.step_breakdown: list[dict[str, float]] = []  # per whole-step round: seconds by key
 
-    def record(self, phase: str, samples: list[float], nodeid: str, tokens: TokenCounts | None = None) -> None:
+    def record(
+        self,
+        phase: str,
+        samples: list[float],
+        nodeid: str,
+        tokens: TokenCounts | None = None,
+        round_tokens: list[TokenCounts] | None = None,
+    ) -> None:
+        """One phase's timed rounds; ``tokens`` the work of a round (when not the step's batch), or
+        ``round_tokens`` the work of each round (when every round had its own batch)."""
         if phase not in PHASE_KEYS:
             raise ValueError(f"{nodeid}: {phase!r} is not a phase key; valid keys: {', '.join(PHASE_KEYS)}")
         if phase in self.phases:
@@ -105,7 +114,11 @@ class BenchRecorder:
             )
         if not samples:
             raise ValueError(f"{nodeid}: no timed rounds for phase {phase!r}")
-        self.phases[phase] = PhaseRecord(seconds=[float(s) for s in samples], tokens=tokens)
+        if round_tokens is not None and len(round_tokens) != len(samples):
+            raise ValueError(f"{nodeid}: {len(round_tokens)} token counts for {len(samples)} rounds of {phase!r}")
+        self.phases[phase] = PhaseRecord(
+            seconds=[float(s) for s in samples], tokens=tokens, round_tokens=round_tokens
+        )
         self.sources[phase] = nodeid
 
     def add_metric(self, name: str, values: list[float], unit: str, higher_is_better: bool) -> None:

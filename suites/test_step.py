@@ -8,11 +8,12 @@ from trainer.phases import STEP_PHASES
 
 
 @pytest.mark.rl_phase("step")
-def test_step(rl_trainer, rl_batch, rl_bench):
-    # Each round's own phase breakdown, as VERL logs it, goes into the report beside the benchmarks.
+def test_step(rl_trainer, rl_bench):
+    # Each round trains on the next batch: its throughput counts that batch's own tokens, and its phase
+    # breakdown, as VERL logs it, goes into the report beside the benchmarks.
     result = rl_bench(
         lambda: rl_trainer.train_step(next(rl_trainer.loader)),
-        tokens=rl_batch.tokens,
+        tokens=lambda r: r.tokens,
         breakdown=lambda r: r.timing_s,
     )
     last = result.timing_s

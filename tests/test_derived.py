@@ -87,6 +87,24 @@ def test_throughput_and_timing_per_token_by_hand() -> None:
     assert figures["timing_s/gen"].value == 2.0 and figures["timing_s/gen"].samples == (1.0, 2.0, 4.0)
 
 
+def test_rounds_on_their_own_batches_each_count_their_own_tokens() -> None:
+    # Three whole steps, each on the next batch: 8, 16 and 4 tokens in 8, 8 and 1 s. The step's
+    # throughput used to divide one batch's tokens by every round's time.
+    rounds = [
+        {"prompt_lengths": [2, 2], "response_lengths": [1, 3], "decode_steps": 3},
+        {"prompt_lengths": [4, 4], "response_lengths": [5, 3], "decode_steps": 5},
+        {"prompt_lengths": [1, 1], "response_lengths": [1, 1], "decode_steps": 1},
+    ]
+    phases = {**RUN["phases"], "step": {"seconds": [8.0, 8.0, 1.0], "round_tokens": rounds}}
+    figures = _derive(phases=phases)
+    step = figures["tokens_per_s_per_gpu/step"]
+    assert step.samples == (8 / (8.0 * 2), 16 / (8.0 * 2), 4 / (1.0 * 2))
+    assert step.value == 16 / (8.0 * 2)  # the median of the rounds' own throughputs
+    assert "each round over its own batch" in step.basis
+    again = record_from_dict({**copy.deepcopy(RUN), "phases": phases})
+    assert len(again.phases["step"].round_tokens) == 3  # the record keeps them
+
+
 def test_mfu_by_hand() -> None:
     figures = _derive()
     train = 6 * 52 * 8 + 6 * (9 + 25) * 2 * 1 * 1
