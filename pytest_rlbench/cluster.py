@@ -2,7 +2,10 @@
 
 ``RayConnection.open`` either attaches this process to a running cluster (``--rl-ray-address`` or
 RAY_ADDRESS) or starts an embedded single-node Ray on 127.0.0.1; ``close`` undoes exactly that (an
-embedded Ray is stopped, a connection to someone else's cluster is only dropped). ``describe`` reads
+embedded Ray is stopped, a connection to someone else's cluster is only dropped), and stops every Ray
+process it started, so none is left running after the session, an interrupted one included.
+An address is probed with a deadline (``--rl-ray-timeout``) before ``ray.init`` is called, which
+would otherwise retry an unreachable one for many minutes. ``describe`` reads
 what the cluster has from Ray's node table; ``check_cluster`` compares it with what was asked for.
 The describing and checking functions are pure, so they are tested on plain values.
 """
@@ -12,12 +15,15 @@ from __future__ import annotations
 import atexit
 import logging
 import platform
+import signal
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from trainer.driver.ray_local import use_loopback
+from trainer.driver.ray_probe import DEFAULT_CONNECT_TIMEOUT_S, wait_for_ray
+from trainer.driver.ray_processes import ray_descendants, stop_ray
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 NAMESPACE = "rlbench"
@@ -229,17 +235,24 @@ def is_loopback(address: str) -> bool:
 class RayConnection:
     """This process's use of Ray for one session; ``close`` undoes only what ``open`` did."""
 
-    def __init__(self, address: str, embedded: bool, owned: bool) -> None:
+    def __init__(self, address: str, embedded: bool, owned: bool, spare: tuple[int, ...] = ()) -> None:
         self.address = address
         self.embedded = embedded
         self.owned = owned  # we called ray.init, so we call ray.shutdown
+        self.spare = spare  # Ray processes under this one that were running before open: not ours
         self.closed = False
 
     @classmethod
     def open(
-        cls, address: str | None, num_cpus: int | None = None, address_source: str = "--rl-ray-address"
+        cls,
+        address: str | None,
+        num_cpus: int | None = None,
+        address_source: str = "--rl-ray-address",
+        timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        timeout_source: str = "--rl-ray-timeout",
     ) -> RayConnection:
-        """Connect to ``address``, or start an embedded local Ray (``num_cpus`` logical CPUs) if None."""
+        """Connect to ``address`` (a head node must answer within ``timeout_s``), or start an embedded
+        local Ray (``num_cpus`` logical CPUs) if None."""
         if address is None or is_loopback(address):
             use_loopback()  # before importing Ray; a driver of a loopback cluster must be on 127.0.0.1 too
         import ray
@@ -247,6 +260,7 @@ class RayConnection:
         if ray.is_initialized():  # someone (a conftest, a test) attached already: use it, leave it
             return cls(ray.get_runtime_context().gcs_address, embedded=False, owned=False)
         quiet: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.ERROR, namespace=NAMESPACE)
+        spare = tuple(ray_descendants())
         try:
             if address is None:
                 ray.init(
@@ -257,13 +271,18 @@ class RayConnection:
                     **quiet,
                 )
             else:
+                wait_for_ray(address, timeout_s, timeout_source)
                 ray.init(address=address, **quiet)
-        except Exception as exc:  # ConnectionError, RuntimeError, ValueError: Ray uses several
-            if ray.is_initialized():
-                ray.shutdown()
+        except BaseException as exc:  # ConnectionError, RuntimeError, ValueError: Ray uses several
+            stop_ray(spare)  # an interrupted start too: what it started so far must not outlive us
+            if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
+                # ray.init replaces the SIGTERM handler with sys.exit(SIGTERM): treat it as Ctrl-C
+                raise KeyboardInterrupt("SIGTERM") from None
+            if not isinstance(exc, Exception):
+                raise
             where = f"{address_source}={address}" if address else "an embedded local Ray"
             raise ClusterError(f"could not start or reach {where}: {type(exc).__name__}: {exc}") from exc
-        conn = cls(ray.get_runtime_context().gcs_address, embedded=address is None, owned=True)
+        conn = cls(ray.get_runtime_context().gcs_address, embedded=address is None, owned=True, spare=spare)
         atexit.register(conn.close)  # a session killed past pytest_sessionfinish still stops its Ray
         return conn
 
@@ -288,9 +307,5 @@ class RayConnection:
             return
         self.closed = True
         atexit.unregister(self.close)
-        if not self.owned:
-            return
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
+        if self.owned:
+            stop_ray(self.spare)

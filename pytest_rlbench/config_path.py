@@ -42,6 +42,7 @@ OPTION_KEYS: dict[str, str] = {
     "rl_model": "actor_rollout_ref.model.path",
     "rl_rollout": ROLLOUT_KEY,
     "rl_dataset": "data.train_files",
+    "rl_phase_timeout": "trainer.phase_timeout_s",
 }
 SESSION_DEFAULT = "the session's default"
 SYNTHETIC_FILE = "synthetic_math.parquet"  # in the session's temp dir when --rl-dataset is not given

@@ -178,7 +178,10 @@ class RLBenchSession:
                 raise SetupError(problem)
         try:
             num_cpus = self._embedded_cpus() if opts.embedded else None
-            self.connection = RayConnection.open(opts.ray_address, num_cpus, opts.ray_address_source)
+            self.connection = RayConnection.open(
+                opts.ray_address, num_cpus, opts.ray_address_source,
+                opts.ray_timeout, opts.source_of("rl_ray_timeout"),
+            )
             info = self.connection.describe()
         except ClusterError as exc:
             raise SetupError(str(exc)) from exc

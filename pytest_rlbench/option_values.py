@@ -86,6 +86,18 @@ def tolerance(raw: RawValue) -> float:
     return value
 
 
+def seconds(raw: RawValue, what: str) -> float:
+    """A duration in seconds, finite and > 0."""
+    text = text_of(raw)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0.0 < value < math.inf):
+        raise OptionError(f"{raw.source} expects {what} in seconds, a number > 0, got {text!r}")
+    return value
+
+
 def path(raw: RawValue) -> Path:
     text = text_of(raw)
     if not text:

@@ -35,6 +35,8 @@ from pytest_rlbench.option_checks import (
 )
 from pytest_rlbench.option_values import OptionError, RawValue
 from trainer.config import ConfigError, Override
+from trainer.config.schema import TrainerSection
+from trainer.driver.ray_probe import DEFAULT_CONNECT_TIMEOUT_S as DEFAULT_TIMEOUT_S
 
 DEFAULT_ROLLOUT = "hf"
 DEFAULT_ROUNDS = 5
@@ -146,6 +148,16 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec("--rl-report", "str", "Write the benchmark report as JSON to this file.", "PATH"),
     OptionSpec("--rl-save-baseline", "str", "Record this run as a baseline file at PATH.", "PATH"),
+    OptionSpec(
+        "--rl-ray-timeout", "float",
+        f"Seconds the Ray cluster at the address has to answer (default {DEFAULT_TIMEOUT_S:g}).",
+        "SECONDS",
+    ),
+    OptionSpec(
+        "--rl-phase-timeout", "float",
+        "Longest wait for the workers in one phase, trainer.phase_timeout_s; a hung worker then fails the "
+        f"session (default {TrainerSection.phase_timeout_s:g}).", "SECONDS",
+    ),
 )
 SPECS: dict[str, OptionSpec] = {spec.dest: spec for spec in OPTIONS}
 
@@ -175,6 +187,8 @@ class RLBenchOptions:
     warmup_rounds: int = DEFAULT_WARMUP_ROUNDS
     report: Path | None = None
     save_baseline: Path | None = None
+    ray_timeout: float = DEFAULT_TIMEOUT_S
+    phase_timeout: float = TrainerSection.phase_timeout_s
     sources: Mapping[str, str] = field(default_factory=dict)  # dest -> where the value came from
 
     @property
@@ -288,6 +302,12 @@ def parse_options(
         DEFAULT_ROLLOUT,
     )
     dataset = own("rl_dataset", lambda r: check_dataset(values.path(r), r.source), one_file, None)
+    phase_timeout = own(
+        "rl_phase_timeout",
+        lambda r: values.seconds(r, "a phase timeout"),
+        lambda v, src: values.seconds(RawValue(v, src, cwd), "a phase timeout"),
+        TrainerSection.phase_timeout_s,
+    )
 
     address: str | None = None
     address_source = "embedded"
@@ -306,7 +326,7 @@ def parse_options(
     workload = check_baseline(r, values.text_of(r)) if (r := get("rl_workload")) is not None else None
 
     owned = {"rl_gpu": gpu, "rl_nodes": nodes, "rl_gpus_per_node": gpus_per_node, "rl_model": model}
-    owned.update(rl_rollout=rollout, rl_dataset=dataset)
+    owned.update(rl_rollout=rollout, rl_dataset=dataset, rl_phase_timeout=phase_timeout)
     folded = {OPTION_KEYS[dest] for dest in owned if dest in sources}  # now set by the options' overrides
     opts = RLBenchOptions(
         nodes=nodes,
@@ -328,6 +348,8 @@ def parse_options(
         ),
         report=values.output_path(r) if (r := get("rl_report")) else None,
         save_baseline=values.output_path(r) if (r := get("rl_save_baseline")) else None,
+        ray_timeout=values.seconds(r, "a timeout") if (r := get("rl_ray_timeout")) else DEFAULT_TIMEOUT_S,
+        phase_timeout=phase_timeout,
         sources=sources,
     )
     # Cross-field checks of the composed trainer config (batch sizes against workers, ...). With

@@ -9,13 +9,16 @@ Loaded through the ``pytest11`` entry point. The order of a session:
    need (model, data set, trainer config, Ray cluster) are built and checked before the first test
    runs; a failure ends the session at once (exit 4) with a message naming what is wrong.
 5. the tests: ``rl_bench`` records each phase's timed rounds (pytest_rlbench/bench.py).
-6. ``pytest_sessionfinish``: the run record is built and compared with every baseline; the JSON
-   report, its chart and the saved baseline are written, each on its own (pytest_rlbench/outputs.py);
-   the baseline only when every selected test passed and the session was not interrupted. A
-   regression or an output that could not be written makes the exit status 1. An embedded Ray is
-   stopped (an atexit guard covers harder exits).
+6. ``pytest_sessionfinish`` (last: after the session fixtures' teardown stopped the trainer's
+   workers): the run record is built and compared with every baseline; the JSON report, its chart
+   and the saved baseline are written, each on its own (pytest_rlbench/outputs.py); the baseline only
+   when every selected test passed and the session was not interrupted. A regression or an output
+   that could not be written makes the exit status 1. Then Ray is stopped, every process of an
+   embedded Ray included (an atexit guard covers harder exits).
 7. ``pytest_terminal_summary``: the comparison table, consistency findings, files written and files
    not written (one line each, with the reason).
+
+Signals and dead workers are handled by ``pytest_rlbench.faults`` (registered in pytest_configure).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pytest_rlbench.bench import (  # noqa: F401  (fixtures are found as attribu
     rl_prompts,
     rl_trainer,
 )
+from pytest_rlbench.faults import FaultHandling
 from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attributes of the plugin)
     FIXTURE_NEEDS,
     SESSION_KEY,
@@ -136,6 +140,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"pytest-rlbench: {clash}")
     session = RLBenchSession(config, opts)
     config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(FaultHandling(config), FaultHandling.NAME)
     config.stash[BASELINES_KEY] = load_baselines(session)
     name = opts.save_baseline.stem if opts.save_baseline else "this-run"
     config.stash[RECORDER_KEY] = BenchRecorder(name, config.rootpath)
@@ -253,6 +258,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         pytest.exit(f"pytest-rlbench: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
+@pytest.hookimpl(trylast=True)  # after the session fixtures' teardown: the workers go before Ray
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     state = config.stash.get(SESSION_KEY, None)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +21,7 @@ from trainer.driver.checkpoint import (
     step_dir,
     verify_checkpoint,
 )
+from trainer.driver.checkpoint_lock import LOCK_FILE, CheckpointLock, CheckpointLockError
 
 
 def test_save_then_load_round_trip(tmp_path):
@@ -29,7 +33,7 @@ def test_save_then_load_round_trip(tmp_path):
     assert loaded["trainer"] == {"global_step": 2, "loader": {"epoch": 0}}
     assert manifest["meta"] == {"note": "x"}
     assert latest_checkpoint(tmp_path) == path
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporaries left
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [LOCK_FILE]  # no temporaries left
 
 
 def test_a_crash_mid_save_leaves_no_valid_checkpoint(tmp_path):
@@ -144,3 +148,66 @@ def test_a_manifest_file_name_outside_the_directory_is_refused(tmp_path, name):
     _rewrite_manifest(path, files={name: info})
     with pytest.raises(CheckpointError, match=r"manifest.json: field 'files': expected plain file names"):
         verify_checkpoint(path)
+
+
+# ----------------------------------------------------------------------------- one writer per directory
+HOLD_LOCK = """
+import sys, time
+from trainer.driver.checkpoint_lock import CheckpointLock
+CheckpointLock.acquire(sys.argv[1])
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def other_run(tmp_path):
+    """A second process holding the checkpoint lock of tmp_path/ckpt (killed, by pid, afterwards)."""
+    root = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(root)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        yield root, proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_a_directory_in_use_by_another_run_is_refused_naming_it_and_the_holder(other_run):
+    root, proc = other_run
+    with pytest.raises(CheckpointLockError) as err:
+        CheckpointLock.acquire(root)
+    assert str(root.resolve()) in str(err.value) and f"pid {proc.pid}" in str(err.value)
+    # a save of the same step from here (before: "Directory not empty", or interleaved steps) is refused
+    with pytest.raises(CheckpointLockError, match=f"pid {proc.pid}"):
+        save_checkpoint(root, 1, {"model": {"w": torch.zeros(2)}})
+    assert not step_dir(root, 1).exists()
+    proc.kill()
+    proc.wait(timeout=30)
+    lock = CheckpointLock.acquire(root)  # the kernel dropped the dead holder's lock
+    try:
+        assert (root / LOCK_FILE).read_text().strip() == str(os.getpid())
+        save_checkpoint(root, 1, {"model": {"w": torch.zeros(2)}})  # under the lock this process holds
+    finally:
+        lock.release()
+
+
+def test_temporaries_of_dead_writers_are_removed_when_the_lock_is_taken(tmp_path):
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait(timeout=30)
+    dead, alive = finished.pid, os.getppid()
+    stale = [f".global_step_3.tmp-{dead}-ab12", ".global_step_4.tmp-x9y8z7", f".global_step_2.old-{dead}"]
+    kept = [f".global_step_5.tmp-{alive}-cd34", "global_step_1"]
+    for name in stale + kept:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.pt").write_bytes(b"partial")
+    (tmp_path / f".latest_checkpointed_iteration.txt.tmp-{dead}").write_text("3")
+    lock = CheckpointLock.acquire(tmp_path)
+    try:
+        left = sorted(p.name for p in tmp_path.iterdir())
+    finally:
+        lock.release()
+    assert left == sorted([*kept, LOCK_FILE])

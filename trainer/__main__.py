@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 from trainer.config import ConfigError, build_config
@@ -25,6 +26,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="VERL dotted overrides")
     parser.add_argument("--workdir", default=None, help="where generated data goes (default: a temp dir)")
+    parser.add_argument(
+        "--ray-timeout", type=float, default=None, metavar="SECONDS",
+        help="how long the Ray cluster at RAY_ADDRESS has to answer (default 30)",
+    )
     return parser.parse_args(argv)
 
 
@@ -37,13 +42,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from trainer.build import build_trainer, load_dataset, ray_session
+    from trainer.driver.ray_probe import RayUnreachableError
     from trainer.driver.tracking import Tracking
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rlbench-"))
     dataset = load_dataset(cfg, workdir)
     print(dataset.summary(), flush=True)
     log_dir = Path(cfg.trainer.log_dir) / cfg.trainer.project_name / cfg.trainer.experiment_name
-    with ray_session():
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(ray_session(timeout_s=args.ray_timeout, timeout_option="--ray-timeout"))
+        except RayUnreachableError as exc:  # a usage problem: one line, no traceback
+            print(f"error: RAY_ADDRESS: {exc}", file=sys.stderr)
+            return 1
         trainer = build_trainer(cfg, workdir, dataset, Tracking(cfg.trainer.logger, log_dir))
         try:
             resumed = trainer.resume()

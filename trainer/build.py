@@ -35,12 +35,21 @@ def load_dataset(cfg: Config, workdir: str | Path) -> PromptDataset:
 
 
 @contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[bool]:
+def ray_session(
+    address: str | None = None,
+    num_cpus: int | None = None,
+    timeout_s: float | None = None,
+    timeout_option: str = "ray_session(timeout_s=...)",
+) -> Iterator[bool]:
     """Ray for the trainer's workers; yields whether this call started it.
 
-    An already initialised Ray is used as it is. Otherwise ``address`` (else RAY_ADDRESS) is joined,
-    or a new local Ray is started on 127.0.0.1 and stopped on exit."""
+    An already initialised Ray is used as it is. Otherwise ``address`` (else RAY_ADDRESS) is joined
+    once a head node answers there (within ``timeout_s``, default 30 s; else RayUnreachableError
+    naming the address and ``timeout_option``), or a new local Ray is started on 127.0.0.1. What
+    this call started or joined is shut down on exit, every process of a local Ray included."""
     from trainer.driver.ray_local import init_local_ray, use_loopback
+    from trainer.driver.ray_probe import DEFAULT_CONNECT_TIMEOUT_S, wait_for_ray
+    from trainer.driver.ray_processes import ray_descendants, stop_ray
 
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:
@@ -50,14 +59,17 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     if ray.is_initialized():
         yield False
         return
-    if address is not None:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        init_local_ray(num_cpus=num_cpus)
+    spare = ray_descendants()
     try:
+        if address is not None:
+            deadline_s = DEFAULT_CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
+            wait_for_ray(address, deadline_s, timeout_option)
+            ray.init(address=address, log_to_driver=False)
+        else:
+            init_local_ray(num_cpus=num_cpus)
         yield True
     finally:
-        ray.shutdown()
+        stop_ray(spare)
 
 
 def build_trainer(

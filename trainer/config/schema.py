@@ -190,6 +190,7 @@ class TrainerSection:
     resume_from_path: str | None = None
     seed: int = 1
     log_dir: str = "runs"  # tensorboard event files go under log_dir/project/experiment
+    phase_timeout_s: float = 1800.0  # longest wait for the workers in one phase (a hung worker fails the run)
 
 
 @dataclass

@@ -5,6 +5,10 @@ disk, a manifest with each file's size and SHA-256 is written last, and only the
 renamed into place (an atomic rename on POSIX file systems). The tracker file that names the latest
 step (VERL's ``latest_checkpointed_iteration.txt``) is replaced atomically after that. Loading checks
 the manifest, so a truncated or altered file is an error, not a silently different model.
+
+Only one process writes into a checkpoint root at a time (trainer/driver/checkpoint_lock.py): a
+save takes the root's lock unless this process holds it already (a trainer holds it for its
+lifetime), and temporaries carry the writer's pid so that those of dead writers can be removed.
 """
 
 from __future__ import annotations
@@ -15,10 +19,14 @@ import os
 import pickle
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from trainer.driver.checkpoint_lock import CheckpointLock
 
 MANIFEST = "manifest.json"
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -58,12 +66,31 @@ def _write_atomic_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+@contextmanager
+def _writing(root: Path) -> Iterator[None]:
+    # The lock for one save, unless this process holds it already (then it is kept).
+    if CheckpointLock.held(root):
+        yield
+        return
+    lock = CheckpointLock.acquire(root)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: dict[str, Any] | None = None) -> Path:
-    """Write ``parts`` (name -> torch-serialisable object) as step ``step`` under ``root``."""
+    """Write ``parts`` (name -> torch-serialisable object) as step ``step`` under ``root``.
+
+    Raises CheckpointLockError when another process holds ``root``'s lock."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    with _writing(root):
+        return _save(root, step, parts, meta)
+
+
+def _save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any] | None) -> Path:
     final = step_dir(root, step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".global_step_{step}.tmp-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".global_step_{step}.tmp-{os.getpid()}-", dir=root))
     try:
         files: dict[str, dict[str, Any]] = {}
         for name, obj in parts.items():

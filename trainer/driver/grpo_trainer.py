@@ -20,6 +20,7 @@ from trainer.batch import Batch, concat_batches
 from trainer.config import Config
 from trainer.data.loader import PromptBatch, PromptDataset
 from trainer.driver.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.driver.checkpoint_lock import CheckpointLock
 from trainer.driver.reward import score_batch, scores_to_token_rewards
 from trainer.driver.sharding import even_split, mini_batch_shards
 from trainer.driver.step_figures import BatchTokens, batch_metrics, batch_tokens
@@ -60,7 +61,15 @@ class GRPOTrainer:
         self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         self.tracking = tracking
         self.global_step = 0
-        self.workers = WorkerGroup(cfg)
+        # A run that saves holds its checkpoint directory for its lifetime: a second run there fails now.
+        saves = cfg.trainer.save_freq > 0
+        self.checkpoint_lock = CheckpointLock.acquire(self.checkpoint_root) if saves else None
+        try:
+            self.workers = WorkerGroup(cfg)
+        except BaseException:
+            if self.checkpoint_lock is not None:
+                self.checkpoint_lock.release()
+            raise
 
     @property
     def uses_ref(self) -> bool:
@@ -121,7 +130,7 @@ class GRPOTrainer:
             )
             for rows in parts
         ]
-        shards = self.workers.each("generate", args)
+        shards = self.workers.each("generate", args, phase="generate_sequences")
         return concat_batches([s for s in shards if s.size])
 
     def batch_tokens(self, batch: Batch) -> BatchTokens:
@@ -143,17 +152,17 @@ class GRPOTrainer:
         batch.token_level_scores = scores_to_token_rewards(scores, batch.response_mask)
         return batch
 
-    def _log_probs(self, method: str, batch: Batch) -> torch.Tensor:
+    def _log_probs(self, method: str, batch: Batch, phase: str) -> torch.Tensor:
         parts = even_split(batch.size, self.workers.world_size)
-        outs = self.workers.each(method, [(batch.select(rows),) for rows in parts])
+        outs = self.workers.each(method, [(batch.select(rows),) for rows in parts], phase=phase)
         width = batch.response_ids.shape[1]
         return torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1])) for o in outs])
 
     def compute_old_log_prob(self, batch: Batch) -> torch.Tensor:
-        return self._log_probs("compute_old_log_prob", batch)
+        return self._log_probs("compute_old_log_prob", batch, "old_log_prob")
 
     def compute_ref_log_prob(self, batch: Batch) -> torch.Tensor:
-        return self._log_probs("compute_ref_log_prob", batch)
+        return self._log_probs("compute_ref_log_prob", batch, "ref")
 
     def compute_advantage(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         alg = self.cfg.algorithm
@@ -202,7 +211,8 @@ class GRPOTrainer:
         return results
 
     def save_checkpoint(self) -> Path:
-        state = self.workers.all("state")[0]  # all: under FSDP gathering the shards is a collective
+        # all: under FSDP gathering the shards is a collective
+        state = self.workers.all("state", phase="save_checkpoint")[0]
         driver = {
             "global_step": self.global_step,
             "loader": self.loader.state_dict(),
@@ -217,7 +227,8 @@ class GRPOTrainer:
         if target is None:
             return 0
         parts, _ = load_checkpoint(target)
-        self.workers.all("load_state", {"model": parts["model"], "optimizer": parts["optimizer"]})
+        state = {"model": parts["model"], "optimizer": parts["optimizer"]}
+        self.workers.all("load_state", state, phase="load_checkpoint")
         driver = parts["trainer"]
         self.global_step = int(driver["global_step"])
         self.loader.load_state_dict(driver["loader"])
@@ -234,5 +245,7 @@ class GRPOTrainer:
 
     def shutdown(self) -> None:
         self.workers.shutdown()
+        if self.checkpoint_lock is not None:
+            self.checkpoint_lock.release()
         if self.tracking is not None:
             self.tracking.close()

@@ -3,6 +3,11 @@
 With one worker every collective is the identity, so the same training code runs alone or in a
 group. Gradients are summed, not averaged: each worker's loss is already weighted by its share of
 the global mini-batch (see trainer/workers/actor.py).
+
+The rendezvous (torch.distributed's TCPStore, served by rank 0) listens where rank 0 says, not on
+all interfaces: TCPStore binds its server to every interface whatever host it is given, so rank 0
+binds the listening socket itself (``Rendezvous``) and hands the store its descriptor
+(``master_listen_fd``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+class Rendezvous:
+    """Rank 0's listening socket for the group's TCPStore, bound to ``host`` (a free port by default).
+
+    The store serves on this socket's descriptor: keep the object alive while the group exists."""
+
+    def __init__(self, host: str, port: int = 0) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.bind((host, port))
+        self.socket.listen()
+        self.host = host
+        self.port = int(self.socket.getsockname()[1])
+
+    def close(self) -> None:
+        self.socket.close()
+
+
 class DataParallel:
     """Collectives over the worker group, as plain Python numbers and whole-model gradient buffers."""
 
@@ -28,24 +50,48 @@ class DataParallel:
         self.rank = rank
         self.world_size = world_size
         self.device = device or torch.device("cpu")
+        self.rendezvous: Rendezvous | None = None
 
     @property
     def active(self) -> bool:
         return self.world_size > 1
 
     def init(
-        self, master_addr: str, master_port: int, backend: str, timeout_s: float = 600.0, force: bool = False
+        self,
+        master_addr: str,
+        master_port: int,
+        backend: str,
+        timeout_s: float = 600.0,
+        force: bool = False,
+        rendezvous: Rendezvous | None = None,
     ) -> None:
-        """Join the group; with one worker only when ``force`` (FSDP2 needs a group even of one)."""
+        """Join the group; with one worker only when ``force`` (FSDP2 needs a group even of one).
+
+        Rank 0 serves the store on its ``rendezvous`` (bound to master_addr:master_port), or binds
+        one there now."""
         if not (self.active or force):
+            if rendezvous is not None:
+                rendezvous.close()  # a group of one needs no store
             return
         if backend == "nccl":
             # NVLink multicast (NVLS) can take a shared host's GPUs out of service: never use it.
             os.environ["NCCL_NVLS_ENABLE"] = "0"
             torch.cuda.set_device(self.device)
+        serving = self.rank == 0
+        if serving and rendezvous is None:
+            rendezvous = Rendezvous(master_addr, master_port)
+        self.rendezvous = rendezvous if serving else None
+        store = dist.TCPStore(
+            master_addr,
+            master_port,
+            self.world_size,
+            is_master=serving,
+            timeout=timedelta(seconds=timeout_s),
+            master_listen_fd=rendezvous.socket.fileno() if serving else None,
+        )
         dist.init_process_group(
             backend=backend,
-            init_method=f"tcp://{master_addr}:{master_port}",
+            store=store,
             rank=self.rank,
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
@@ -91,3 +137,6 @@ class DataParallel:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self.rendezvous is not None:
+            self.rendezvous.close()
+            self.rendezvous = None

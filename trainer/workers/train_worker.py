@@ -11,9 +11,11 @@ the CPU or disk.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
+import ray
 import torch
 
 from trainer.batch import Batch
@@ -22,7 +24,7 @@ from trainer.models.presets import build_model, load_tokenizer, resolve_dtype
 from trainer.rollout import make_engine
 from trainer.rollout.base import SamplingParams
 from trainer.workers.actor import UpdateSettings, compute_log_probs, update_policy
-from trainer.workers.distributed import DataParallel, free_port
+from trainer.workers.distributed import DataParallel, Rendezvous
 from trainer.workers.fsdp import (
     PolicyModel,
     compute_dtype,
@@ -52,19 +54,23 @@ class TrainWorker:
         self.dp = DataParallel(rank, world_size, self.device)
         self.actor: torch.nn.Module | None = None
         self.ref: torch.nn.Module | None = None
+        self.rendezvous: Rendezvous | None = None  # rank 0's, from address() to setup()
 
     # -- set-up -------------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
-        """Where rank 0 listens for the process group (its node's IP and a free port)."""
-        ip = socket.gethostbyname(socket.gethostname()) if self.cfg.trainer.nnodes > 1 else "127.0.0.1"
-        return ip, free_port("0.0.0.0" if self.cfg.trainer.nnodes > 1 else "127.0.0.1")
+        """Where rank 0 listens for the process group: a free port on its node's Ray address (the
+        loopback address when every worker is on one node), bound now and held until ``setup``."""
+        host = ray.util.get_node_ip_address() if self.cfg.trainer.nnodes > 1 else "127.0.0.1"
+        self.rendezvous = Rendezvous(host)
+        return host, self.rendezvous.port
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         cfg = self.cfg
         arr = cfg.actor_rollout_ref
         self.strategy = resolve_strategy(arr.actor.strategy, self.device.type)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        self.dp.init(master_addr, master_port, backend, force=self.strategy == "fsdp2")
+        force = self.strategy == "fsdp2"
+        self.dp.init(master_addr, master_port, backend, force=force, rendezvous=self.rendezvous)
         path = arr.model.path
         fsdp = arr.actor.fsdp_config
         dtype = resolve_dtype(fsdp.model_dtype, cfg.trainer.device)
@@ -91,6 +97,8 @@ class TrainWorker:
         return {
             "rank": self.rank,
             "host": socket.gethostname(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
             "device": str(self.device),
             "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "threads": torch.get_num_threads(),
@@ -222,7 +230,7 @@ class TrainWorker:
         return out
 
     def shutdown(self) -> None:
-        self.dp.shutdown()
+        self.dp.shutdown()  # closes the rendezvous it was handed
 
 
 def _to_cpu(obj: Any) -> Any:
