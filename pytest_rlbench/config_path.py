@@ -4,8 +4,10 @@ A dedicated option is sugar for one override (``--rl-nodes 2`` is ``trainer.nnod
 ``OPTION_KEYS``). The session's trainer config is built once, by ``trainer.config.build_config``, from
 
     the session's defaults  (synthetic data file, checkpoint dir in the session's temp dir, GPU count)
+    the ini file's rl_config (the suites' default work)
+    a replayed workload     (--rl-workload: a baseline's work per GPU, see pytest_rlbench.replay)
     the options' overrides  (--rl-nodes, --rl-model, ..., each with where it came from)
-    the --rl-config ones    (ini file's first, then the command line's; the later wins per key)
+    the command line's --rl-config (the later wins per key)
 
 so a user's value wins over a session default with no re-parsing. A key given both by its option and
 in --rl-config is one setting given twice and is refused, so a report never shows one value while
@@ -126,7 +128,8 @@ def build_trainer_config(
     check_names: bool = True,
     replay: bool = True,
 ) -> Config:
-    """The trainer config, built once: session defaults, a replayed workload, then the options' and
+    """The trainer config, built once: session defaults, the ini file's rl_config, a replayed workload
+    (which so replaces the ini file's default work), then the options' and the command line's
     --rl-config overrides.
 
     gpus_per_node: the cluster's count when the options leave it open (--gpu alone); workdir: the
@@ -134,7 +137,7 @@ def build_trainer_config(
     check_names: also check the names that registries hold (rollout engine, estimator, ...); replay:
     apply --rl-workload (its work per GPU needs the number of workers, unknown before the cluster is
     when --gpu leaves the GPU count open)."""
-    first = session_defaults(opts, workdir, gpus_per_node)
+    first = [*session_defaults(opts, workdir, gpus_per_node), *opts.ini_overrides]
     if opts.workload and replay:
         first = [*first, *workload_overrides_for(opts, first)]
     return build_config([*first, *opts.overrides], check_names=check_names)

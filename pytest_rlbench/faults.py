@@ -57,6 +57,8 @@ class FaultHandling:
                 self.handle_sigterm_as_interrupt()
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        if excinfo.errisinstance(pytest.exit.Exception):
+            return  # pytest.exit (a bad config found at start-up, say) says itself why; not an interrupt
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             cause = str(excinfo.value) or "SIGINT"

@@ -33,6 +33,7 @@ class RawValue:
     value: Any
     source: str
     base_dir: Path
+    ini_count: int = 0  # of a list value: how many leading entries came from the ini file
 
 
 def text_of(raw: RawValue) -> str:

@@ -178,7 +178,9 @@ class RLBenchOptions:
     dataset: Path | None = None
     rollout: str = DEFAULT_ROLLOUT
     config_overrides: tuple[str, ...] = ()  # --rl-config as given (ini file's first)
-    # The options' overrides, then --rl-config's: what the trainer config is built from.
+    # What the trainer config is built from: the ini file's rl_config overrides (the suites' default
+    # work, which a replayed workload replaces), then the options' and the command line's --rl-config.
+    ini_overrides: tuple[Override, ...] = ()
     overrides: tuple[Override, ...] = ()
     baselines: tuple[str, ...] = ()
     workload: str | None = None  # a baseline whose work per GPU the run replays (--rl-workload)
@@ -250,6 +252,7 @@ def parse_options(
     config_texts = tuple(str(v) for v in config_raw.value) if config_raw else ()
     config_source = config_raw.source if config_raw else SPECS["rl_config"].flag
     user, scratch = user_overrides(config_texts, config_source)
+    ini_count = config_raw.ini_count if config_raw else 0  # the ini file's come first
 
     def own(dest: str, parse: Callable[[RawValue], Any], check: Callable[[Any, str], Any], default: Any) -> Any:
         """The option's value: given, or from a --rl-config override of its key (checked the same
@@ -338,7 +341,8 @@ def parse_options(
         dataset=dataset,
         rollout=rollout,
         config_overrides=config_texts,
-        overrides=(*option_overrides(owned, sources), *(o for o in user if o.key not in folded)),
+        ini_overrides=tuple(o for o in user[:ini_count] if o.key not in folded),
+        overrides=(*option_overrides(owned, sources), *(o for o in user[ini_count:] if o.key not in folded)),
         baselines=baselines,
         workload=workload,
         tolerance=values.tolerance(r) if (r := get("rl_tolerance")) else DEFAULT_TOLERANCE,

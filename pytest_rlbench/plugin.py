@@ -109,12 +109,13 @@ def read_raw_options(config: pytest.Config) -> dict[str, RawValue | None]:
             ini_value = None
         if value is not None and ini_value is not None and spec.accumulates:
             raw[spec.dest] = RawValue(
-                [*ini_value, *value], f"{spec.flag} (after {spec.dest} of the ini file)", cli_dir
+                [*ini_value, *value], f"{spec.flag} (after {spec.dest} of the ini file)", cli_dir, len(ini_value)
             )
         elif value is not None:
             raw[spec.dest] = RawValue(value, spec.flag, cli_dir)
         elif ini_value is not None:
-            raw[spec.dest] = RawValue(ini_value, f"{spec.dest} (ini)", ini_dir)
+            count = len(ini_value) if isinstance(ini_value, list) else 0
+            raw[spec.dest] = RawValue(ini_value, f"{spec.dest} (ini)", ini_dir, count)
         else:
             raw[spec.dest] = None
     return raw

@@ -72,4 +72,4 @@ def session_replay_notes(opts: RLBenchOptions, cfg: Config) -> list[str]:
     baseline = load_workload_baseline(opts.workload, source)
     settings = replay_settings(baseline, cfg.world_size, source)
     head = f"{source}: replaying the work per GPU of baseline {baseline.name!r} on {cfg.world_size} worker(s)"
-    return [head, *replay_notes(cfg, settings, opts.overrides)]
+    return [head, *replay_notes(cfg, settings, [*opts.ini_overrides, *opts.overrides])]

@@ -87,3 +87,27 @@ def test_a_workload_that_cannot_be_replayed_is_a_usage_error(pytester: pytest.Py
     result = session(pytester, f"--rl-workload={record}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--rl-workload*records no workload, so its work cannot be replayed*"])
+
+
+def test_a_replay_replaces_the_ini_file_s_default_work_and_the_command_line_wins(pytester: pytest.Pytester) -> None:
+    saved = pytester.path / "saved.json"
+    session(pytester, f"--rl-save-baseline={saved}", *(f"--rl-config={o}" for o in SAVED_WORK)).assert_outcomes(
+        passed=1
+    )
+    # The ini file's rl_config (like this repository's pyproject.toml) sets other work.
+    pytester.makeini(
+        """
+        [pytest]
+        rl_config =
+            data.train_batch_size=8
+            actor_rollout_ref.actor.ppo_mini_batch_size=4
+            data.max_response_length=16
+        """
+    )
+    report_path = pytester.path / "replay.json"
+    replay = session(pytester, f"--rl-workload={saved}", f"--rl-report={report_path}", "--rl-tolerance=0.9")
+    replay.assert_outcomes(passed=1)
+    report = json.loads(report_path.read_text())
+    baseline = json.loads(saved.read_text())
+    assert report["run"]["config"] == baseline["config"]  # the workload, not the ini file's work
+    assert {c["mode"] for c in comparisons_with(report, "saved")} == {"gate"}
