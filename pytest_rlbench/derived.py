@@ -42,6 +42,7 @@ from pytest_rlbench.metrics import (
     TOKEN_BASIS,
     family_of,
 )
+from pytest_rlbench.peaks import peak_bf16_flops, peak_memory_bandwidth
 from pytest_rlbench.record import (
     DTYPE_BYTES,
     Hardware,
@@ -56,32 +57,6 @@ from trainer.models.flops import flops_params
 from trainer.models.flops import forward_flops as _forward_flops
 from trainer.models.flops import train_flops as _train_flops
 from trainer.phases import PHASE_KEYS
-
-# Peak dense bf16 FLOP/s per device, as VERL's flops counter tables them (matched by substring, in
-# order; VERL does not tell H100 SXM from PCIe, and neither do we, to stay comparable).
-PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("H100", 989e12),
-    ("H800", 989e12),
-    ("H200", 989e12),
-    ("A100", 312e12),
-    ("B200", 2.25e15),
-    ("MI300X", 1336e12),
-    ("L40S", 362e12),
-)
-
-# Peak memory bandwidth, bytes/s, from the vendors' data sheets. Every listed substring must occur;
-# the first match wins, so the variants come before the generic names. A bare "H100" matches nothing:
-# SXM (3.35 TB/s) and PCIe (2.0 TB/s) differ too much to pick one.
-PEAK_MEMORY_BANDWIDTH: tuple[tuple[tuple[str, ...], float], ...] = (
-    (("H200",), 4.8e12),
-    (("H100", "PCIE"), 2.0e12),
-    (("H100", "NVL"), 3.9e12),
-    (("H100", "SXM"), 3.35e12),
-    (("H100", "HBM3"), 3.35e12),  # torch names the SXM part "NVIDIA H100 80GB HBM3"
-    (("A100", "80GB", "PCIE"), 1.935e12),
-    (("A100", "80GB"), 2.039e12),
-    (("A100", "40GB"), 1.555e12),
-)
 
 # Passes over the batch, in units of a training step (forward + backward = 3 forward passes).
 MFU_PASSES: dict[str, float] = {"old_log_prob": 1 / 3, "ref": 1 / 3, "update_actor": 1.0}
@@ -165,16 +140,6 @@ def mfu(flops: float, seconds: float, peak_flops: float, world_size: int) -> flo
 
 def bandwidth_utilisation(bytes_read: float, seconds: float, peak_bandwidth: float, world_size: int) -> float:
     return bytes_read / seconds / peak_bandwidth / world_size
-
-
-def peak_bf16_flops(gpu_model: str) -> float | None:
-    name = gpu_model.upper()
-    return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
-
-
-def peak_memory_bandwidth(gpu_model: str) -> float | None:
-    name = gpu_model.upper()
-    return next((bw for keys, bw in PEAK_MEMORY_BANDWIDTH if all(k in name for k in keys)), None)
 
 
 # --- Resolving raw inputs, each with how it was found or why it is missing. -------------------------

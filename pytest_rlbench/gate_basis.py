@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pytest_rlbench.derived import PEAK_BF16_FLOPS, peak_memory_bandwidth
 from pytest_rlbench.metrics import BANDWIDTH, MFU, THROUGHPUT, TIMING
+from pytest_rlbench.peaks import PEAK_BF16_FLOPS, peak_memory_bandwidth
 from pytest_rlbench.record import RunRecord
 from pytest_rlbench.workload import decode_replicas, workload_matches
 

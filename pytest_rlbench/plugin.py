@@ -53,7 +53,8 @@ from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attr
     rl_model,
     rl_options,
 )
-from pytest_rlbench.options import OPTIONS, OptionError, RawValue, parse_options
+from pytest_rlbench.option_table import OPTIONS
+from pytest_rlbench.options import OptionError, RawValue, parse_options
 from pytest_rlbench.outputs import clashing_outputs
 from pytest_rlbench.record import BaselineError, RunRecord, record_from_dict
 from pytest_rlbench.recorder import BenchRecorder, SessionOutcome, local_hardware

@@ -15,10 +15,9 @@ from pytest_rlbench.derived import (
     derive,
     forward_flops,
     kv_cache_read_bytes,
-    peak_bf16_flops,
-    peak_memory_bandwidth,
     train_flops,
 )
+from pytest_rlbench.peaks import peak_bf16_flops, peak_memory_bandwidth
 from pytest_rlbench.record import ModelArch, record_from_dict
 from pytest_rlbench.workload import workload_tokens
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_rlbench.option_table import OPTIONS
 from pytest_rlbench.options import (
     DEFAULT_TOLERANCE,
-    OPTIONS,
     OptionError,
     RawValue,
     RLBenchOptions,

@@ -1,0 +1,138 @@
+"""The plugin's option table: each option's flag, ini name, kind, metavar and one-line help.
+
+Data only: ``plugin.py`` registers ``OPTIONS`` with pytest (command line and ini), and
+``options.parse_options`` turns the raw values into ``RLBenchOptions``. Nothing here imports pytest,
+torch or Ray, so ``pytest --help`` pays for none of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pytest_rlbench.metrics import DEFAULT_TOLERANCE
+from trainer.config.schema import TrainerSection
+from trainer.driver.ray_probe import DEFAULT_CONNECT_TIMEOUT_S as DEFAULT_TIMEOUT_S
+
+DEFAULT_ROLLOUT = "hf"
+DEFAULT_ROUNDS = 5
+DEFAULT_WARMUP_ROUNDS = 1
+
+Kind = Literal["int", "float", "str", "flag", "multi"]
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One plugin option: its command-line flag, ini name, kind and one-line help."""
+
+    flag: str
+    kind: Kind
+    help: str
+    metavar: str | None = None
+    # A repeatable option whose ini entries come before the command line's instead of being
+    # replaced by them (--rl-config: each override is per key, so the command line still wins).
+    accumulates: bool = False
+
+    @property
+    def dest(self) -> str:
+        """The argparse destination, which is also the ini name: ``--rl-nodes`` -> ``rl_nodes``."""
+        name = self.flag.lstrip("-").replace("-", "_")
+        return name if name.startswith("rl_") else f"rl_{name}"  # --gpu -> rl_gpu in the ini file
+
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec(
+        "--rl-nodes",
+        "int",
+        "Ray nodes the trainer spreads over; the cluster must have this many alive (default 1).",
+        "N",
+    ),
+    OptionSpec(
+        "--rl-gpus-per-node",
+        "int",
+        "GPUs (= workers) per node; needs --gpu (default: all GPUs of the smallest node used).",
+        "N",
+    ),
+    OptionSpec(
+        "--gpu",
+        "flag",
+        "Run on GPUs; fail at start-up if the cluster has fewer than asked for (default: CPU).",
+    ),
+    OptionSpec(
+        "--rl-ray-address",
+        "str",
+        "Ray cluster to use, host:port (default: $RAY_ADDRESS; else a local Ray the plugin starts and stops).",
+        "ADDR",
+    ),
+    OptionSpec(
+        "--rl-model",
+        "str",
+        "Model preset (tiny, r1-distill-qwen-1.5b, r1-distill-qwen-7b) or a local HF model directory (default tiny).",
+        "NAME|PATH",
+    ),
+    OptionSpec(
+        "--rl-dataset",
+        "str",
+        "Parquet file in VERL's RL schema (default: a synthetic math set generated for the session).",
+        "PATH",
+    ),
+    # The engines are not listed here: reading the registry imports torch, which every pytest start
+    # (--help included) would pay. A name that is not registered is refused with the registered ones.
+    OptionSpec(
+        "--rl-rollout",
+        "str",
+        "Rollout engine registered in trainer.rollout, e.g. fast (default " + DEFAULT_ROLLOUT + ").",
+        "ENGINE",
+    ),
+    OptionSpec(
+        "--rl-config",
+        "multi",
+        "VERL-style trainer override, e.g. actor_rollout_ref.rollout.n=16 (repeatable).",
+        "KEY=VALUE",
+        accumulates=True,
+    ),
+    OptionSpec(
+        "--rl-baseline",
+        "multi",
+        "Baseline to compare with: a stored name or a baseline file (repeatable).",
+        "NAME|PATH",
+    ),
+    OptionSpec(
+        "--rl-tolerance",
+        "float",
+        f"Allowed fraction of slowdown against a baseline, 0 <= t < 1 (default {DEFAULT_TOLERANCE}).",
+        "FRACTION",
+    ),
+    OptionSpec(
+        "--rl-rounds",
+        "int",
+        f"Timed rounds per phase benchmark; the median is compared (default {DEFAULT_ROUNDS}).",
+        "N",
+    ),
+    OptionSpec(
+        "--rl-warmup-rounds",
+        "int",
+        f"Untimed rounds before a phase's timed ones (default {DEFAULT_WARMUP_ROUNDS}).",
+        "N",
+    ),
+    OptionSpec(
+        "--rl-workload",
+        "str",
+        "Do a baseline's recorded work per GPU on the GPUs at hand (a stored name or a baseline file), "
+        "so the comparison with it can be a gate; --rl-config on top turns it into a reference.",
+        "NAME|PATH",
+    ),
+    OptionSpec("--rl-report", "str", "Write the benchmark report as JSON to this file.", "PATH"),
+    OptionSpec("--rl-save-baseline", "str", "Record this run as a baseline file at PATH.", "PATH"),
+    OptionSpec(
+        "--rl-ray-timeout", "float",
+        f"Seconds the Ray cluster at the address has to answer (default {DEFAULT_TIMEOUT_S:g}).",
+        "SECONDS",
+    ),
+    OptionSpec(
+        "--rl-phase-timeout", "float",
+        "Longest wait for the workers in one phase, trainer.phase_timeout_s; a hung worker then fails the "
+        f"session (default {TrainerSection.phase_timeout_s:g}).", "SECONDS",
+    ),
+)
+SPECS: dict[str, OptionSpec] = {spec.dest: spec for spec in OPTIONS}
