@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -75,11 +74,10 @@ def describe_model(model: RLModel, cfg: Config) -> ModelArch:
 def dataset_label(cfg: Config) -> str:
     """The data set as a record names it: the user's file, or the synthetic set by what defines it
     (not by the session's temp path, which differs in every session)."""
-    from pytest_rlbench.config_path import SYNTHETIC_FILE
+    from pytest_rlbench.config_path import is_synthetic
 
-    files = cfg.data.train_files
-    if files and Path(files[0]).name != SYNTHETIC_FILE:
-        return files[0]
+    if not is_synthetic(cfg.data):
+        return cfg.data.train_files[0]
     data = cfg.data
     return (
         f"synthetic (size {data.synthetic_size}, difficulty {data.synthetic_difficulty}, seed {data.seed}, "

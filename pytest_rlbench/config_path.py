@@ -26,6 +26,7 @@ from trainer.config import (
     ROLLOUT_KEY,
     Config,
     ConfigError,
+    DataConfig,
     Override,
     apply_override,
     build_config,
@@ -48,6 +49,11 @@ OPTION_KEYS: dict[str, str] = {
 }
 SESSION_DEFAULT = "the session's default"
 SYNTHETIC_FILE = "synthetic_math.parquet"  # in the session's temp dir when --rl-dataset is not given
+
+
+def is_synthetic(data: DataConfig) -> bool:
+    """Whether the data set is the generated synthetic one (none given, or the session's own file)."""
+    return not data.train_files or Path(data.train_files[0]).name == SYNTHETIC_FILE
 
 
 def user_overrides(texts: Sequence[str], source: str) -> tuple[list[Override], Config]:
@@ -150,4 +156,11 @@ def workload_overrides_for(opts: RLBenchOptions, defaults: Sequence[Override]) -
     source = opts.source_of("rl_workload")
     baseline = load_workload_baseline(opts.workload, source)
     world_size = build_config([*defaults, *opts.overrides], check_names=False).world_size
-    return replay_overrides(replay_settings(baseline, world_size, source), f"{source} {baseline.name}")
+    settings = replay_settings(baseline, world_size, source)
+    if "rl_model" not in opts.sources and all(s.key != OPTION_KEYS["rl_model"] for s in settings):
+        # never replay on the default tiny model by accident
+        raise ConfigError(
+            f"{source}: no model preset has the architecture of baseline {baseline.name!r} "
+            f"({baseline.model.name}); give --rl-model (a preset or a model directory with it)"
+        )
+    return replay_overrides(settings, f"{source} {baseline.name}")

@@ -209,7 +209,7 @@ class RLBenchSession:
     def trainer_config(self) -> Config:
         """The trainer config, built once from the session's defaults (synthetic data file and
         checkpoint dir in the session's temp dir, the cluster's GPUs per node), the options and the
-        --rl-config overrides; then the pytest_rlbench_update_config hook. Writes the synthetic set."""
+        --rl-config overrides; then the pytest_rlbench_update_config hook."""
         if self._trainer_config is not None:
             return self._trainer_config
         from trainer.config import ConfigError, validate
@@ -223,8 +223,6 @@ class RLBenchSession:
         try:
             cfg = build_trainer_config(opts, gpus_per_node=gpus, workdir=self.workdir())
             self.replay_notes = session_replay_notes(opts, cfg)
-            if opts.dataset is None:  # the synthetic set, at the path the session default gave
-                self._write_synthetic_set(cfg)
             self.config.hook.pytest_rlbench_update_config(config=self.config, rl_config=cfg)
             validate(cfg)
         except ConfigError as exc:
@@ -247,14 +245,17 @@ class RLBenchSession:
             return self._model
         from trainer.models.presets import ModelError, is_preset, load_tokenizer, model_spec
 
-        name = self.opts.model
+        # The config's model: --rl-model's, or the one a replayed workload (--rl-workload) asks for.
+        name = self.trainer_config().actor_rollout_ref.model.path
         try:
             spec = model_spec(name)
             if not is_preset(name):
                 check_model_weights(Path(name))
             tokenizer = load_tokenizer(name)
         except (ModelError, SetupError, OSError, ValueError) as exc:
-            raise SetupError(f"{self.opts.source_of('rl_model')}: {exc}") from exc
+            given = "rl_model" in self.opts.sources or not self.opts.workload
+            source = self.opts.source_of("rl_model" if given else "rl_workload")
+            raise SetupError(f"{source}: {exc}") from exc
         self._model = RLModel(name, spec, tokenizer)
         return self._model
 
@@ -266,6 +267,8 @@ class RLBenchSession:
 
         cfg = self.trainer_config()
         tokenizer = self.model().tokenizer
+        if self.opts.dataset is None:  # the synthetic set, at the path the session default gave
+            self._write_synthetic_set(cfg)
         path = Path(cfg.data.train_files[0])
         source = self.opts.source_of("rl_dataset") if self.opts.dataset else "the synthetic data set"
         try:

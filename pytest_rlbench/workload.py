@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any
 
+from pytest_rlbench.config_path import is_synthetic
 from pytest_rlbench.length_shapes import CONSTANT, LOGNORMAL, NATURAL, expected_lengths
 from pytest_rlbench.record import ModelArch, RunRecord, TokenCounts
 from pytest_rlbench.workload_format import PUBLISHED, LengthDistribution, Sourced, Workload
@@ -52,7 +53,7 @@ def _known(value: Any, why: str | None = None) -> Sourced:
 def _prompt_distribution(cfg: Any) -> LengthDistribution:
     length = getattr(cfg.data, "synthetic_prompt_length", None)
     cap = _known(cfg.data.max_prompt_length)
-    if length and not cfg.data.train_files:
+    if length and is_synthetic(cfg.data):  # only the synthetic set is padded to the length
         return LengthDistribution(
             _known(float(length)), cap, _known(CONSTANT, "data.synthetic_prompt_length")
         )
