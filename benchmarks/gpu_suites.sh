@@ -53,7 +53,10 @@ for shape in "$@"; do
                 --rl-report "$out/$name.json"
         done ;;
     replay-*)
+        # free_cache_engine (VERL's key): the engine's KV cache for 64 x 27k tokens (~51 GB) is released
+        # after generation, as VERL releases vLLM's, so the update fits beside the optimizer state.
         replay=(-q -p no:cacheprovider "${plugin[@]}" --gpu --rl-workload verl-v0.5.0-1.5b --rl-rollout fast
+                --rl-config actor_rollout_ref.rollout.free_cache_engine=True
                 --rl-rounds 1 --rl-warmup-rounds 0 --rl-report "$out/$shape.json")
         case "$shape" in
         replay-gen) python3 -m pytest "${replay[@]}" suites/test_phases.py -k "test_gen and not generate" ;;
