@@ -245,9 +245,12 @@ def parse_options(
     # Names that registries hold are checked when the session builds the config for the tests that
     # use it (still before any test runs): reading a registry imports torch, which a run of plain
     # tests with the plugin loaded must not pay.
+    if opts.workload and opts.gpu and opts.gpus_per_node is None:
+        # A replay's work per GPU needs the GPU count, known at session start: the whole config is
+        # checked there (still before any test runs), since without the replay it is not the run's.
+        return opts
     try:
-        # --gpu without a GPU count: the workload's split over GPUs is checked at session start
-        build_trainer_config(opts, check_names=False, replay=not (opts.gpu and opts.gpus_per_node is None))
+        build_trainer_config(opts, check_names=False)
     except ConfigError as exc:
         raise OptionError(
             f"the trainer config from the --rl-* options and {config_source} is invalid: {exc}"
