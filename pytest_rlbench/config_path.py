@@ -155,7 +155,10 @@ def workload_overrides_for(opts: RLBenchOptions, defaults: Sequence[Override]) -
 
     source = opts.source_of("rl_workload")
     baseline = load_workload_baseline(opts.workload, source)
-    world_size = build_config([*defaults, *opts.overrides], check_names=False).world_size
+    scratch = Config()  # only for the number of workers: the rest is checked once the workload is in
+    for override in [*defaults, *opts.overrides]:
+        apply_override(scratch, override)
+    world_size = scratch.world_size
     settings = replay_settings(baseline, world_size, source)
     if "rl_model" not in opts.sources and all(s.key != OPTION_KEYS["rl_model"] for s in settings):
         # never replay on the default tiny model by accident

@@ -111,3 +111,17 @@ def test_a_replay_replaces_the_ini_file_s_default_work_and_the_command_line_wins
     baseline = json.loads(saved.read_text())
     assert report["run"]["config"] == baseline["config"]  # the workload, not the ini file's work
     assert {c["mode"] for c in comparisons_with(report, "saved")} == {"gate"}
+
+
+def test_a_length_shape_set_on_top_of_a_replay_keeps_the_workload_s_other_values(pytester: pytest.Pytester) -> None:
+    # The uniform-at-the-mean check of the length shape's weight: only the shape changes.
+    saved = pytester.path / "saved.json"
+    session(pytester, f"--rl-save-baseline={saved}", *(f"--rl-config={o}" for o in SAVED_WORK)).assert_outcomes(
+        passed=1
+    )
+    pytester.makeini("[pytest]\nrl_config =\n    data.max_response_length=4\n")
+    replay = session(
+        pytester, f"--rl-workload={saved}", "--rl-config=actor_rollout_ref.rollout.target_lengths.distribution=constant"
+    )
+    replay.assert_outcomes(passed=1)
+    assert "target_lengths.distribution='constant' (from --rl-config" in replay.stdout.str()
