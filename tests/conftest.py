@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from trainer.driver.ray_local import use_loopback
@@ -10,6 +12,11 @@ pytest_plugins = ["pytester"]
 
 # Every Ray these tests start (local, or a ray.cluster_utils.Cluster) listens on 127.0.0.1 only.
 use_loopback()
+# Ray 2.60 turns token authentication on for a process's clusters once a local ray.init() has written
+# ~/.ray/auth_token, and keeps the mode per process. The pytest sessions these tests start through
+# pytester run with pytester's own HOME and could not read that token, so whether a test passes would
+# depend on which test started Ray first. One mode for the whole test run: off (loopback-only clusters).
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 @pytest.fixture(scope="session")
@@ -37,16 +44,9 @@ def plugin_deps_loaded() -> None:
 def two_node_cluster():
     """A real two-node Ray cluster on this machine (ray.cluster_utils.Cluster: a head and a second
     node, one CPU each, both on 127.0.0.1), connected for the module's tests and stopped after."""
-    import os
-
     import ray
     from ray.cluster_utils import Cluster
 
-    # Ray 2.60 turns token authentication on for a cluster once any local ray.init() of this process
-    # has (it writes ~/.ray/auth_token); the pytest sessions these tests start in subprocesses run with
-    # pytester's own HOME and would not find that token. These tests are about nodes, not auth.
-    before = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
     cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
@@ -54,10 +54,6 @@ def two_node_cluster():
     yield cluster
     ray.shutdown()
     cluster.shutdown()
-    if before is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = before
 
 
 # ----------------------------------------------------------------------------- rollout engines

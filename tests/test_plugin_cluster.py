@@ -133,12 +133,7 @@ def test_node_info_names_itself_by_a_short_id() -> None:
 def two_node_cluster() -> Iterator[str]:
     """A head and one worker node (1 CPU each) on 127.0.0.1; yields the head's address."""
     previous = os.environ.get(LOOPBACK_ENV)
-    previous_auth = os.environ.get("RAY_AUTH_MODE")
     use_loopback()  # before Ray is imported here: every process of the cluster listens on 127.0.0.1
-    # Ray 2.60 turns token authentication on for a cluster once any local ray.init() of this process
-    # has (it writes ~/.ray/auth_token); the sessions under test run in subprocesses with pytester's
-    # own HOME and would not find that token. These tests are about nodes and GPUs, not auth.
-    os.environ["RAY_AUTH_MODE"] = "disabled"
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(
@@ -149,11 +144,10 @@ def two_node_cluster() -> Iterator[str]:
         yield cluster.address
     finally:
         cluster.shutdown()
-        for name, value in ((LOOPBACK_ENV, previous), ("RAY_AUTH_MODE", previous_auth)):
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        if previous is None:
+            os.environ.pop(LOOPBACK_ENV, None)
+        else:
+            os.environ[LOOPBACK_ENV] = previous
 
 
 CLUSTER_TEST = """
