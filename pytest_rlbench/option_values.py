@@ -73,12 +73,17 @@ def flag(raw: RawValue) -> bool:
     raise OptionError(f"{raw.source} expects true or false, got {raw.value!r}")
 
 
+def _number(text: str) -> float:
+    """The text as a float; NaN (which every range check refuses) when it is not a number."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
 def tolerance(raw: RawValue) -> float:
     text = text_of(raw)
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _number(text)
     # 0 is allowed: a gate that fails on any slowdown (e.g. replaying a run against itself).
     if not (0.0 <= value < 1.0):
         raise OptionError(
@@ -90,10 +95,7 @@ def tolerance(raw: RawValue) -> float:
 def seconds(raw: RawValue, what: str) -> float:
     """A duration in seconds, finite and > 0."""
     text = text_of(raw)
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _number(text)
     if not (0.0 < value < math.inf):
         raise OptionError(f"{raw.source} expects {what} in seconds, a number > 0, got {text!r}")
     return value
