@@ -19,7 +19,7 @@ import pytest
 from pytest_rlbench.cluster import ClusterInfo
 from pytest_rlbench.fixtures import RLDataset, RLModel, get_session
 from pytest_rlbench.record import Hardware, ModelArch, RunConfig, TokenCounts
-from pytest_rlbench.recorder import BenchRecorder
+from pytest_rlbench.recorder import BenchRecorder, mismatch_failure
 from pytest_rlbench.workload import run_workload
 from pytest_rlbench.workload_format import Workload
 from trainer.phases import PHASE_KEYS
@@ -183,9 +183,15 @@ class PhaseBench:
     r.tokens`` for a whole step); a function is asked for every timed round, and each round's figures
     are then taken over its own work.
     breakdown: a function of each timed round's result that returns its seconds by phase key (a whole
-    step's ``result.timing_s``); the report keeps one breakdown per round."""
+    step's ``result.timing_s``); the report keeps one breakdown per round.
+    A round that returns a StepResult also hands its figures (``result.metrics``, the rollout_fidelity/*
+    ones among them) to the recorder; one above ``max_mismatch`` (--rl-max-mismatch) fails the test."""
 
-    def __init__(self, benchmark: Any, recorder: BenchRecorder, item: pytest.Item, rounds: int, warmup: int) -> None:
+    def __init__(
+        self, benchmark: Any, recorder: BenchRecorder, item: pytest.Item, rounds: int, warmup: int,
+        max_mismatch: float | None = None,
+    ) -> None:
+        self.max_mismatch = max_mismatch
         self.benchmark = benchmark
         self.recorder = recorder
         self.item = item
@@ -242,6 +248,11 @@ class PhaseBench:
             self.recorder.record(phase, self.samples, self.item.nodeid, counts)
         if breakdown is not None:
             self.recorder.add_step_breakdown([breakdown(r) for r in timed])
+        step_figures = [r.metrics for r in timed if isinstance(getattr(r, "metrics", None), dict)]
+        self.recorder.add_step_metrics(step_figures)
+        problem = mismatch_failure(step_figures, self.max_mismatch)
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)
         self._describe(phase, counts)
         return result
 
@@ -259,4 +270,6 @@ class PhaseBench:
 def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytest.Config) -> PhaseBench:
     """Time a phase (see PhaseBench); the test must carry ``@pytest.mark.rl_phase(KEY)``."""
     opts = get_session(pytestconfig).opts
-    return PhaseBench(benchmark, get_recorder(pytestconfig), request.node, opts.rounds, opts.warmup_rounds)
+    return PhaseBench(
+        benchmark, get_recorder(pytestconfig), request.node, opts.rounds, opts.warmup_rounds, opts.max_mismatch
+    )

@@ -76,6 +76,19 @@ FAMILIES: dict[str, MetricFamily] = {
         ),
     )
 }
+# Figures a training step reports of itself (StepResult.metrics), recorded as the run's metrics and
+# compared with a baseline's like throughputs: metric id -> (unit, higher is better). Not in FAMILIES,
+# whose names record.py reserves for figures derived from phase timings; and one family here holds
+# figures of both directions. The rollout_fidelity/* figures: trainer/algorithms/fidelity.py.
+ROLLOUT_FIDELITY = "rollout_fidelity"
+STEP_METRICS: dict[str, tuple[str, bool]] = {
+    f"{ROLLOUT_FIDELITY}/token_mult_prob_error": ("x", False),
+    f"{ROLLOUT_FIDELITY}/probs_diff_max": ("", False),
+    f"{ROLLOUT_FIDELITY}/probs_diff_mean": ("", False),
+    f"{ROLLOUT_FIDELITY}/probs_diff_std": ("", False),
+    f"{ROLLOUT_FIDELITY}/pearson": ("", True),
+    f"{ROLLOUT_FIDELITY}/mismatch_kl": ("nats", False),
+}
 METRIC_FAMILIES: tuple[str, ...] = tuple(FAMILIES)
 GATE_FAMILIES: tuple[str, ...] = tuple(name for name, f in FAMILIES.items() if f.gated)
 REFERENCE_FAMILIES: tuple[str, ...] = tuple(name for name, f in FAMILIES.items() if f.in_reference)

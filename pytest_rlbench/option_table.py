@@ -104,6 +104,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "FRACTION",
     ),
     OptionSpec(
+        "--rl-max-mismatch",
+        "float",
+        "Fail a step benchmark whose rollout_fidelity/token_mult_prob_error (mean exp|old - rollout "
+        "log-prob|) exceeds F >= 1 (NeMo-RL's CI holds it below 1.1; default: no limit).",
+        "F",
+    ),
+    OptionSpec(
         "--rl-rounds",
         "int",
         f"Timed rounds per phase benchmark; the median is compared (default {DEFAULT_ROUNDS}).",

@@ -92,6 +92,18 @@ def tolerance(raw: RawValue) -> float:
     return value
 
 
+def mismatch_limit(raw: RawValue) -> float:
+    """A limit on token_mult_prob_error, a mean of exp|x| and so never below 1: finite and >= 1."""
+    text = text_of(raw)
+    value = _number(text)
+    if not (1.0 <= value < math.inf):
+        raise OptionError(
+            f"{raw.source} expects a limit F >= 1 on token_mult_prob_error (1 is a perfect match; 1.1: "
+            f"NeMo-RL's CI limit), got {text!r}"
+        )
+    return value
+
+
 def seconds(raw: RawValue, what: str) -> float:
     """A duration in seconds, finite and > 0."""
     text = text_of(raw)

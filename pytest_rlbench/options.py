@@ -69,6 +69,7 @@ class RLBenchOptions:
     baselines: tuple[str, ...] = ()
     workload: str | None = None  # a baseline whose work per GPU the run replays (--rl-workload)
     tolerance: float = DEFAULT_TOLERANCE
+    max_mismatch: float | None = None  # --rl-max-mismatch: the limit on token_mult_prob_error
     rounds: int = DEFAULT_ROUNDS
     warmup_rounds: int = DEFAULT_WARMUP_ROUNDS
     report: Path | None = None
@@ -98,6 +99,7 @@ class RLBenchOptions:
             "baselines": list(self.baselines),
             "workload": self.workload,
             "tolerance": self.tolerance,
+            "max_mismatch": self.max_mismatch,
             "rounds": self.rounds,
             "warmup_rounds": self.warmup_rounds,
             "report": str(self.report) if self.report else None,
@@ -230,6 +232,7 @@ def parse_options(
         baselines=baselines,
         workload=workload,
         tolerance=values.tolerance(r) if (r := get("rl_tolerance")) else DEFAULT_TOLERANCE,
+        max_mismatch=values.mismatch_limit(r) if (r := get("rl_max_mismatch")) else None,
         rounds=values.positive_int(r, "rounds") if (r := get("rl_rounds")) else DEFAULT_ROUNDS,
         warmup_rounds=(
             values.non_negative_int(r, "rounds") if (r := get("rl_warmup_rounds")) else DEFAULT_WARMUP_ROUNDS

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import platform
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -23,6 +24,7 @@ from pytest_rlbench import __version__
 from pytest_rlbench.compare import BaselineComparison, compare_all
 from pytest_rlbench.consistency import Finding, check_record
 from pytest_rlbench.derived import derive
+from pytest_rlbench.metrics import ROLLOUT_FIDELITY, STEP_METRICS
 from pytest_rlbench.outputs import dumps_report, failure_line, write_atomic, write_text_atomic
 from pytest_rlbench.record import (
     Hardware,
@@ -41,6 +43,8 @@ from pytest_rlbench.report_chart import chart_path_for, write_chart
 from pytest_rlbench.report_json import build_report
 from pytest_rlbench.workload_format import Workload
 from trainer.phases import PHASE_KEYS
+
+MISMATCH_METRIC = f"{ROLLOUT_FIDELITY}/token_mult_prob_error"  # what --rl-max-mismatch limits
 
 
 @dataclass
@@ -129,6 +133,14 @@ class BenchRecorder:
         report's "extra" section."""
         self.step_breakdown.extend({key: float(seconds) for key, seconds in r.items()} for r in rounds)
 
+    def add_step_metrics(self, rounds: list[Mapping[str, float]]) -> None:
+        """Whole-step rounds' own figures (StepResult.metrics) that ``STEP_METRICS`` names, one sample
+        per round, as the run's metrics (compared with a baseline's like any other)."""
+        for name, (unit, higher_is_better) in STEP_METRICS.items():
+            values = [r[name] for r in rounds if name in r]
+            if values:
+                self.add_metric(name, values, unit, higher_is_better)
+
     @property
     def measured_anything(self) -> bool:
         return bool(self.phases)
@@ -216,6 +228,18 @@ class BenchRecorder:
             chart = chart_path_for(report_path)
             _write(outcome, "the chart", chart, lambda p: write_atomic(p, lambda t: write_chart(t, run, baselines)))
         return outcome
+
+
+def mismatch_failure(rounds: list[Mapping[str, float]], limit: float | None) -> str | None:
+    """Why the step rounds break --rl-max-mismatch (their worst token_mult_prob_error above ``limit``);
+    None when within it, without a limit, or when no round reported the figure."""
+    values = [r[MISMATCH_METRIC] for r in rounds if MISMATCH_METRIC in r]
+    if limit is None or not values or max(values) <= limit:
+        return None
+    return (
+        f"{MISMATCH_METRIC} {max(values):.6g} exceeds --rl-max-mismatch {limit:g} (rounds: "
+        f"{', '.join(f'{v:.6g}' for v in values)}): the rollout engine's token log-probs differ from the trainer's"
+    )
 
 
 def _write(outcome: SessionOutcome, what: str, path: Path, write: Any) -> None:

@@ -22,6 +22,9 @@ class Batch:
     response_mask: torch.Tensor  # [B, R] 1 on generated tokens (EOS included)
     uids: torch.Tensor  # [B] prompt index: responses to one prompt form a GRPO group
     ground_truths: list[str] = field(default_factory=list)
+    # [B, R] float32, set by the rollout engine: each response token's log-prob under the engine's own
+    # logits / temperature (before top-k/top-p), 0 where response_mask is 0 (trainer/rollout/base.py)
+    rollout_log_probs: torch.Tensor | None = None
     # Filled by later phases; all [B, R] over response positions unless noted.
     token_level_scores: torch.Tensor | None = None
     token_level_rewards: torch.Tensor | None = None

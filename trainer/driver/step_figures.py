@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from trainer.algorithms.aggregation import masked_mean
+from trainer.algorithms.fidelity import rollout_fidelity
 from trainer.batch import Batch
 from trainer.driver.sharding import even_split
 
@@ -57,7 +58,8 @@ def batch_tokens(batch: Batch, n: int, world_size: int) -> BatchTokens:
 
 
 def batch_metrics(batch: Batch) -> dict[str, float]:
-    """VERL's per-step data metrics (response_length/*, critic/*, actor/ref_kl) of a finished step's batch."""
+    """VERL's per-step data metrics (response_length/*, critic/*, actor/ref_kl) of a finished step's batch,
+    and the rollout_fidelity/* figures (trainer/algorithms/fidelity.py) once old_log_prob has run."""
     lengths = batch.response_lengths.float()
     out = {
         "response_length/mean": float(lengths.mean()),
@@ -72,4 +74,7 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     if batch.ref_log_probs is not None and batch.old_log_probs is not None:
         diff = batch.old_log_probs - batch.ref_log_probs
         out["actor/ref_kl"] = float(masked_mean(diff, batch.response_mask.float()))
+    if batch.rollout_log_probs is not None and batch.old_log_probs is not None:
+        # the whole batch is here, every worker's rows pooled: exact, no mean of per-worker figures
+        out.update(rollout_fidelity(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask))
     return {k: v for k, v in out.items() if not math.isnan(v)}

@@ -9,6 +9,9 @@ covers exactly its target; the engines decode only up to the longest target. The
 padding, micro-batching, eval mode, masks, assembling the Batch) lives here; an engine only
 implements ``_generate_rows``, the decoding of one left-padded micro-batch described by a
 ``RowsRequest``; the static and fast engines share their decode loop too (decode_loop.py).
+Every engine also returns each sampled token's log-prob (``GeneratedRows``): log softmax of the
+engine's own logits over the temperature, before top-k/top-p filtering (at T = 1 for greedy), which
+is what the trainer's old_log_prob computes; the Batch carries them as ``rollout_log_probs``.
 
 Weight sync (the "reshard" phase): an engine holds a model. With ``share_weights=True`` (the default,
 meant for CPU and for one process that trains and samples on the same device) the engine uses the
@@ -92,6 +95,16 @@ class NonFiniteLogitsError(RuntimeError):
             f"in batch rows {self.rows} (prompts {prompts}, micro-batch {micro_batch}); expected finite "
             "logits. Random or diverged weights (often bf16) cause this; try fp32 or check the last update."
         )
+
+
+@dataclass(frozen=True, eq=False)
+class GeneratedRows:
+    """What an engine's ``_generate_rows`` returns for one micro-batch."""
+
+    tokens: torch.Tensor  # [b, T] int64 raw generated tokens (anything after a row's end)
+    # [b, T] float32: each generated token's log-prob under the engine's own logits / temperature
+    # (before top-k/top-p filtering; T = 1 for greedy)
+    log_probs: torch.Tensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -204,7 +217,7 @@ class RolloutEngine(ABC):
         row_keys = keys.to(device)
         host_targets = self.row_targets(keys, seed, max_new_tokens)  # drawn on the CPU: the same everywhere
         targets = host_targets.to(device) if host_targets is not None else None
-        parts: list[torch.Tensor] = []
+        parts: list[GeneratedRows] = []
         with self._generation_mode(), self._seeded(seed, device) as generator:
             for mb, start in enumerate(range(0, len(rows), step)):
                 rows_slice = slice(start, start + step)
@@ -222,10 +235,10 @@ class RolloutEngine(ABC):
                     targets=targets[rows_slice] if targets is not None else None,
                     longest_target=int(host_targets[rows_slice].max()) if host_targets is not None else 0,
                 )
-                tokens = self._generate_rows(request)
-                parts.append(tokens)
-        width = max(p.shape[1] for p in parts)
-        tokens = torch.cat([pad_right(p, width, self.pad_token_id) for p in parts])
+                parts.append(self._generate_rows(request))
+        width = max(p.tokens.shape[1] for p in parts)
+        tokens = torch.cat([pad_right(p.tokens, width, self.pad_token_id) for p in parts])
+        log_probs = torch.cat([pad_right(p.log_probs, width, 0) for p in parts])
         if targets is not None:
             longest = int(host_targets.max())
             if tokens.shape[1] < longest:
@@ -234,18 +247,22 @@ class RolloutEngine(ABC):
         else:
             response_ids, response_mask = finalize_responses(tokens, self.stop_token_ids, self.pad_token_id)
             longest = int(response_mask.sum(dim=1).max())  # one host read, after decoding
+        response_mask = response_mask[:, :longest].contiguous()
         return Batch(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
             response_ids=response_ids[:, :longest].contiguous(),
-            response_mask=response_mask[:, :longest].contiguous(),
+            response_mask=response_mask,
             uids=torch.as_tensor([u for u in uids for _ in range(n)], dtype=torch.long, device=device),
             ground_truths=[g for g in ground_truths for _ in range(n)],
+            # where, not a product: a padded row's log-prob may be anything, NaN included
+            rollout_log_probs=torch.where(response_mask.bool(), log_probs[:, :longest].float(), 0.0),
         )
 
     @abstractmethod
-    def _generate_rows(self, request: RowsRequest) -> torch.Tensor:
-        """Decode one left-padded micro-batch; return the raw generated tokens [b, <= max_new_tokens].
+    def _generate_rows(self, request: RowsRequest) -> GeneratedRows:
+        """Decode one left-padded micro-batch: the raw generated tokens [b, <= max_new_tokens] and
+        their log-probs (see ``GeneratedRows``).
 
         Rows that finished early may hold anything after their EOS (``generate`` masks it).
         Raise NonFiniteLogitsError through ``request.nonfinite`` (it names whole-batch rows).

@@ -16,9 +16,10 @@ What makes it fast, and why each piece is there:
 - Sampling in one fused kernel on GPU (trainer/kernels/triton_sampling.py): the keyed exponential
   race of ``sampling.sample_keyed`` (a row's draw does not depend on its batch), with temperature,
   and top-k / top-p through ``sampling.process_logits`` when they are on. The same pass flags
-  non-finite logits; the loop (decode_loop.py, shared with the static engine) reads the host every
-  ``check_every`` steps to stop once every row has ended (EOS) and to raise NonFiniteLogitsError,
-  never a device assert.
+  non-finite logits. Each sampled token's log-prob (base.GeneratedRows) is one logsumexp and one
+  gather over the step's logits in float32, inside the captured step. The loop (decode_loop.py,
+  shared with the static engine) reads the host every ``check_every`` steps to stop once every row
+  has ended (EOS) and to raise NonFiniteLogitsError, never a device assert.
 - Target lengths (rollout.target_lengths): each row's target sits in a device buffer that the
   captured step reads to mark the row finished; the buffers keep max_new_tokens as their shape (so
   the graphs are reused from step to step) and the loop stops at the longest target.
@@ -40,10 +41,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.rollout.base import RolloutEngine, RowsRequest, SamplingParams
+from trainer.rollout.base import GeneratedRows, RolloutEngine, RowsRequest, SamplingParams
 from trainer.rollout.decode_loop import decode_until_done
 from trainer.rollout.lean_decoder import LeanWeights, decode_logits, lean_shape, prefill_logits
-from trainer.rollout.sampling import greedy, nonfinite_rows_mask, process_logits, sample_keyed
+from trainer.rollout.sampling import (
+    greedy,
+    nonfinite_rows_mask,
+    process_logits,
+    sample_keyed,
+    token_log_probs,
+)
 from trainer.workers.fsdp import compute_dtype
 
 if TYPE_CHECKING:
@@ -77,6 +84,7 @@ class DecodeBuffers:
         self.cache_v = torch.zeros(cache, dtype=w.dtype, device=dev)
         self.attn_bias = torch.full((batch, self.slots), float("-inf"), dtype=w.dtype, device=dev)
         self.tokens = torch.full((batch, max_new), pad_id, dtype=torch.long, device=dev)
+        self.log_probs = torch.zeros((batch, max_new), dtype=torch.float32, device=dev)  # base.GeneratedRows
         self.last = torch.zeros(batch, dtype=torch.long, device=dev)
         self.positions = torch.zeros(batch, dtype=torch.long, device=dev)
         self.write_slot = torch.zeros((), dtype=torch.long, device=dev)
@@ -103,6 +111,7 @@ class DecodeBuffers:
         self.attn_bias.fill_(float("-inf"))
         self.attn_bias[:, :width].masked_fill_(prompt_mask.bool(), 0.0)
         self.tokens.fill_(self.pad_id)
+        self.log_probs.zero_()
         self.last.fill_(self.pad_id)
         self.positions.copy_(prompt_mask.sum(dim=1))  # the first generated token follows the prompt
         self.write_slot.fill_(width)
@@ -193,6 +202,8 @@ class FastRolloutEngine(RolloutEngine):
                 bad = nonfinite_rows_mask(logits)
         else:
             token, bad = greedy(logits), nonfinite_rows_mask(logits)
+        log_prob = token_log_probs(logits, token, sampling.temperature if sampling.do_sample else 1.0)
+        buf.log_probs.index_copy_(1, buf.step.view(1), log_prob.view(-1, 1))
         buf.first_bad.copy_(torch.where(bad & (buf.first_bad < 0), buf.step, buf.first_bad))
         token = token.masked_fill(buf.finished, buf.pad_id)  # finished rows emit padding
         buf.tokens.index_copy_(1, buf.step.view(1), token.view(-1, 1))
@@ -259,7 +270,7 @@ class FastRolloutEngine(RolloutEngine):
         self._graphs.clear()
         self._buffers, self._buffers_key = None, None
 
-    def _generate_rows(self, request: RowsRequest) -> torch.Tensor:
+    def _generate_rows(self, request: RowsRequest) -> GeneratedRows:
         prompt_ids, prompt_mask, sampling = request.prompt_ids, request.prompt_mask, request.sampling
         b, width = prompt_ids.shape
         padded = _round_up(width, PROMPT_ALIGN)
@@ -288,10 +299,10 @@ class FastRolloutEngine(RolloutEngine):
                 self._decode_step(buf, attn_len, sampling)
 
         steps = decode_until_done(step, buf.first_bad, buf.finished, request, self.check_every, self.name)
-        tokens = buf.tokens[:, :steps].clone()
+        out = GeneratedRows(buf.tokens[:, :steps].clone(), buf.log_probs[:, :steps].clone())
         if self.free_cache:
             self.release()
-        return tokens
+        return out
 
 
 def _is_offloaded(param: torch.Tensor) -> bool:

@@ -34,7 +34,7 @@ def mask_to_targets(
     return tokens.masked_fill(mask == 0, pad_token_id), mask
 
 
-def pad_right(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
+def pad_right(t: torch.Tensor, width: int, value: float) -> torch.Tensor:
     """Right-pad or cut [B, R] to [B, width]."""
     if t.shape[1] >= width:
         return t[:, :width]

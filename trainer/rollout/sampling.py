@@ -112,6 +112,17 @@ def sample_keyed(
     return torch.argmax(probs / race, dim=-1)
 
 
+def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / T) at each row's token: [B, V], [B] -> [B] float32.
+
+    What the trainer's old_log_prob computes for the same token: the engine's own logits over the
+    temperature, before top-k/top-p filtering. One gather and a logsumexp; no [B, V] result is kept.
+    """
+    scaled = logits.float() / temperature  # [B, V]
+    picked = scaled.gather(-1, tokens.view(-1, 1)).squeeze(-1)  # [B]
+    return picked - torch.logsumexp(scaled, dim=-1)
+
+
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """The most likely token of each row (the first one on ties), [B, V] -> [B]."""
     return torch.argmax(logits, dim=-1)

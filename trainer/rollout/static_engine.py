@@ -5,7 +5,7 @@ One micro-batch runs as:
      P + max_new_tokens, asking for the last position's logits only (transformers' ``logits_to_keep=1``:
      full-prompt logits are b x P x vocab floats, 160 GB in fp32 at b = 256, P = 1024 and a 152k
      vocabulary);
-  2. ``sample_step`` on those logits gives token 0;
+  2. ``sample_step`` on those logits gives token 0 (and its log-prob, see base.GeneratedRows);
   3. ``decode_step`` per further token: one forward of [b, 1] then ``sample_step``.
 
 A step has static shapes and keeps its state in device tensors updated in place (``DecodeState``):
@@ -34,9 +34,15 @@ from torch import nn
 from transformers import StaticCache
 
 from trainer.batch import position_ids_from_mask
-from trainer.rollout.base import RolloutEngine, RowsRequest, SamplingParams
+from trainer.rollout.base import GeneratedRows, RolloutEngine, RowsRequest, SamplingParams
 from trainer.rollout.decode_loop import decode_until_done
-from trainer.rollout.sampling import greedy, nonfinite_rows_mask, process_logits, sample_keyed
+from trainer.rollout.sampling import (
+    greedy,
+    nonfinite_rows_mask,
+    process_logits,
+    sample_keyed,
+    token_log_probs,
+)
 
 if TYPE_CHECKING:
     from trainer.config import RolloutConfig
@@ -47,6 +53,7 @@ class DecodeState:
     """Per-micro-batch decode state; every field a device tensor of fixed shape, updated in place."""
 
     tokens: torch.Tensor  # [b, max_new] generated tokens (pad where not yet written)
+    log_probs: torch.Tensor  # [b, max_new] float32 log-prob of each generated token (GeneratedRows)
     last: torch.Tensor  # [b] the token fed to the next forward
     positions: torch.Tensor  # [b] position id of ``last``
     slot_mask: torch.Tensor  # [b, P + max_new] 1 on cache slots a query may attend to
@@ -77,6 +84,7 @@ class DecodeState:
         slot_mask[:, :width] = prompt_mask
         return cls(
             tokens=torch.full((b, max_new_tokens), pad_token_id, dtype=torch.long, device=device),
+            log_probs=torch.zeros((b, max_new_tokens), dtype=torch.float32, device=device),
             last=torch.full((b,), pad_token_id, dtype=torch.long, device=device),
             positions=prompt_mask.sum(dim=1).long(),  # the first generated token follows the prompt
             slot_mask=slot_mask,
@@ -107,6 +115,8 @@ def sample_step(
         token = sample_keyed(filtered, state.row_keys, state.step, state.seed)
     else:
         token = greedy(logits)
+    log_prob = token_log_probs(logits, token, sampling.temperature if sampling.do_sample else 1.0)
+    state.log_probs.index_copy_(1, state.step.view(1), log_prob.view(-1, 1))
     token = token.masked_fill(state.finished, state.pad_token_id)  # finished rows emit padding
     state.tokens.index_copy_(1, state.step.view(1), token.view(-1, 1))
     state.finished.logical_or_(torch.isin(token, state.eos))
@@ -170,7 +180,7 @@ class StaticRolloutEngine(RolloutEngine):
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.check_every = check_every
 
-    def _generate_rows(self, request: RowsRequest) -> torch.Tensor:
+    def _generate_rows(self, request: RowsRequest) -> GeneratedRows:
         width = request.prompt_ids.shape[1]
         max_new = request.decode_limit  # with targets, the longest: no cache beyond it
         cache = StaticCache(config=self.model.config, max_cache_len=width + max_new)
@@ -184,4 +194,4 @@ class StaticRolloutEngine(RolloutEngine):
             lambda _: decode_step(self.model, cache, state, sampling),
             state.first_bad_step, state.finished, request, self.check_every, self.name,
         )
-        return state.tokens[:, :steps]
+        return GeneratedRows(state.tokens[:, :steps], state.log_probs[:, :steps])
