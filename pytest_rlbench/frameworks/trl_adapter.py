@@ -37,7 +37,7 @@ from trainer.data.loader import PromptBatch, PromptDataset, PromptRow
 from trainer.data.validate import read_valid_rows
 from trainer.driver.grpo_trainer import StepResult
 from trainer.driver.reward import score_batch, scores_to_token_rewards
-from trainer.driver.step_figures import BatchTokens
+from trainer.driver.step_figures import BatchTokens, tokens_from_lengths
 from trainer.models.presets import is_preset, load_tokenizer, resolve_dtype, save_preset
 from trainer.timing import PhaseTimer
 
@@ -189,12 +189,6 @@ class TRLAdapter:
         return self.trl.beta != 0.0
 
     @property
-    def computes_old_log_prob(self) -> bool:
-        """TRL computes old log-probs only when one generation feeds several optimizer steps (its
-        ``_generate_and_score_completions``: gradient_accumulation_steps % generate_every != 0)."""
-        return self.plan.grad_accum % (self.plan.micro_steps * self.trl.num_iterations) != 0
-
-    @property
     def absent_phases(self) -> dict[str, str]:
         """Phase key -> why TRL has no separate time for it (the suites skip those phases)."""
         out = {
@@ -205,7 +199,7 @@ class TRLAdapter:
                                  "_generate_and_score_completions"),
             "save_checkpoint": ABSENT.format(phase="save_checkpoint", why="checkpoints are not adapted yet"),
         }
-        if not self.computes_old_log_prob:
+        if not self.plan.computes_old_log_prob:
             out["old_log_prob"] = ABSENT.format(
                 phase="old_log_prob", why="a generation feeding one optimizer step reuses the detached "
                 "current log-probs (_generate_and_score_completions)"
@@ -275,18 +269,9 @@ class TRLAdapter:
         return self._rollout(out, inputs)
 
     def batch_tokens(self, batch: TRLRollout) -> BatchTokens:
-        prompt = [len(ids) for ids in batch.prompt_ids]
         response = [len(ids) for ids in batch.completion_ids]
-        return BatchTokens(
-            num_sequences=len(prompt),
-            prompt_tokens=sum(prompt),
-            response_tokens=sum(response),
-            prompt_length_mean=sum(prompt) / len(prompt),
-            response_length_mean=sum(response) / len(response),
-            prompt_lengths=prompt,
-            response_lengths=response,
-            decode_steps=max(response, default=0),  # one process decodes the whole batch
-        )
+        # one process decodes the whole batch: as many decode steps as its longest response
+        return tokens_from_lengths([len(ids) for ids in batch.prompt_ids], response, max(response, default=0))
 
     def compute_reward(self, batch: TRLRollout) -> TRLRollout:
         per_func = self.trl._calculate_rewards(

@@ -38,6 +38,12 @@ class TRLPlan:
     micro_steps: int  # training_step calls per step (one generation)
     differences: list[str] = field(default_factory=list)
 
+    @property
+    def computes_old_log_prob(self) -> bool:
+        """TRL computes old log-probs only when one generation feeds several optimizer steps (its
+        ``_generate_and_score_completions``: gradient_accumulation_steps % generate_every != 0)."""
+        return self.grad_accum % (self.micro_steps * self.args["num_iterations"]) != 0
+
 
 def batch_plan(rows: int, mini_rows: int, micro: int) -> tuple[int, int, int]:
     """(micro-batch, accumulation steps, micro-steps per step) for ``rows`` responses a step in
