@@ -83,8 +83,15 @@ def check_baseline(raw: RawValue, text: str) -> str:
     return str(path) if path.is_file() else text
 
 
-def check_trainer(name: str, source: str) -> str:
-    """A framework --rl-trainer knows, whose package is installed (found, not imported: cheap)."""
+def check_trainer(given: list[str], source: str) -> str:
+    """The one framework --rl-trainer names, known and installed (found, not imported: cheap)."""
+    names = list(dict.fromkeys(str(v).strip() for v in given))
+    if len(names) > 1:
+        raise OptionError(
+            f"{source}: {' and '.join(names)} in one session is not supported yet; run one session per "
+            "framework (--rl-save-baseline in one, --rl-baseline in the other)"
+        )
+    name = names[0]
     if name not in FRAMEWORKS:
         raise OptionError(
             f"{source}={name!r} is not a framework the suites can run; "

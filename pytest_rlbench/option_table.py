@@ -124,7 +124,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec(
         "--rl-trainer",
-        "str",
+        "multi",
         "Framework whose trainer the suites run: ours (the bundled GRPO trainer) or trl (TRL's "
         "GRPOTrainer on the same model, data, reward and batch; pip install 'pytest-rlbench[trl]') (default ours).",
         "ours|trl",

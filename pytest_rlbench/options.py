@@ -242,7 +242,7 @@ def parse_options(
         save_baseline=values.output_path(r) if (r := get("rl_save_baseline")) else None,
         ray_timeout=values.seconds(r, "a timeout") if (r := get("rl_ray_timeout")) else DEFAULT_TIMEOUT_S,
         phase_timeout=phase_timeout,
-        trainer=check_trainer(values.text_of(r), r.source) if (r := get("rl_trainer")) else OURS,
+        trainer=check_trainer(r.value, r.source) if (r := get("rl_trainer")) else OURS,
         sources=sources,
     )
     # Cross-field checks of the composed trainer config (batch sizes against workers, ...). With

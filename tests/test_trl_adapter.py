@@ -78,13 +78,15 @@ def test_settings_trl_cannot_take_are_listed() -> None:
 
 
 def test_rl_trainer_accepts_ours_and_trl_and_names_the_choices_otherwise(tmp_path: Path) -> None:
-    def parse(value: str):
-        return parse_options({"rl_trainer": RawValue(value, "--rl-trainer", tmp_path)}, {}, cwd=tmp_path)
+    def parse(*given: str):
+        return parse_options({"rl_trainer": RawValue(list(given), "--rl-trainer", tmp_path)}, {}, cwd=tmp_path)
 
     assert parse_options({}, {}, cwd=tmp_path).trainer == "ours"
-    assert parse("ours").trainer == "ours"
+    assert parse("ours").trainer == parse("ours", "ours").trainer == "ours"
     with pytest.raises(OptionError, match=r"--rl-trainer='verl' is not a framework.*ours, trl"):
         parse("verl")
+    with pytest.raises(OptionError, match="ours and trl in one session is not supported yet"):
+        parse("ours", "trl")
 
 
 def test_the_bundled_trainer_s_report_has_no_framework_lines() -> None:
@@ -96,6 +98,14 @@ def test_the_bundled_trainer_s_report_has_no_framework_lines() -> None:
 
 # ----------------------------------------------------------------------------- TRL for real
 trl = pytest.importorskip("trl", reason="TRL is not installed (pip install 'pytest-rlbench[trl]')")
+
+
+def test_trl_refuses_more_than_one_worker_rather_than_misreport_per_gpu_figures(tmp_path: Path) -> None:
+    from pytest_rlbench.frameworks.trl_adapter import TRLAdapter
+
+    cfg = build_config([*SMALL, "trainer.n_gpus_per_node=2"], check_names=False)
+    with pytest.raises(ValueError, match="runs one process, found 2 workers"):
+        TRLAdapter(cfg, None, tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,12 @@ class TRLAdapter:
         import datasets
         import trl
 
+        if cfg.world_size != 1:  # the record's per-GPU figures would divide by workers TRL never had
+            raise ValueError(
+                f"--rl-trainer trl runs one process, found {cfg.world_size} workers (trainer.nnodes x "
+                "trainer.n_gpus_per_node): set --rl-nodes 1 and one GPU (--rl-gpus-per-node 1) or, on CPU, "
+                "--rl-config trainer.n_gpus_per_node=1"
+            )
         self.cfg = cfg
         self.dataset = dataset
         self.framework = f"trl {trl.__version__}"

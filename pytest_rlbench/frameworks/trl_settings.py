@@ -112,8 +112,6 @@ def differences(cfg: Config, micro: int) -> list[str]:
         "trl runs in the driver process (one accelerate process, no Ray actor)",
         f"dual-clip (clip_ratio_c={actor.clip_ratio_c:g}) has no trl counterpart",
     ]
-    if cfg.world_size > 1:
-        out.append(f"ours: {cfg.world_size} data-parallel workers; trl: one process")
     if micro != actor.ppo_micro_batch_size_per_gpu:
         out.append(f"micro-batch: trl {micro} responses (dividing the mini-batch), ours "
                    f"{actor.ppo_micro_batch_size_per_gpu}")
