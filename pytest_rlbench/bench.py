@@ -18,6 +18,7 @@ import pytest
 
 from pytest_rlbench.cluster import ClusterInfo
 from pytest_rlbench.fixtures import RLDataset, RLModel, get_session
+from pytest_rlbench.frameworks import OURS_LABEL
 from pytest_rlbench.record import Hardware, ModelArch, RunConfig, TokenCounts
 from pytest_rlbench.recorder import BenchRecorder, mismatch_failure
 from pytest_rlbench.workload import run_workload
@@ -134,6 +135,8 @@ def rl_trainer(
 
         trainer = build_trainer(cfg, get_session(pytestconfig).workdir(), dataset=rl_dataset.prompts)
     recorder = get_recorder(pytestconfig)
+    recorder.context.framework = getattr(trainer, "framework", OURS_LABEL)  # an adapter names its own
+    recorder.context.differences = list(getattr(trainer, "differences", []))
     workers = getattr(getattr(trainer, "workers", None), "info", [])
     recorder.context.hardware = describe_hardware(rl_cluster, cfg, workers)
     recorder.context.model = describe_model(rl_model, cfg)

@@ -71,7 +71,13 @@ def pytest_rlbench_make_trainer(config: pytest.Config, rl_config: Config, cluste
     Ray is connected and the cluster has passed the start-up checks. Stops at the first
     implementation that returns something other than None (``firstresult``); that object is the
     trainer the phase benchmarks drive, so it must offer the bundled trainer's phase methods. Return
-    None to leave the choice to the next implementation, and in the end to the bundled trainer.
+    None to leave the choice to the next implementation, and in the end to the bundled trainer. The
+    plugin's own implementation runs last and builds the adapter ``--rl-trainer`` names
+    (``pytest_rlbench/frameworks``).
+
+    Optional attributes of the trainer: ``framework`` (the record's ``provenance.framework``, e.g.
+    "trl 1.16.0"), ``differences`` (settings it could not take as configured, listed in the record and
+    the report), and ``absent_phases`` (phase key -> reason: those benchmarks are skipped with it).
 
     :param config: The pytest config object.
     :param rl_config: The trainer config built from the options.

@@ -1,4 +1,4 @@
-"""Checks of what an option names: a rollout engine, a model, a data set file, a baseline.
+"""Checks of what an option names: a rollout engine, a model, a data set file, a baseline, a framework.
 
 Each returns the value to use (a relative path made absolute) or raises ``OptionError`` naming the
 option and what would be valid. Only cheap checks happen here, at start-up; the content of a model
@@ -8,9 +8,11 @@ directory or data set is read when the session builds it.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 from pathlib import Path
 
+from pytest_rlbench.frameworks import FRAMEWORKS, TRL
 from pytest_rlbench.option_values import OptionError, RawValue
 from trainer.config import ROLLOUT_KEY, ConfigError, check_choice, supported_choices
 
@@ -79,3 +81,24 @@ def check_baseline(raw: RawValue, text: str) -> str:
     except BaselineError as exc:
         raise OptionError(f"{raw.source}: {exc}") from None
     return str(path) if path.is_file() else text
+
+
+def check_trainer(given: list[str], source: str) -> str:
+    """The one framework --rl-trainer names, known and installed (found, not imported: cheap)."""
+    names = list(dict.fromkeys(str(v).strip() for v in given))
+    if len(names) > 1:
+        raise OptionError(
+            f"{source}: {' and '.join(names)} in one session is not supported yet; run one session per "
+            "framework (--rl-save-baseline in one, --rl-baseline in the other)"
+        )
+    name = names[0]
+    if name not in FRAMEWORKS:
+        raise OptionError(
+            f"{source}={name!r} is not a framework the suites can run; "
+            f"expected one of {', '.join(FRAMEWORKS)}"
+        )
+    if name == TRL and importlib.util.find_spec("trl") is None:
+        raise OptionError(
+            f"{source}={name!r} needs TRL, which is not installed: pip install 'pytest-rlbench[trl]'"
+        )
+    return name

@@ -129,6 +129,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "so the comparison with it can be a gate; --rl-config on top turns it into a reference.",
         "NAME|PATH",
     ),
+    OptionSpec(
+        "--rl-trainer",
+        "multi",
+        "Framework whose trainer the suites run: ours (the bundled GRPO trainer) or trl (TRL's "
+        "GRPOTrainer on the same model, data, reward and batch; pip install 'pytest-rlbench[trl]') (default ours).",
+        "ours|trl",
+    ),
     OptionSpec("--rl-report", "str", "Write the benchmark report as JSON to this file.", "PATH"),
     OptionSpec("--rl-save-baseline", "str", "Record this run as a baseline file at PATH.", "PATH"),
     OptionSpec(

@@ -26,6 +26,7 @@ from pytest_rlbench.config_path import (
     refuse_given_twice,
     user_overrides,
 )
+from pytest_rlbench.frameworks import OURS
 from pytest_rlbench.metrics import DEFAULT_TOLERANCE
 from pytest_rlbench.option_checks import (
     DEFAULT_MODEL,
@@ -33,6 +34,7 @@ from pytest_rlbench.option_checks import (
     check_dataset,
     check_model,
     check_rollout,
+    check_trainer,
 )
 from pytest_rlbench.option_table import (
     DEFAULT_ROLLOUT,
@@ -76,6 +78,7 @@ class RLBenchOptions:
     save_baseline: Path | None = None
     ray_timeout: float = DEFAULT_TIMEOUT_S
     phase_timeout: float = TrainerSection.phase_timeout_s
+    trainer: str = OURS  # the framework whose trainer the suites run (--rl-trainer)
     sources: Mapping[str, str] = field(default_factory=dict)  # dest -> where the value came from
 
     @property
@@ -104,6 +107,7 @@ class RLBenchOptions:
             "warmup_rounds": self.warmup_rounds,
             "report": str(self.report) if self.report else None,
             "save_baseline": str(self.save_baseline) if self.save_baseline else None,
+            "trainer": self.trainer,
         }
 
 
@@ -241,6 +245,7 @@ def parse_options(
         save_baseline=values.output_path(r) if (r := get("rl_save_baseline")) else None,
         ray_timeout=values.seconds(r, "a timeout") if (r := get("rl_ray_timeout")) else DEFAULT_TIMEOUT_S,
         phase_timeout=phase_timeout,
+        trainer=check_trainer(r.value, r.source) if (r := get("rl_trainer")) else OURS,
         sources=sources,
     )
     # Cross-field checks of the composed trainer config (batch sizes against workers, ...). With

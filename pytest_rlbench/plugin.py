@@ -53,6 +53,7 @@ from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attr
     rl_model,
     rl_options,
 )
+from pytest_rlbench.frameworks import hooks as framework_hooks
 from pytest_rlbench.option_table import OPTIONS
 from pytest_rlbench.options import OptionError, RawValue, parse_options
 from pytest_rlbench.outputs import clashing_outputs
@@ -143,6 +144,7 @@ def pytest_configure(config: pytest.Config) -> None:
     session = RLBenchSession(config, opts)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(FaultHandling(config), FaultHandling.NAME)
+    config.pluginmanager.register(framework_hooks, framework_hooks.NAME)  # --rl-trainer
     config.stash[BASELINES_KEY] = load_baselines(session)
     name = opts.save_baseline.stem if opts.save_baseline else "this-run"
     config.stash[RECORDER_KEY] = BenchRecorder(name, config.rootpath)
@@ -323,7 +325,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     session = config.stash.get(SESSION_KEY, None)
     for note in session.replay_notes if session is not None else []:
         terminalreporter.write_line(note)
-    for line in terminal_lines(outcome.results, outcome.findings, verbose=config.option.verbose > 0):
+    for line in terminal_lines(outcome.results, outcome.findings, config.option.verbose > 0, outcome.run):
         terminalreporter.write_line(line)
     for path in outcome.written:
         terminalreporter.write_line(f"wrote {path}")

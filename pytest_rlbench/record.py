@@ -70,10 +70,12 @@ class Provenance:
     """Where the numbers come from."""
 
     source: str  # e.g. "RLinf docs: Comparison with VeRL" or "pytest-rlbench 0.1 run on host"
-    framework: str | None = None  # "verl", "rlinf", "pytest-rlbench"
+    framework: str | None = None  # "verl", "rlinf", "pytest-rlbench", "trl 1.16.0"
     commit: str | None = None
     date: str | None = None  # ISO date of the run, when known
     notes: list[str] = field(default_factory=list)
+    # Settings the framework could not be given as the suites' config has them (an adapter's list).
+    differences: list[str] | None = field(default=None, metadata={"omit_default": True})
 
 
 @dataclass

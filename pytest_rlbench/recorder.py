@@ -24,6 +24,7 @@ from pytest_rlbench import __version__
 from pytest_rlbench.compare import BaselineComparison, compare_all
 from pytest_rlbench.consistency import Finding, check_record
 from pytest_rlbench.derived import derive
+from pytest_rlbench.frameworks import OURS_LABEL
 from pytest_rlbench.metrics import ROLLOUT_FIDELITY, STEP_METRICS
 from pytest_rlbench.outputs import dumps_report, failure_line, write_atomic, write_text_atomic
 from pytest_rlbench.record import (
@@ -56,6 +57,8 @@ class RunContext:
     config: RunConfig | None = None
     tokens: TokenCounts | None = None  # of the batch the phase benchmarks ran on
     workload: Workload | None = None  # what the run was configured to do (pytest_rlbench.workload)
+    framework: str = OURS_LABEL  # whose trainer ran: "pytest-rlbench", "trl 1.16.0"
+    differences: list[str] = field(default_factory=list)  # settings its adapter could not make equal
 
 
 @dataclass
@@ -158,7 +161,7 @@ class BenchRecorder:
         """Where this session's numbers come from, worked out once (``git rev-parse`` is a subprocess)."""
         return Provenance(
             source=f"pytest-rlbench {__version__} run on {platform.node()}",
-            framework="pytest-rlbench",
+            framework=OURS_LABEL,
             commit=git_commit(self.code_dir),
             date=datetime.date.today().isoformat(),
         )
@@ -172,7 +175,12 @@ class BenchRecorder:
         notes = [f"{phase}: {nodeid}" for phase, nodeid in self.sources.items()]
         return RunRecord(
             name=self.name,
-            provenance=replace(self.session_provenance, notes=notes),
+            provenance=replace(
+                self.session_provenance,
+                notes=notes,
+                framework=ctx.framework,
+                differences=ctx.differences or None,
+            ),
             hardware=ctx.hardware,
             model=ctx.model,
             config=ctx.config,

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 
 from pytest_rlbench.compare import BaselineComparison, Comparison
 from pytest_rlbench.consistency import Finding
+from pytest_rlbench.frameworks import OURS_LABEL
 from pytest_rlbench.gate_basis import SAME_MACHINE
 from pytest_rlbench.metrics import family_label, format_value
+from pytest_rlbench.record import RunRecord
 
 MAX_MISMATCHES_SHOWN = 3
 
@@ -77,11 +79,24 @@ def finding_lines(findings: Sequence[Finding], verbose: bool = False) -> list[st
     return (["consistency of the baselines' published figures:"] + lines) if findings else []
 
 
+def framework_lines(run: RunRecord | None) -> list[str]:
+    """Which framework's trainer produced the figures, and the settings it could not be given;
+    nothing for the bundled trainer with nothing to list."""
+    if run is None or (run.provenance.framework == OURS_LABEL and not run.provenance.differences):
+        return []
+    differences = run.provenance.differences or []
+    lines = [f"framework: {run.provenance.framework}" + (", settings not made equal:" if differences else "")]
+    return lines + [f"  - {line}" for line in differences]
+
+
 def terminal_lines(
-    results: Sequence[BaselineComparison], findings: Sequence[Finding] = (), verbose: bool = False
+    results: Sequence[BaselineComparison],
+    findings: Sequence[Finding] = (),
+    verbose: bool = False,
+    run: RunRecord | None = None,
 ) -> list[str]:
-    """The whole summary as lines of text (no trailing newlines)."""
-    lines = []
+    """The whole summary as lines of text (no trailing newlines); ``run`` names its framework."""
+    lines = framework_lines(run)
     for result in results:
         lines += comparison_lines(result)
     lines += finding_lines(findings, verbose)

@@ -45,6 +45,11 @@ def batch_tokens(batch: Batch, n: int, world_size: int) -> BatchTokens:
         max((response[r * n + j] for r in rows for j in range(n)), default=0)
         for rows in even_split(len(response) // n, world_size)
     )
+    return tokens_from_lengths(prompt, response, decode_steps)
+
+
+def tokens_from_lengths(prompt: list[int], response: list[int], decode_steps: int) -> BatchTokens:
+    """Token counts of sequences with these prompt and response lengths."""
     return BatchTokens(
         num_sequences=len(prompt),
         prompt_tokens=sum(prompt),
