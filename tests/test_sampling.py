@@ -204,6 +204,20 @@ def test_keyed_noise_is_exponential():
     assert e.min() > 0 and torch.isfinite(e).all()
 
 
+def test_hash_to_uniform_stays_strictly_inside_zero_and_one():
+    from trainer.rollout.sampling import hash_to_uniform
+
+    # the extreme hashes: with 24 bits, 0xFFFFFFFF became u = 1.0, an Exp(1) draw of 0 that won the race
+    h = torch.tensor([0, 1, 0xFF, 0xFFFFFEFF, 0xFFFFFFFF], dtype=torch.long)
+    u = hash_to_uniform(h)
+    assert u.dtype == torch.float32
+    assert (u > 0).all() and (u < 1).all()
+    assert (-torch.log(u) > 0).all()
+    # equally spaced by 2**-23 and exact: (k + 0.5) / 2**23
+    k = torch.tensor([0, (1 << 23) - 1])
+    assert hash_to_uniform(k << 9).tolist() == [0.5 / (1 << 23), ((1 << 23) - 0.5) / (1 << 23)]
+
+
 def test_sample_keyed_follows_the_distribution():
     from trainer.rollout.sampling import sample_keyed
 

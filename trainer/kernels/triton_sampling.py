@@ -3,9 +3,15 @@
 ``sample_keyed`` builds [B, V] float32 probabilities and [B, V] keyed Exp(1) noise through a dozen
 int64 tensor operations: at a 152k vocabulary and batch 128 that is several GB of memory traffic per
 decode step. Here one program per row streams the logits once, hashes each (row key, step, token)
-to its uniform exactly as ``sampling.keyed_exponential`` does (the same 32-bit integer mixing), and
-keeps the running argmax of z / T - log(E), which is the argmax of softmax(z / T) / E. The same
-pass flags rows whose softmax is no distribution (a NaN or +inf logit, or every logit -inf).
+to its uniform exactly as ``sampling.keyed_exponential`` does (the same 32-bit integer mixing and
+``sampling.hash_to_uniform``), and keeps the running argmax of z / T - log(E), which is the argmax
+of softmax(z / T) / E. The logs are libdevice's correctly rounded ones, not the approximate
+``lg2.approx`` that ``tl.log`` may lower to: E = -log(u) for u near 1 is a difference of nearly
+equal numbers, and an approximate log there turned tail tokens into winners often enough to move
+the mean log-prob of the sampled tokens by -0.25 nats on the 1.5B architecture. The same pass keeps
+a running log-sum-exp of z / T, so the sampled token's log-prob (``sampling.token_log_probs``) costs
+no second read of the logits, and flags rows whose softmax is no distribution (a NaN or +inf logit,
+or every logit -inf).
 
 The seed and the step are read from device tensors, so a CUDA graph that captured this kernel
 samples a new draw at every replay. Only imported where Triton and a GPU exist.
@@ -16,6 +22,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+from trainer.rollout.sampling import UNIFORM_BITS
 
 BLOCK = 2048
 
@@ -39,9 +48,12 @@ def _keyed_race_kernel(
     seed_ptr,
     tokens_ptr,
     bad_ptr,
+    log_probs_ptr,
     vocab,
     inv_temperature,
     BLOCK_V: tl.constexpr,
+    SHIFT: tl.constexpr,
+    WRITE_LOG_PROBS: tl.constexpr,
 ):
     row = tl.program_id(0)
     key = tl.load(keys_ptr + row).to(tl.int64)
@@ -52,6 +64,8 @@ def _keyed_race_kernel(
     best = tl.full([BLOCK_V], float("-inf"), tl.float32)
     best_idx = tl.full([BLOCK_V], 0, tl.int32)
     row_max = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    lane_max = tl.full([BLOCK_V], float("-inf"), tl.float32)  # running log-sum-exp of z / T, per lane
+    lane_sum = tl.zeros([BLOCK_V], tl.float32)
     bad = tl.full([BLOCK_V], 0, tl.int32)
     base = logits_ptr + row.to(tl.int64) * stride_row
     for start in range(0, vocab, BLOCK_V):
@@ -59,15 +73,23 @@ def _keyed_race_kernel(
         inside = offs < vocab
         z = tl.load(base + offs, mask=inside, other=float("-inf")).to(tl.float32)
         h = _mix32((h_row + offs.to(tl.int64) * 0x27D4EB2F) & 0xFFFFFFFF)
-        u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-        score = z * inv_temperature - tl.log(-tl.log(u))
+        u = ((h >> SHIFT).to(tl.float32) + 0.5) * (1.0 / (1 << (32 - SHIFT)))  # sampling.hash_to_uniform
+        zt = z * inv_temperature
+        score = zt - libdevice.log(-libdevice.log(u))
         is_nan = z != z
         bad = bad | (is_nan | (z == float("inf"))).to(tl.int32)
         score = tl.where(is_nan, float("-inf"), score)
         take = score > best
         best = tl.where(take, score, best)
         best_idx = tl.where(take, offs, best_idx)
-        row_max = tl.maximum(row_max, tl.where(is_nan, float("-inf"), z))
+        zt_finite = tl.where(is_nan, float("-inf"), zt)
+        row_max = tl.maximum(row_max, zt_finite)
+        if WRITE_LOG_PROBS:
+            new_max = tl.maximum(lane_max, zt_finite)
+            live = new_max != float("-inf")  # a lane that has seen only -inf keeps a zero sum
+            safe = tl.where(live, new_max, 0.0)
+            lane_sum = tl.where(live, lane_sum * tl.exp(lane_max - safe) + tl.exp(zt_finite - safe), 0.0)
+            lane_max = new_max
     top = tl.max(best, axis=0)
     # the smallest token id among ties, as torch.argmax takes the first
     token = tl.min(tl.where(best == top, best_idx, vocab), axis=0)
@@ -75,6 +97,12 @@ def _keyed_race_kernel(
     all_neg_inf = tl.max(row_max, axis=0) == float("-inf")
     tl.store(tokens_ptr + row, token.to(tl.int64))
     tl.store(bad_ptr + row, (tl.max(bad, axis=0) > 0) | all_neg_inf)
+    if WRITE_LOG_PROBS:
+        m = tl.max(lane_max, axis=0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        total = tl.sum(tl.where(lane_max == float("-inf"), 0.0, lane_sum * tl.exp(lane_max - m_safe)), axis=0)
+        picked = tl.load(base + token).to(tl.float32) * inv_temperature
+        tl.store(log_probs_ptr + row, picked - (m_safe + libdevice.log(total)))
 
 
 def keyed_race(
@@ -85,9 +113,11 @@ def keyed_race(
     inv_temperature: float,
     tokens_out: torch.Tensor,
     bad_out: torch.Tensor,
+    log_probs_out: torch.Tensor | None = None,
 ) -> None:
     """tokens_out[b] = argmax_v softmax(logits[b] * inv_temperature)_v / E[b, v] with E keyed by
-    (seed, row_keys[b], step, v); bad_out[b] = the row's softmax is not a distribution.
+    (seed, row_keys[b], step, v); bad_out[b] = the row's softmax is not a distribution;
+    log_probs_out[b] (float32, when given) = log softmax(logits[b] * inv_temperature) at tokens_out[b].
 
     logits [B, V] (any float dtype, unit stride in V), row_keys [B] int64, step and seed 0-d int64,
     tokens_out [B] int64, bad_out [B] bool: all on one CUDA device. No host synchronisation.
@@ -96,6 +126,7 @@ def keyed_race(
         raise ValueError(f"keyed_race: logits must be contiguous in the vocabulary dim; strides {logits.stride()}")
     b, vocab = logits.shape
     _keyed_race_kernel[(b,)](
-        logits, logits.stride(0), row_keys, step, seed, tokens_out, bad_out, vocab, float(inv_temperature),
-        BLOCK_V=BLOCK, num_warps=8,
+        logits, logits.stride(0), row_keys, step, seed, tokens_out, bad_out,
+        log_probs_out if log_probs_out is not None else tokens_out, vocab, float(inv_temperature),
+        BLOCK_V=BLOCK, SHIFT=32 - UNIFORM_BITS, WRITE_LOG_PROBS=log_probs_out is not None, num_warps=8,
     )

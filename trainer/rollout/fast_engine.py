@@ -16,10 +16,11 @@ What makes it fast, and why each piece is there:
 - Sampling in one fused kernel on GPU (trainer/kernels/triton_sampling.py): the keyed exponential
   race of ``sampling.sample_keyed`` (a row's draw does not depend on its batch), with temperature,
   and top-k / top-p through ``sampling.process_logits`` when they are on. The same pass flags
-  non-finite logits. Each sampled token's log-prob (base.GeneratedRows) is one logsumexp and one
-  gather over the step's logits in float32, inside the captured step. The loop (decode_loop.py,
-  shared with the static engine) reads the host every ``check_every`` steps to stop once every row
-  has ended (EOS) and to raise NonFiniteLogitsError, never a device assert.
+  non-finite logits and, without top-k / top-p, computes each sampled token's log-prob
+  (base.GeneratedRows) from a running log-sum-exp; with filters it is one logsumexp and one gather
+  over the step's raw logits in float32. Either way it happens inside the captured step. The loop
+  (decode_loop.py, shared with the static engine) reads the host every ``check_every`` steps to stop
+  once every row has ended (EOS) and to raise NonFiniteLogitsError, never a device assert.
 - Target lengths (rollout.target_lengths): each row's target sits in a device buffer that the
   captured step reads to mark the row finished; the buffers keep max_new_tokens as their shape (so
   the graphs are reused from step to step) and the loop stops at the longest target.
@@ -97,6 +98,7 @@ class DecodeBuffers:
         self.row_keys = torch.zeros(batch, dtype=torch.long, device=dev)
         self.stop_ids = torch.tensor(list(stop_ids), dtype=torch.long, device=dev)
         self.sampled = torch.zeros(batch, dtype=torch.long, device=dev)
+        self.sampled_log_probs = torch.zeros(batch, dtype=torch.float32, device=dev)
         self.bad = torch.zeros(batch, dtype=torch.bool, device=dev)
         self.pad_id = pad_id
 
@@ -189,20 +191,23 @@ class FastRolloutEngine(RolloutEngine):
 
     def _sample(self, buf: DecodeBuffers, logits: torch.Tensor, sampling: SamplingParams) -> None:
         """Pick token ``buf.step`` for every row from logits [b, V] and advance the state; no host reads."""
+        log_prob: torch.Tensor | None = None  # the race kernel computes it in its pass when unfiltered
         if sampling.do_sample:
             filters = sampling.top_k_or_zero > 0 or sampling.top_p < 1.0
             if self._race is not None:
                 scores = process_logits(logits, sampling.temperature, sampling.top_k_or_zero, sampling.top_p) if filters else logits
                 inv_t = 1.0 if filters else 1.0 / sampling.temperature
-                self._race(scores, buf.row_keys, buf.step, buf.seed, inv_t, buf.sampled, buf.bad)
-                token, bad = buf.sampled, buf.bad
+                fused = None if filters else buf.sampled_log_probs
+                self._race(scores, buf.row_keys, buf.step, buf.seed, inv_t, buf.sampled, buf.bad, fused)
+                token, bad, log_prob = buf.sampled, buf.bad, fused
             else:
                 scores = process_logits(logits, sampling.temperature, sampling.top_k_or_zero, sampling.top_p)
                 token = sample_keyed(scores, buf.row_keys, buf.step, buf.seed)
                 bad = nonfinite_rows_mask(logits)
         else:
             token, bad = greedy(logits), nonfinite_rows_mask(logits)
-        log_prob = token_log_probs(logits, token, sampling.temperature if sampling.do_sample else 1.0)
+        if log_prob is None:
+            log_prob = token_log_probs(logits, token, sampling.temperature if sampling.do_sample else 1.0)
         buf.log_probs.index_copy_(1, buf.step.view(1), log_prob.view(-1, 1))
         buf.first_bad.copy_(torch.where(bad & (buf.first_bad < 0), buf.step, buf.first_bad))
         token = token.masked_fill(buf.finished, buf.pad_id)  # finished rows emit padding

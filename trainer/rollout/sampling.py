@@ -99,8 +99,21 @@ def keyed_exponential(
     row = mix32((row ^ ((step_t * 0x85EBCA6B + 0x165667B1) & M32)) & M32)
     token = torch.arange(vocab, dtype=torch.long, device=keys.device) * 0x27D4EB2F
     h = mix32((row.unsqueeze(-1) + token) & M32)
-    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits: exact in float32, never 0 or 1
-    return -torch.log(u)
+    return -torch.log(hash_to_uniform(h))
+
+
+UNIFORM_BITS = 23  # k + 0.5 with k < 2**23 needs 24 significant bits: exact in float32
+
+
+def hash_to_uniform(h: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes -> float32 uniforms strictly inside (0, 1): (k + 0.5) / 2**23, k the top 23 bits.
+
+    Strictly below 1 matters: the race divides by -log(u), and a u that rounds to 1 gives a zero
+    that makes its token win whatever its probability (with 24 bits, (2**24 - 1) + 0.5 rounds to
+    2**24 in float32, so about one decode step in a hundred at a 152k vocabulary picked a token
+    uniformly at random).
+    """
+    return ((h >> (32 - UNIFORM_BITS)).float() + 0.5) * (1.0 / (1 << UNIFORM_BITS))
 
 
 def sample_keyed(
