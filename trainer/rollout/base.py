@@ -127,6 +127,12 @@ class RowsRequest:
         return NonFiniteLogitsError(engine, step, [r + self.row_offset for r in rows], self.micro_batch, self.n)
 
 
+@dataclass(frozen=True, eq=False)
+class GeneratedRows:
+    tokens: torch.Tensor  # [b, T] int64 raw generated tokens (as _generate_rows returns today)
+    log_probs: torch.Tensor  # [b, T] float32: log-prob of each generated token under the engine's own logits / temperature (before top-k/top-p filtering)
+
+
 def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -222,8 +228,9 @@ class RolloutEngine(ABC):
                     targets=targets[rows_slice] if targets is not None else None,
                     longest_target=int(host_targets[rows_slice].max()) if host_targets is not None else 0,
                 )
-                tokens = self._generate_rows(request)
-                parts.append(tokens)
+                generated = self._generate_rows(request)
+                # an engine may return GeneratedRows (tokens and their log-probs) or the tokens alone
+                parts.append(generated.tokens if isinstance(generated, GeneratedRows) else generated)
         width = max(p.shape[1] for p in parts)
         tokens = torch.cat([pad_right(p, width, self.pad_token_id) for p in parts])
         if targets is not None:
