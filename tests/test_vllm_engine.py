@@ -174,6 +174,15 @@ def test_responses_do_not_depend_on_how_rows_are_split(vengine, prompts):
 
 
 @needs_vllm
+def test_a_batch_over_one_steps_token_budget_is_sampled(vengine, vtok):
+    """More prompt tokens than one vLLM step takes (4096 on CPU): a prompt's prefill could be split
+    over steps, which failed with per-row seeds on CPU ("CPU Generator does not use offset")."""
+    long_prompts = [vtok.encode("Compute 17*4 please, then add 9. " * 4)[:120] for _ in range(20)]
+    batch = generate(vengine, long_prompts, list(range(20)), n=2)
+    assert batch.response_ids.shape[0] == 40 and int(batch.response_mask.sum(dim=1).min()) >= 1
+
+
+@needs_vllm
 def test_log_probs_match_an_fp32_forward_of_the_same_weights(vengine, vmodel, vtok, prompts):
     request = request_for(prompts, 2, vtok.pad_token_id, seed=5)
     rows = vengine._generate_rows(request)

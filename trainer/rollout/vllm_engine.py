@@ -109,13 +109,10 @@ class VLLMRolloutEngine(RolloutEngine):
     name = "vllm"
 
     def __init__(
-        self,
-        model: nn.Module,
-        tokenizer: Any,
-        config: RolloutConfig | None = None,
-        share_weights: bool = True,
+        self, model: nn.Module, tokenizer: Any, config: RolloutConfig | None = None, **kwargs: Any
     ) -> None:
-        super().__init__(model, tokenizer, config, share_weights=share_weights)
+        # kwargs: the base's share_weights, which changes nothing here (vLLM always holds its own weights)
+        super().__init__(model, tokenizer, config, **kwargs)
         vllm = require_vllm()
         self.micro_batch_size = 0  # one generate call: vLLM schedules its own batches
         tp = int(config.tensor_model_parallel_size) if config is not None else 1
@@ -145,6 +142,10 @@ class VLLMRolloutEngine(RolloutEngine):
             logprobs_mode=self.logprobs_mode,
             generation_config="vllm",  # vLLM's defaults, not a generation_config.json's
             seed=0,
+            # On CPU a prompt whose prefill is split over steps fails with a per-row seed: vLLM 0.32
+            # rewinds the row's generator by an offset there (gpu_model_runner._bookkeeping_sync),
+            # which a CPU generator does not have ("CPU Generator does not use offset").
+            **({"enable_chunked_prefill": False} if on_cpu else {}),
         )
 
     @staticmethod
