@@ -22,9 +22,9 @@ How the engine maps the trainer's rollout onto vLLM:
   vLLM's ``logprobs_mode`` says which: see ``logprobs_mode``.
 - Reshard: vLLM's own in-place weight reload (``Worker.reload_weights`` with a weights iterator, vLLM
   0.32 vllm/v1/worker/gpu_worker.py), called through ``LLM.collective_rpc`` with (name, tensor) pairs
-  of the actor's state dict. The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0
-  unless the environment says otherwise), so the tensors are handed over by reference: no disk, and
-  on a GPU no trip through the host.
+  of the actor's state dict. The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
+  set by the engine), so the tensors are handed over by reference: no disk, and on a GPU no trip
+  through the host. vLLM's CPU back end then takes over this process's torch.set_num_threads.
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ if TYPE_CHECKING:
 
 EXTRA_HINT = 'pip install -e ".[vllm]" (on a GPU, a vLLM built for your torch; README, "vLLM")'
 # vLLM's engine core in this process: weights are handed over by reference, and no worker process
-# has to re-import the caller's module (the spawn guard). setdefault: the environment may override.
+# has to re-import the caller's module (the spawn guard). Forced, not a default: with an engine
+# process, vLLM 0.32 refuses to send ``collective_rpc`` a function ("Object of type <class 'function'>
+# is not serializable") unless VLLM_ALLOW_INSECURE_SERIALIZATION opens pickle to it.
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 _TORCH_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -123,8 +125,7 @@ class VLLMRolloutEngine(RolloutEngine):
         dtype = next(model.parameters()).dtype
         if dtype not in _TORCH_DTYPES:
             raise ValueError(f"vllm rollout: model dtype {dtype} is not one of {', '.join(_TORCH_DTYPES.values())}")
-        for key, value in IN_PROCESS_ENV.items():
-            os.environ.setdefault(key, value)
+        os.environ.update(IN_PROCESS_ENV)
         # config.json only: vLLM builds the architecture with random weights, sync_from loads the real ones.
         self._config_dir = tempfile.TemporaryDirectory(prefix="rlbench-vllm-")
         config_json = copy.deepcopy(model.config)
