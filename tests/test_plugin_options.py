@@ -116,7 +116,7 @@ def test_a_model_directory_becomes_an_absolute_path(tmp_path: Path) -> None:
         ({"rl_nodes": "0"}, ["--rl-nodes", ">= 1", "got 0"]),
         ({"rl_nodes": "two"}, ["--rl-nodes", "whole number", "'two'"]),
         ({"rl_tolerance": "1"}, ["--rl-tolerance", "0 <= t < 1"]),
-        ({"rl_rollout": "vllm"}, ["--rl-rollout=vllm", "not supported yet", "hf, static"]),
+        ({"rl_rollout": "sglang"}, ["--rl-rollout=sglang", "not supported yet", "hf, static, fast, vllm"]),
         (
             {"rl_config": ["data.train_batch=4"]},
             ["--rl-config", "unknown config key", "data.train_batch_size"],

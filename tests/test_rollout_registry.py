@@ -59,8 +59,8 @@ def forget_toy():
 
 def test_the_bundled_names_come_first_and_unknown_names_list_them():
     assert engine_names()[:3] == ("hf", "static", "fast")
-    with pytest.raises(ValueError, match="unknown rollout engine 'vllm'; available: fast, hf, static"):
-        engine_class("vllm")
+    with pytest.raises(ValueError, match="unknown rollout engine 'sglang'; available: fast, hf, static, vllm"):
+        engine_class("sglang")
 
 
 def test_register_engine_takes_engines_only(forget_toy):
@@ -94,7 +94,7 @@ def test_a_declared_engine_reaches_a_fresh_process(tmp_path):
     out = subprocess.run(
         [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, check=True
     )
-    assert out.stdout.strip() == "('hf', 'static', 'fast', 'toy') ToyEngine"
+    assert out.stdout.strip() == "('hf', 'static', 'fast', 'vllm', 'toy') ToyEngine"
 
 
 # ----------------------------------------------------------------------------- the shared decode loop

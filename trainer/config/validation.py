@@ -33,7 +33,6 @@ FIXED_CHOICES: dict[str, tuple[str, ...]] = {
 KNOWN_BUT_UNSUPPORTED: dict[str, dict[str, str]] = {
     ROLLOUT_KEY: {
         "sglang": "the SGLang engine is not bundled",
-        "vllm": "the vLLM engine is not bundled",
     },
     "actor_rollout_ref.actor.strategy": {
         "fsdp": "FSDP1 is not used here; fsdp2 is",
@@ -45,8 +44,10 @@ LOGGERS: tuple[str, ...] = ("console", "tensorboard")
 # Keys accepted for compatibility that change nothing here; documented so nobody is surprised.
 ACCEPTED_NO_EFFECT: dict[str, str] = {
     "actor_rollout_ref.model.use_remove_padding": "sequences are packed by attention mask; no effect",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "rollout runs data-parallel, one engine per worker",
-    "actor_rollout_ref.rollout.gpu_memory_utilization": "the rollout KV cache is sized from the batch",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "rollout runs data-parallel, one engine per worker; "
+    "rollout.name=vllm checks it is 1",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "the rollout KV cache is sized from the batch, except with "
+    "rollout.name=vllm, whose engine it sizes",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "sequence parallelism is not implemented; must be 1 on one worker",
     "trainer.critic_warmup": "no critic",
     "trainer.val_before_train": "validation is not run",
@@ -156,6 +157,16 @@ def check_choice(key: str, value: object, shown: str | None = None, invalid: str
 
 
 # ----------------------------------------------------------------------------- validation
+def _check_rollout_engine(cfg: Config) -> None:
+    """The chosen engine's own start-up checks, if its class has any (``check_config(cfg)``, e.g. the
+    vllm engine: vLLM installed, one engine per worker), found through the engine registry."""
+    from trainer.rollout import engine_class
+
+    check = getattr(engine_class(cfg.actor_rollout_ref.rollout.name), "check_config", None)
+    if check is not None:
+        check(cfg)
+
+
 def _positive(cfg: Config, *keys: str) -> None:
     for key in keys:
         if get_value(cfg, key) < 1:
@@ -203,6 +214,8 @@ def validate(cfg: Config, check_names: bool = True) -> Config:
         if check_names or key not in REGISTRIES:
             check_choice(key, get_value(cfg, key))
     _finite(cfg)
+    if check_names:
+        _check_rollout_engine(cfg)
     for name in cfg.trainer.logger:
         if name not in LOGGERS:
             raise UnsupportedConfigError(

