@@ -39,6 +39,7 @@ from pytest_rlbench.option_table import (
     DEFAULT_ROUNDS,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WARMUP_ROUNDS,
+    PROGRESS_MODES,
     SPECS,
 )
 from pytest_rlbench.option_values import OptionError, RawValue
@@ -75,6 +76,7 @@ class RLBenchOptions:
     save_baseline: Path | None = None
     ray_timeout: float = DEFAULT_TIMEOUT_S
     phase_timeout: float = TrainerSection.phase_timeout_s
+    progress: str = PROGRESS_MODES[0]  # --rl-progress: auto, on, off
     sources: Mapping[str, str] = field(default_factory=dict)  # dest -> where the value came from
 
     @property
@@ -238,6 +240,7 @@ def parse_options(
         save_baseline=values.output_path(r) if (r := get("rl_save_baseline")) else None,
         ray_timeout=values.seconds(r, "a timeout") if (r := get("rl_ray_timeout")) else DEFAULT_TIMEOUT_S,
         phase_timeout=phase_timeout,
+        progress=values.progress_mode(r) if (r := get("rl_progress")) else PROGRESS_MODES[0],
         sources=sources,
     )
     # Cross-field checks of the composed trainer config (batch sizes against workers, ...). With
