@@ -17,7 +17,7 @@ from pytest_rlbench.consistency import check_record
 from pytest_rlbench.record import RunRecord, record_from_dict
 from pytest_rlbench.report_chart import OTHER, drawn_baselines, step_segments, work_label, write_chart
 from pytest_rlbench.report_json import build_report, write_json_report
-from pytest_rlbench.report_terminal import terminal_lines
+from pytest_rlbench.report_terminal import finding_lines, terminal_lines
 from trainer.phases import PHASE_KEYS
 
 RUN: dict[str, Any] = {
@@ -75,13 +75,70 @@ def test_terminal_summary(results) -> None:
     header = lines[1].split()
     assert header == ["phase", "metric", "measured", "baseline", "ratio", "tol", "verdict"]
     assert any(line.split()[:2] == ["update_actor", "seconds"] and "FAIL (slower)" in line for line in lines)
-    assert "baseline 'verl-v0.5.0-1.5b' (RLinf documentation, page \"Compare with Verl\" (last updated 07/22/2025)): reference, not a gate" in lines
-    assert "hardware.device: run 'cpu', baseline 'gpu'" in text
-    assert "verl-v0.5.0-1.5b: gen throughput 6992.96 per-GPU tokens/s: only consistent if per-DP-rank" in text
+    assert (
+        "baseline 'verl-v0.5.0-1.5b' (VERL v0.5.0's run, as published in the RLinf documentation "
+        "(last updated 07/22/2025)): reference, not a gate"
+    ) in lines
+    assert "  it differs in hardware (device, world_size, gpu_model, gpus_per_node), work per step" in text
+    assert "hardware.device: run 'cpu', baseline 'gpu'" not in text  # listed whole only with -v
+    assert (
+        "verl-v0.5.0-1.5b: the published gen throughput, 6,992.96 per-GPU tokens/s, fits its times and "
+        "token counts only when divided by the 4 data-parallel ranks instead of the GPUs"
+    ) in text
     assert lines[-3] == "2 regression(s):"
     assert lines[-2].strip().startswith("update_actor seconds: 1.60 s vs 1.00 s in baseline 'local-ci' (ratio 1.60")
     assert lines[-1].strip().startswith("update_actor tokens/s per GPU: ")
     assert all("\n" not in line for line in lines)
+
+
+def _reference_block(lines: list[str], name: str) -> list[str]:
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"baseline '{name}'"))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("  ")), len(lines))
+    return lines[start:end]
+
+
+def test_a_reference_shows_only_what_carries_across_work_and_no_ratio(results) -> None:
+    _, comparisons, findings = results
+    block = _reference_block(terminal_lines(comparisons, findings), "verl-v0.5.0-1.5b")
+    header = block[2].split()
+    assert "ratio" not in header and header[:2] == ["phase", "figure"]
+    rows = {tuple(line.split()[:2]): line.split() for line in block[3:]}
+    assert not any("seconds" in line or "ratio" in line for line in block[2:])  # no raw-seconds ratio
+    # gen: 1.9 s for 52 response tokens on 2 workers: 73,077 GPU-ms per 1k tokens; VERL's 3,496 tokens/s/GPU
+    gen = next(line.split() for line in block[3:] if line.split()[0] == "gen")
+    assert gen[-2:] == ["73,077", "286.00"]
+    assert rows[("update_actor", "MFU")][-2:] == ["-", "23.0%"]  # a CPU run has no MFU; no verdict column
+
+
+def test_verbose_lists_every_difference_of_a_reference(results) -> None:
+    _, comparisons, _ = results
+    block = _reference_block(terminal_lines(comparisons, verbose=True), "verl-v0.5.0-1.5b")
+    assert block[1].endswith("and model:")
+    assert "    - hardware.device: run 'cpu', baseline 'gpu'" in block
+    assert "    - config.max_response_length: run 16, baseline 27648" in block
+
+
+def test_each_baseline_is_labelled_by_its_own_source_and_no_seed_is_named() -> None:
+    rlinf, verl = load_baseline("rlinf-1.5b"), load_baseline("verl-v0.5.0-1.5b")
+    lines = terminal_lines(compare_all(run_record(), [rlinf, verl]))
+    headings = [line for line in lines if line.startswith("baseline ")]
+    assert headings[0].startswith("baseline 'rlinf-1.5b' (RLinf's own run,")
+    assert headings[1].startswith("baseline 'verl-v0.5.0-1.5b' (VERL v0.5.0's run,")
+    assert not any("Compare with Verl" in line for line in headings)
+    readable = [Path(__file__).parents[1] / "README.md", *(Path(__file__).parents[1] / "baselines").glob("*.json")]
+    for path in readable:
+        assert "seed" not in path.read_text().lower().replace("seeded", ""), path
+
+
+def test_each_consistency_finding_reads_as_one_sentence(results) -> None:
+    _, _, findings = results
+    lines = finding_lines(findings, verbose=True)
+    sentences = [line.strip() for line in lines[1:] if not line.startswith("      (")]
+    assert len(sentences) == len(findings)
+    for sentence in sentences:
+        assert sentence.endswith(".") and ". " not in sentence, sentence
+    nesting = next(s for s in sentences if s.startswith("local-ci: step"))
+    assert nesting == "local-ci: step (4 s) covers the phases timed inside it (3.56 s)."
 
 
 def test_terminal_summary_of_a_clean_gate() -> None:
@@ -160,3 +217,12 @@ def test_chart_is_written(tmp_path: Path) -> None:
     image = matplotlib.image.imread(path)
     assert image.shape[1] > 1000 and image.shape[0] > 400
     assert image[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_a_disagreement_reads_as_one_sentence_saying_what_disagrees() -> None:
+    record = run_record(step={"seconds": [1.0]})  # shorter than the phases timed inside it
+    lines = finding_lines(check_record(record))
+    assert lines[1] == (
+        "  cpu-run: the phases timed inside step add up to 3.56 s, more than step itself (1 s), "
+        "so they overlap or come from different steps."
+    )
