@@ -19,6 +19,7 @@ import pytest
 from pytest_rlbench.cluster import ClusterInfo
 from pytest_rlbench.fixtures import RLDataset, RLModel, get_session
 from pytest_rlbench.frameworks import OURS_LABEL
+from pytest_rlbench.progress import Progress, round_label
 from pytest_rlbench.record import Hardware, ModelArch, RunConfig, TokenCounts
 from pytest_rlbench.recorder import BenchRecorder, mismatch_failure
 from pytest_rlbench.workload import run_workload
@@ -133,7 +134,8 @@ def rl_trainer(
     if trainer is None:
         from trainer.build import build_trainer
 
-        trainer = build_trainer(cfg, get_session(pytestconfig).workdir(), dataset=rl_dataset.prompts)
+        with get_session(pytestconfig).progress().stage("set-up: starting the trainer's workers"):
+            trainer = build_trainer(cfg, get_session(pytestconfig).workdir(), dataset=rl_dataset.prompts)
     recorder = get_recorder(pytestconfig)
     recorder.context.framework = getattr(trainer, "framework", OURS_LABEL)  # an adapter names its own
     recorder.context.differences = list(getattr(trainer, "differences", []))
@@ -170,7 +172,8 @@ def rl_prompts(rl_trainer: GRPOTrainer) -> PromptBatch:
 def rl_batch(pytestconfig: pytest.Config, rl_trainer: GRPOTrainer, rl_prompts: PromptBatch) -> WarmStep:
     """One untimed training step (warm-up: kernels, caches, allocator) and the batch it produced."""
     prompts = rl_prompts
-    result = rl_trainer.train_step(prompts)
+    with get_session(pytestconfig).progress().stage("warm-up: one untimed training step"):
+        result = rl_trainer.train_step(prompts)
     tokens = token_counts(result.tokens)
     get_recorder(pytestconfig).context.tokens = tokens
     return WarmStep(prompts, rl_trainer.last_batch, result, tokens)
@@ -193,9 +196,11 @@ class PhaseBench:
     def __init__(
         self, benchmark: Any, recorder: BenchRecorder, item: pytest.Item, rounds: int, warmup: int,
         max_mismatch: float | None = None,
+        progress: Progress | None = None,
     ) -> None:
         self.max_mismatch = max_mismatch
         self.benchmark = benchmark
+        self.progress = progress or Progress(enabled=False, terminal=False)
         self.recorder = recorder
         self.item = item
         self.rounds = rounds
@@ -222,8 +227,10 @@ class PhaseBench:
 
         phase = self.phase
         results: list[Any] = []
+        warmup, rounds = (0, 1) if self.benchmark.disabled else (self.warmup, self.rounds)
 
         def prepare() -> None:
+            stage.step(round_label(len(results), warmup, rounds))  # outside the timed call
             if setup is not None:
                 setup()
             device_clock()  # drain what setup queued before the round's clock starts
@@ -232,15 +239,18 @@ class PhaseBench:
             results.append(fn())
             return results[-1]
 
-        if self.benchmark.disabled:  # --benchmark-disable: one untimed call by pytest-benchmark; time it here
-            prepare()
-            start = device_clock()
-            result = round_()
-            self.samples = [device_clock() - start]
-        else:
-            self.benchmark._timer = device_clock  # pytest-benchmark reads the clock around each call
-            result = self.benchmark.pedantic(round_, setup=prepare, rounds=self.rounds, warmup_rounds=self.warmup)
-            self.samples = list(self.benchmark.stats.stats.data)
+        with self.progress.stage(phase, warmup + rounds) as stage:
+            if self.benchmark.disabled:  # --benchmark-disable: one untimed call by pytest-benchmark; time it here
+                prepare()
+                start = device_clock()
+                result = round_()
+                self.samples = [device_clock() - start]
+            else:
+                self.benchmark._timer = device_clock  # pytest-benchmark reads the clock around each call
+                result = self.benchmark.pedantic(
+                    round_, setup=prepare, teardown=stage.done, rounds=self.rounds, warmup_rounds=self.warmup
+                )
+                self.samples = list(self.benchmark.stats.stats.data)
         timed = results[-len(self.samples) :]  # warm-up rounds come first
         if callable(tokens):  # each round's own work: a generation's responses, a step's new batch
             per_round = [token_counts(tokens(r)) for r in timed]
@@ -272,7 +282,8 @@ class PhaseBench:
 @pytest.fixture
 def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytest.Config) -> PhaseBench:
     """Time a phase (see PhaseBench); the test must carry ``@pytest.mark.rl_phase(KEY)``."""
-    opts = get_session(pytestconfig).opts
+    session = get_session(pytestconfig)
+    opts, recorder = session.opts, get_recorder(pytestconfig)
     return PhaseBench(
-        benchmark, get_recorder(pytestconfig), request.node, opts.rounds, opts.warmup_rounds, opts.max_mismatch
+        benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, opts.max_mismatch, session.progress()
     )

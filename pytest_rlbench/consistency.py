@@ -203,3 +203,50 @@ def check_nesting(record: RunRecord, rtol: float = DEFAULT_RTOL) -> list[Finding
 def check_record(record: RunRecord, rtol: float = DEFAULT_RTOL) -> list[Finding]:
     """Every check for one record: its published figures, then the nesting of its times."""
     return [check_published(record, key, rtol) for key in record.published_derived] + check_nesting(record, rtol)
+
+
+# --- Findings in words: one sentence each, for the terminal report. --------------------------------
+
+
+def _amount(r: Interpretation) -> str:
+    if r.high is None:
+        return f"at least {r.low:,.0f}"
+    return f"{r.low:,.0f}" if r.high == r.low else f"between {r.low:,.0f} and {r.high:,.0f}"
+
+
+def _nesting_sentence(f: Finding) -> str:
+    span = f.figure.partition("/")[2]
+    inside = f.interpretations[0].low if f.interpretations else 0.0
+    if f.ok:
+        return f"{f.record}: {span} ({f.published:.3g} s) covers the phases timed inside it ({inside:.3g} s)."
+    return (
+        f"{f.record}: the phases timed inside {span} add up to {inside:.3g} s, more than {span} itself "
+        f"({f.published:.3g} s), so they overlap or come from different steps."
+    )
+
+
+def finding_sentence(f: Finding) -> str:
+    """One finding as one sentence: what was published, and which reading of the raw values it fits."""
+    if f.figure.startswith("nesting/"):
+        return _nesting_sentence(f)
+    figure = f"{f.record}: the published {f.label}, {f.published:,.2f} {f.unit},"
+    if f.verdict == UNCHECKABLE:
+        return f"{f.record}: the published {f.label} cannot be checked ({f.detail})."
+    stated = f.interpretations[0]
+    if f.verdict == CONSISTENT:
+        return f"{figure} agrees with the times and token counts published beside it."
+    as_labelled = f"read as labelled ({stated.label}), they give {_amount(stated)}"
+    agreeing = [r for r in f.interpretations if r.consistent]
+    per_dp = [r for r in agreeing if r.sequences == stated.sequences and r.divisor != stated.divisor]
+    if f.verdict == PER_DP_ONLY and per_dp:
+        return (
+            f"{figure} fits its times and token counts only when divided by the {per_dp[0].divisor} "
+            f"data-parallel ranks instead of the GPUs; {as_labelled}."
+        )
+    other_batch = [r for r in agreeing if r.sequences != stated.sequences]
+    if f.verdict == OTHER_BATCH_ONLY and other_batch:
+        return (
+            f"{figure} fits its times and token counts only with {other_batch[0].sequences} sequences per "
+            f"step, not the {stated.sequences} stated; {as_labelled}."
+        )
+    return f"{figure} fits no reading of its times and token counts; {as_labelled}."

@@ -22,6 +22,7 @@ import pytest
 from pytest_rlbench.cluster import ClusterError, ClusterInfo, RayConnection, check_cluster, precheck_embedded
 from pytest_rlbench.config_path import build_trainer_config
 from pytest_rlbench.options import RLBenchOptions
+from pytest_rlbench.progress import Progress, progress_for
 from pytest_rlbench.replay import session_replay_notes
 
 if TYPE_CHECKING:
@@ -147,18 +148,20 @@ class RLBenchSession:
 
         Raises SetupError on the first resource that cannot be built."""
         needs = {need for name in fixturenames for need in FIXTURE_NEEDS.get(name, ())}
-        order = [
-            ("model", self.model),
-            ("dataset", self.dataset),
-            ("config", self.trainer_config),
-            ("cluster", self.cluster),
-        ]
-        built = []
-        for name, build in order:
-            if name in needs:
+        ray = "starting Ray" if self.opts.embedded else "connecting to Ray"
+        order = [("model", "loading the model", self.model), ("dataset", "building the data set", self.dataset),
+                 ("config", "checking the trainer config", self.trainer_config), ("cluster", ray, self.cluster)]
+        steps = [(name, what, build) for name, what, build in order if name in needs]
+        with self.progress().stage("set-up", len(steps)) as stage:
+            for _, what, build in steps:
+                stage.step(what)
                 build()
-                built.append(name)
-        return built
+                stage.done()
+        return [name for name, _, _ in steps]
+
+    def progress(self) -> Progress:
+        """The session's progress bars (--rl-progress)."""
+        return progress_for(self.config, self.opts.progress)
 
     # ------------------------------------------------------------------ resources
     def cluster(self) -> ClusterInfo:

@@ -17,6 +17,7 @@ from trainer.driver.ray_probe import DEFAULT_CONNECT_TIMEOUT_S as DEFAULT_TIMEOU
 DEFAULT_ROLLOUT = "hf"
 DEFAULT_ROUNDS = 5
 DEFAULT_WARMUP_ROUNDS = 1
+PROGRESS_MODES: tuple[str, ...] = ("auto", "on", "off")  # --rl-progress; the first is the default
 
 Kind = Literal["int", "float", "str", "flag", "multi"]
 
@@ -138,6 +139,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec("--rl-report", "str", "Write the benchmark report as JSON to this file.", "PATH"),
     OptionSpec("--rl-save-baseline", "str", "Record this run as a baseline file at PATH.", "PATH"),
+    OptionSpec(
+        "--rl-progress",
+        "str",
+        "Progress bars for set-up, warm-up and each round on stderr: auto (only on a terminal), on, off "
+        f"(default {PROGRESS_MODES[0]}).",
+        "|".join(PROGRESS_MODES),
+    ),
     OptionSpec(
         "--rl-ray-timeout", "float",
         f"Seconds the Ray cluster at the address has to answer (default {DEFAULT_TIMEOUT_S:g}).",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_rlbench.option_table import PROGRESS_MODES
 from pytest_rlbench.outputs import write_problem
 
 # Ray addresses we refuse: "auto" attaches to whichever cluster was started last on this machine and
@@ -141,4 +142,12 @@ def ray_address(raw: RawValue) -> str | None:
         )
     if any(c.isspace() for c in text):
         raise OptionError(f"{raw.source} expects host:port, got {text!r}")
+    return text
+
+
+def progress_mode(raw: RawValue) -> str:
+    """--rl-progress: auto, on or off (case aside)."""
+    text = text_of(raw).lower()
+    if text not in PROGRESS_MODES:
+        raise OptionError(f"{raw.source} expects one of {', '.join(PROGRESS_MODES)}, got {text_of(raw)!r}")
     return text

@@ -41,6 +41,7 @@ from pytest_rlbench.option_table import (
     DEFAULT_ROUNDS,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WARMUP_ROUNDS,
+    PROGRESS_MODES,
     SPECS,
 )
 from pytest_rlbench.option_values import OptionError, RawValue
@@ -79,6 +80,7 @@ class RLBenchOptions:
     ray_timeout: float = DEFAULT_TIMEOUT_S
     phase_timeout: float = TrainerSection.phase_timeout_s
     trainer: str = OURS  # the framework whose trainer the suites run (--rl-trainer)
+    progress: str = PROGRESS_MODES[0]  # --rl-progress: auto, on, off
     sources: Mapping[str, str] = field(default_factory=dict)  # dest -> where the value came from
 
     @property
@@ -246,6 +248,7 @@ def parse_options(
         ray_timeout=values.seconds(r, "a timeout") if (r := get("rl_ray_timeout")) else DEFAULT_TIMEOUT_S,
         phase_timeout=phase_timeout,
         trainer=check_trainer(r.value, r.source) if (r := get("rl_trainer")) else OURS,
+        progress=values.progress_mode(r) if (r := get("rl_progress")) else PROGRESS_MODES[0],
         sources=sources,
     )
     # Cross-field checks of the composed trainer config (batch sizes against workers, ...). With

@@ -234,7 +234,8 @@ class BenchRecorder:
                 update_report(report)
             _write(outcome, "the JSON report", report_path, lambda p: write_text_atomic(p, dumps_report(report)))
             chart = chart_path_for(report_path)
-            _write(outcome, "the chart", chart, lambda p: write_atomic(p, lambda t: write_chart(t, run, baselines)))
+            draw = lambda t: write_chart(t, run, baselines, results=results, step_breakdown=self.step_breakdown)  # noqa: E731
+            _write(outcome, "the chart", chart, lambda p: write_atomic(p, draw))
         return outcome
 
 

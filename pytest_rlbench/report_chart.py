@@ -3,22 +3,33 @@
 Only baselines of the run's model (the same architecture and dtype) are drawn: seconds of another
 model's step say nothing about this one's, so those are named in a note under the chart instead. Each
 bar's label gives its hardware and its per-GPU work (sequences per GPU, mean response length) and says
-whether that is the run's own per-GPU work, so a replay of a baseline reads on the same scale: the
-same per-GPU work, seconds per step.
+whether that is the run's own per-GPU work, whether the baseline is a gate or a reference only, and
+what the bar is: one measured step, or phases timed apart and summed.
 
-Left panel: seconds per step, one stacked horizontal bar per record, phases in the order of the
-phase keys (trainer.phases.PHASE_KEYS). Right panel: the same bars as fractions of the step, so runs
-on different hardware can be compared by shape. Phases nested in gen (generate_sequences, reshard)
-are drawn as parts of gen; time inside the step that no phase accounts for is drawn as "other".
-save_checkpoint runs outside the step and is left out. Drawn on matplotlib's Agg canvas: no display needed.
+Every bar is one measured step where there is one: the run's is the whole-step round of median step
+time, split by that round's own phase times (``step_breakdown``, the rounds ``rl_bench`` records
+under ``breakdown=``); a published baseline's phase times are one step's. A record without either (a
+run of the phase benchmarks only, or a saved pytest-rlbench baseline) is drawn from its separately
+timed phases and labelled so.
+
+Left panel: seconds per step on a log axis, so a run and a baseline 30x longer are both readable; one
+stacked horizontal bar per record, phases in the order of the phase keys (trainer.phases.PHASE_KEYS).
+Right panel: the same bars as fractions of the step, so runs on different hardware can be compared by
+shape. Phases nested in gen (generate_sequences, reshard) are drawn as parts of gen; time inside the
+step that no phase accounts for is drawn as "other". save_checkpoint runs outside the step and is left
+out. A phase that failed its gate gets a red edge and a red cross (legend "failed: <phase>"); a
+reference-only baseline is drawn faded. Drawn on matplotlib's Agg canvas: no display needed.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from pytest_rlbench.compare import BaselineComparison
 from pytest_rlbench.record import RunRecord
 from pytest_rlbench.workload import model_differences, workload_matches, workload_tokens
 
@@ -26,6 +37,15 @@ GEN_PARTS: tuple[str, ...] = ("generate_sequences", "reshard")
 TOP_LEVEL: tuple[str, ...] = ("reward", "old_log_prob", "ref", "adv", "update_actor")
 OTHER = "other"
 GEN_REST = "gen (rest)"
+MEASURED_STEP = "one measured step"
+PHASES_APART = "phases timed apart, summed"
+OWN_FRAMEWORK = "pytest-rlbench"  # provenance.framework of records this plugin wrote
+FAILED_COLOUR = "#c53030"
+REFERENCE_ALPHA = 0.45
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # Generation in blues, log-probs in greens, the update in orange: families read at a glance.
 COLOURS: dict[str, str] = {
@@ -47,23 +67,46 @@ def _median(record: RunRecord, key: str) -> float | None:
     return statistics.median(phase.seconds) if phase is not None else None
 
 
-def step_segments(record: RunRecord) -> list[tuple[str, float]]:
-    """(label, seconds) of one step's parts, in the phase keys' order; only parts that were timed."""
-    out: list[tuple[str, float]] = []
-    parts = [(k, v) for k in GEN_PARTS if (v := _median(record, k)) is not None]
-    gen = _median(record, "gen")
-    out += parts
+def breakdown_segments(seconds: Mapping[str, float]) -> list[tuple[str, float]]:
+    """(label, seconds) of one step's parts from its seconds by phase key, in the phase keys' order."""
+    out: list[tuple[str, float]] = [(k, seconds[k]) for k in GEN_PARTS if k in seconds]
+    gen = seconds.get("gen")
     if gen is not None:
-        rest = gen - sum(v for _, v in parts)
-        if not parts:
+        rest = gen - sum(v for _, v in out)
+        if not out:
             out.append(("gen", gen))
         elif rest > 0:
             out.append((GEN_REST, rest))
-    out += [(k, v) for k in TOP_LEVEL if (v := _median(record, k)) is not None]
-    step = _median(record, "step")
+    out += [(k, seconds[k]) for k in TOP_LEVEL if k in seconds]
+    step = seconds.get("step")
     if step is not None and step > sum(v for _, v in out):
         out.append((OTHER, step - sum(v for _, v in out)))
     return out
+
+
+def step_segments(record: RunRecord) -> list[tuple[str, float]]:
+    """(label, seconds) of one step's parts from the record's median phase times; only parts timed."""
+    return breakdown_segments({k: v for k in record.phases if (v := _median(record, k)) is not None})
+
+
+def median_step_round(rounds: Sequence[Mapping[str, float]]) -> Mapping[str, float] | None:
+    """The whole-step round of median step time (the lower of the two middle ones), or None."""
+    timed = sorted((r for r in rounds if "step" in r), key=lambda r: r["step"])
+    return timed[(len(timed) - 1) // 2] if timed else None
+
+
+def record_step(record: RunRecord, rounds: Sequence[Mapping[str, float]] = ()) -> tuple[list[tuple[str, float]], str]:
+    """A record's bar and what it is: one measured step where there is one (see the module docstring)."""
+    measured = median_step_round(rounds)
+    if measured is not None:
+        return breakdown_segments(measured), MEASURED_STEP
+    apart = record.provenance.framework == OWN_FRAMEWORK
+    return step_segments(record), PHASES_APART if apart else MEASURED_STEP
+
+
+def failed_phases(results: Sequence[BaselineComparison]) -> list[str]:
+    """The phases with a failed gate comparison, in the order first met."""
+    return list(dict.fromkeys(c.phase for r in results for c in r.failures if c.phase))
 
 
 def _hardware_label(record: RunRecord) -> str:
@@ -111,8 +154,94 @@ def chart_path_for(report_path: str | Path) -> Path:
     return Path(report_path).with_suffix(".png")
 
 
-def write_chart(path: str | Path, run: RunRecord, baselines: Sequence[RunRecord] = (), dpi: int = 120) -> Path:
-    """Draw the run's and each same-model baseline's step breakdown to ``path`` (a PNG); return the path."""
+def _segment_span(segments: Sequence[tuple[str, float]], phase: str) -> tuple[float, float] | None:
+    """(left, right) seconds of a phase's part of a bar: gen spans its nested parts, step the bar."""
+    left, spans = 0.0, {}
+    for label, seconds in segments:
+        spans[label] = (left, left + seconds)
+        left += seconds
+    if phase == "step" and segments:
+        return 0.0, left
+    parts = [spans[k] for k in (*GEN_PARTS, GEN_REST, "gen") if k in spans] if phase == "gen" else []
+    if parts:
+        return parts[0][0], parts[-1][1]
+    return spans.get(phase)
+
+
+def _row_label(record: RunRecord, run: RunRecord, kind: str, role: str | None) -> str:
+    """Name, hardware, per-GPU work; then what the bar is, and for a baseline whether it gates."""
+    if record is run:
+        return f"{record.name} (this run)\n{_hardware_label(record)}\n{work_label(record)}\n{kind}"
+    what = {"gate": "gate", "reference": "reference only, not a gate"}.get(role or "", "baseline")
+    return f"{record.name}\n{_hardware_label(record)}\n{work_label(record, run)}\n{kind}; {what}"
+
+
+def _draw_bar(
+    ax_abs: Axes, ax_rel: Axes, y: int, segments: Sequence[tuple[str, float]], limits: tuple[float, float], faded: bool
+) -> None:
+    """One record's bar in both panels; ``limits`` the log axis' (low, high), for where labels fit."""
+    total, left = sum(v for _, v in segments), 0.0
+    decades = math.log10(limits[1] / limits[0])
+    for label, seconds in segments:
+        colour, hatch = COLOURS[label], "//" if label == OTHER else None
+        style = {"color": colour, "edgecolor": "white", "linewidth": 0.8, "hatch": hatch}
+        style["alpha"] = REFERENCE_ALPHA if faded else 1.0
+        shown_left = max(left, limits[0])  # on a log axis a bar from 0 starts at the axis' edge
+        ax_abs.barh(y, left + seconds - shown_left, left=shown_left, **style)
+        if seconds > 0 and math.log10((left + seconds) / shown_left) >= 0.12 * decades:  # wide enough to hold it
+            text = f"{seconds:,.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
+            ax_abs.text(math.sqrt(shown_left * (left + seconds)), y, text, ha="center", va="center", fontsize=8,
+                        color=_text_colour(colour))
+        share = seconds / total if total else 0.0
+        ax_rel.barh(y, share, left=left / total if total else 0.0, **style)
+        if share >= 0.07:
+            ax_rel.text((left + seconds / 2) / total, y, f"{share:.0%}", ha="center", va="center", fontsize=8,
+                        color=_text_colour(colour))
+        left += seconds
+    note = f"{total:,.1f} s" if segments else "no step phases timed"
+    ax_abs.text(max(total, limits[0]), y, f"  {note}", va="center", fontsize=9, color="#2d3748")
+
+
+def _log_limits(rows: Sequence[tuple[RunRecord, list[tuple[str, float]], str]]) -> tuple[float, float]:
+    """The log axis' range: from a tenth of the shortest first part or step to 3x the longest step (room
+    for its total), so the shortest bar still spans a decade."""
+    bars = [segments for _, segments, _ in rows if segments]
+    totals = [sum(v for _, v in s) for s in bars]
+    if not totals or max(totals) <= 0:
+        return 0.1, 10.0
+    firsts = [s[0][1] for s in bars if s[0][1] > 0]
+    return max(min(firsts + totals) / 10, 1e-6), max(totals) * 3
+
+
+def _mark_failures(
+    ax: Axes, y: int, segments: Sequence[tuple[str, float]], failed: Sequence[str], floor: float
+) -> list[str]:
+    """A red cross and outline on each failed phase of the run's bar; returns the failed phases not drawn."""
+    missing = []
+    for phase in failed:
+        span = _segment_span(segments, phase)
+        if span is None:
+            missing.append(phase)
+            continue
+        low, high = max(span[0], floor), span[1]
+        ax.barh(y, high - low, left=low, fill=False, edgecolor=FAILED_COLOUR, linewidth=2.2)
+        # On the bar's top edge, so that the cross hides no segment's label; a failed step at the bar's end.
+        x = high if phase == "step" else math.sqrt(low * high)
+        ax.plot([x], [y - 0.4], marker="X", markersize=9, linestyle="none", color=FAILED_COLOUR,
+                markeredgecolor="white", label=f"failed: {phase}")
+    return missing
+
+
+def draw_chart(
+    run: RunRecord,
+    baselines: Sequence[RunRecord] = (),
+    results: Sequence[BaselineComparison] = (),
+    step_breakdown: Sequence[Mapping[str, float]] = (),
+) -> Figure:
+    """The chart as a matplotlib Figure on an Agg canvas (see the module docstring).
+
+    ``results``: the comparisons with the baselines (which gate, which failed); ``step_breakdown``: the
+    run's whole-step rounds, seconds by phase key."""
     # matplotlib is imported here, not with the plugin: every pytest start would pay for it otherwise.
     # A Figure with the Agg canvas draws without pyplot, so no global backend is set for the user.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -120,43 +249,27 @@ def write_chart(path: str | Path, run: RunRecord, baselines: Sequence[RunRecord]
     from matplotlib.patches import Patch
     from matplotlib.ticker import PercentFormatter
 
-    path = Path(path)
     drawn, left_off = drawn_baselines(run, baselines)
-    records = [run, *drawn]
-    rows = [(r, step_segments(r)) for r in records]
-    height = 2.2 + 0.95 * len(rows)
-    widest = max((sum(v for _, v in s) for _, s in rows), default=0.0) or 1.0
+    roles = {r.baseline: r.mode for r in results}
+    rows = [(run, *record_step(run, step_breakdown))] + [(b, *record_step(b)) for b in drawn]
+    height = 2.4 + 1.1 * len(rows)
     fig = Figure(figsize=(13, height))
     FigureCanvasAgg(fig)
     ax_abs, ax_rel = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
-    used: set[str] = set()
-    for y, (_, segments) in enumerate(rows):
-        total = sum(v for _, v in segments)
-        left = 0.0
-        for label, seconds in segments:
-            colour = COLOURS[label]
-            hatch = "//" if label == OTHER else None
-            ink = _text_colour(colour)
-            ax_abs.barh(y, seconds, left=left, color=colour, edgecolor="white", linewidth=0.8, hatch=hatch)
-            if seconds >= 0.09 * widest:  # label only the segments wide enough to hold it
-                ax_abs.text(left + seconds / 2, y, f"{seconds:,.0f} s" if seconds >= 10 else f"{seconds:.2g} s", ha="center", va="center", fontsize=8, color=ink)
-            share = seconds / total if total else 0.0
-            ax_rel.barh(y, share, left=left / total if total else 0.0, color=colour, edgecolor="white", linewidth=0.8, hatch=hatch)
-            if share >= 0.07:
-                ax_rel.text((left + seconds / 2) / total, y, f"{share:.0%}", ha="center", va="center", fontsize=8, color=ink)
-            left += seconds
-            used.add(label)
-        note = f"{total:,.1f} s" if segments else "no step phases timed"
-        ax_abs.text(total, y, f"  {note}", va="center", fontsize=9, color="#2d3748")
-    labels = [
-        f"{r.name}{'' if i else ' (this run)'}\n{_hardware_label(r)}\n{work_label(r, run if i else None)}"
-        for i, (r, _) in enumerate(rows)
-    ]
-    ax_abs.set_yticks(range(len(rows)), labels, fontsize=9)
+    used = {label for _, segments, _ in rows for label, _ in segments}
+    limits = _log_limits(rows)
+    for y, (record, segments, _) in enumerate(rows):
+        _draw_bar(ax_abs, ax_rel, y, segments, limits, faded=roles.get(record.name) == "reference")
+    not_drawn = _mark_failures(ax_abs, 0, rows[0][1], failed_phases(results), limits[0])
+    if not_drawn:
+        left_off.append(f"failed, not in the step's bar: {', '.join(not_drawn)}")
+    labels = [_row_label(record, run, kind, roles.get(record.name)) for record, _, kind in rows]
+    ax_abs.set_yticks(range(len(rows)), labels, fontsize=8)
     ax_abs.get_yticklabels()[0].set_fontweight("bold")
     ax_abs.invert_yaxis()  # this run on top
-    ax_abs.set_xlabel("seconds per step")
-    ax_abs.set_xlim(0, widest * 1.18)
+    ax_abs.set_xscale("log")
+    ax_abs.set_xlim(*limits)
+    ax_abs.set_xlabel("seconds per step (log scale)")
     ax_rel.set_xlabel("share of the step")
     ax_rel.set_xlim(0, 1)
     ax_rel.xaxis.set_major_formatter(PercentFormatter(1.0))
@@ -164,25 +277,38 @@ def write_chart(path: str | Path, run: RunRecord, baselines: Sequence[RunRecord]
         ax.spines[["top", "right"]].set_visible(False)
         ax.grid(axis="x", color="#edf2f7", linewidth=0.8)
         ax.set_axisbelow(True)
-    ax_abs.set_title("Time per step, by phase", loc="left", fontsize=11)
+    ax_abs.set_title("Time per step, by phase (log scale)", loc="left", fontsize=11)
     ax_rel.set_title("Same, as fractions of the step", loc="left", fontsize=11)
     handles = [Patch(facecolor=COLOURS[k], hatch="//" if k == OTHER else None, label=k) for k in COLOURS if k in used]
-    title = f"Step phase breakdown: {run.name} and {len(drawn)} baseline(s) of the same model"
-    fig.suptitle(title, x=0.01, ha="left", fontsize=12, fontweight="bold")
+    crosses = [h for h in ax_abs.get_lines() if h.get_label().startswith("failed: ")]
+    if crosses:  # one legend entry for every cross, naming the phases
+        from matplotlib.lines import Line2D
+
+        names = ", ".join(h.get_label().removeprefix("failed: ") for h in crosses)
+        handles.append(Line2D([], [], marker="X", color=FAILED_COLOUR, linestyle="none", label=f"failed gate: {names}"))
+    fig.suptitle(f"Step phase breakdown: {run.name} and {len(drawn)} baseline(s) of the same model",
+                 x=0.01, ha="left", fontsize=12, fontweight="bold")
     note_room = 0.3 / height if left_off else 0.0  # inches for the note under the legend
-    columns = min(len(handles), 10)
-    fig.legend(
-        handles=handles,
-        loc="lower center",
-        bbox_to_anchor=(0.5, note_room),
-        ncol=columns,
-        frameon=False,
-        fontsize=9,
-    )
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, note_room), ncol=min(len(handles), 10),
+               frameon=False, fontsize=9)
     if left_off:
-        note = "Not drawn, not comparable: " + "; ".join(left_off)
+        note = "Not drawn: " + "; ".join(left_off)
         fig.text(0.01, 0.01, note, ha="left", va="bottom", fontsize=8, color="#4a5568")
     fig.tight_layout(rect=(0, 0.6 / height + note_room, 1, 1))
+    return fig
+
+
+def write_chart(
+    path: str | Path,
+    run: RunRecord,
+    baselines: Sequence[RunRecord] = (),
+    dpi: int = 120,
+    results: Sequence[BaselineComparison] = (),
+    step_breakdown: Sequence[Mapping[str, float]] = (),
+) -> Path:
+    """Draw the chart (``draw_chart``) to ``path`` (a PNG); return the path."""
+    path = Path(path)
+    fig = draw_chart(run, baselines, results, step_breakdown)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     return path

@@ -1,11 +1,16 @@
 """The terminal summary: plain text lines, for the plugin to write through its terminal reporter.
 
-One table per baseline (phase, metric, measured, baseline, ratio, tolerance, verdict) under a heading
-that names the baseline, its source and whether it is a gate; a reference's heading says why it is not
-a gate. A gate on the same per-GPU work as a published baseline says what it gates (per-GPU throughput,
-or efficiency across GPU models) and lists, beside its verdicts, every assumed value it rests on.
-Then the consistency findings (only the disagreements unless ``verbose``) and the failures, one
-message each.
+One table per baseline under a heading that names the baseline, its source and whether it is a gate.
+A gate's table has phase, metric, measured, baseline, ratio, tolerance and verdict; a gate on the same
+per-GPU work as a published baseline says what it gates (per-GPU throughput, or efficiency across GPU
+models) and lists, beside its verdicts, every assumed value it rests on.
+
+A reference (other work or other hardware) is no gate, and its table shows only what carries across
+work: per-token cost (GPU-milliseconds per thousand tokens, the inverse of per-GPU throughput), MFU and
+memory-bandwidth use, side by side with no ratio, since seconds of different work do not divide into
+a speed-up. Its heading says in words how it differs (every difference with ``verbose``).
+Then the consistency findings, one sentence each (only the disagreements unless ``verbose``), and the
+failures, one message each.
 """
 
 from __future__ import annotations
@@ -13,13 +18,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pytest_rlbench.compare import BaselineComparison, Comparison
-from pytest_rlbench.consistency import Finding
+from pytest_rlbench.consistency import Finding, finding_sentence
 from pytest_rlbench.frameworks import OURS_LABEL
 from pytest_rlbench.gate_basis import SAME_MACHINE
-from pytest_rlbench.metrics import family_label, format_value
+from pytest_rlbench.metrics import BANDWIDTH, MFU, THROUGHPUT, family_label, family_of, format_value
 from pytest_rlbench.record import RunRecord
 
-MAX_MISMATCHES_SHOWN = 3
+# A reference's rows: the families that carry across different work, and how each is shown.
+PER_TOKEN_COST = "GPU-ms per 1k tokens"
+REFERENCE_SHOWN: dict[str, str] = {THROUGHPUT: PER_TOKEN_COST, MFU: "MFU", BANDWIDTH: "bandwidth use"}
+# How the heading of a reference names the kinds of difference (the mismatch key's prefix).
+DIFFERENCE_KINDS: dict[str, str] = {"hardware": "hardware", "config": "work per step", "model": "model"}
 
 
 def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
@@ -41,38 +50,79 @@ def _row(c: Comparison, gate: bool) -> list[str]:
     return cells + ([f"{c.tolerance:.2f}"] if gate else []) + [_verdict_cell(c)]
 
 
-def comparison_lines(result: BaselineComparison) -> list[str]:
+def _differences_in_words(mismatches: Sequence[str]) -> str:
+    """"hardware (device, world_size), work per step (train_batch_size) and model", from mismatch lines."""
+    kinds: dict[str, list[str]] = {}
+    for line in mismatches:
+        key = line.split(":", 1)[0]
+        prefix, _, name = key.partition(".")
+        kind = DIFFERENCE_KINDS.get(prefix, "work per GPU")
+        names = kinds.setdefault(kind, [])
+        field = name or (key if kind == "work per GPU" else "")
+        if field and field not in names:
+            names.append(field)
+    parts = [f"{kind} ({', '.join(names)})" if names else kind for kind, names in kinds.items()]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _per_token_cost(tokens_per_s_per_gpu: float | None) -> str:
+    # GPU-seconds per token x 1e6: GPU-milliseconds per thousand tokens.
+    return "-" if not tokens_per_s_per_gpu else format_value(1e6 / tokens_per_s_per_gpu, "")
+
+
+def _reference_row(c: Comparison) -> list[str] | None:
+    """This run's and the baseline's figure side by side, or None for a row that does not carry across."""
+    family = family_of(c.metric)
+    if family not in REFERENCE_SHOWN or (c.measured is None and c.baseline is None):
+        return None
+    if family == THROUGHPUT:
+        return [c.phase or "-", PER_TOKEN_COST, _per_token_cost(c.measured), _per_token_cost(c.baseline)]
+    return [c.phase or "-", REFERENCE_SHOWN[family], format_value(c.measured, c.unit), format_value(c.baseline, c.unit)]
+
+
+def reference_lines(result: BaselineComparison, verbose: bool = False) -> list[str]:
+    """The heading and table of a baseline that is a reference only (see the module docstring)."""
+    lines = [
+        f"baseline '{result.baseline}' ({result.source}): reference, not a gate",
+        f"  it differs in {_differences_in_words(result.mismatches)}"
+        + (":" if verbose else f" ({len(result.mismatches)} difference(s); -v lists them)"),
+    ]
+    if verbose:
+        lines += [f"    - {line}" for line in result.mismatches]
+    rows = [row for c in result.comparisons if (row := _reference_row(c)) is not None]
+    if not rows:
+        return lines + ["  (no figure that carries across different work)"]
+    header = ["phase", "figure (carries across work)", "this run", "baseline"]
+    return lines + _table([header] + rows)
+
+
+def comparison_lines(result: BaselineComparison, verbose: bool = False) -> list[str]:
     """The heading and table of one baseline."""
-    gate = result.mode == "gate"
-    if gate:
-        failed = len(result.failures)
-        status = f"gate, {failed} of {len(result.comparisons)} failed" if failed else f"gate, all {len(result.comparisons)} passed"
-        lines = [f"baseline '{result.baseline}' ({result.source}): {status}"]
-        if result.basis and result.basis != SAME_MACHINE:
-            lines.append(f"  gated on {result.basis}")
-        if result.assumptions:
-            lines.append(f"  rests on {len(result.assumptions)} assumed value(s):")
-            lines += [f"    - {line}" for line in result.assumptions]
-    else:
-        shown = "; ".join(result.mismatches[:MAX_MISMATCHES_SHOWN])
-        more = len(result.mismatches) - MAX_MISMATCHES_SHOWN
-        lines = [
-            f"baseline '{result.baseline}' ({result.source}): reference, not a gate",
-            f"  different work or hardware: {shown}" + (f" (+{more} more)" if more > 0 else ""),
-        ]
+    if result.mode != "gate":
+        return reference_lines(result, verbose)
+    failed = len(result.failures)
+    status = f"gate, {failed} of {len(result.comparisons)} failed" if failed else f"gate, all {len(result.comparisons)} passed"
+    lines = [f"baseline '{result.baseline}' ({result.source}): {status}"]
+    if result.basis and result.basis != SAME_MACHINE:
+        lines.append(f"  gated on {result.basis}")
+    if result.assumptions:
+        lines.append(f"  rests on {len(result.assumptions)} assumed value(s):")
+        lines += [f"    - {line}" for line in result.assumptions]
     if not result.comparisons:
         return lines + ["  (no metric in common)"]
-    header = ["phase", "metric", "measured", "baseline", "ratio"] + (["tol"] if gate else []) + ["verdict"]
-    return lines + _table([header] + [_row(c, gate) for c in result.comparisons])
+    header = ["phase", "metric", "measured", "baseline", "ratio", "tol", "verdict"]
+    return lines + _table([header] + [_row(c, True) for c in result.comparisons])
 
 
 def finding_lines(findings: Sequence[Finding], verbose: bool = False) -> list[str]:
-    """Consistency findings: the disagreements (every finding if ``verbose``), and a count of the rest."""
+    """Consistency findings, one sentence each: the disagreements (every finding, with how each reading
+    came out, if ``verbose``), and a count of the rest."""
     shown = [f for f in findings if verbose or not f.ok]
     lines = []
     for f in shown:
-        lines.append(f"  {f.record}: {f.label} {f.published:g} {f.unit}: {f.verdict}")
-        lines.append(f"      {f.detail}")
+        lines.append(f"  {finding_sentence(f)}")
+        if verbose:
+            lines.append(f"      ({f.detail})")
     hidden = len(findings) - len(shown)
     if hidden:
         lines.append(f"  {hidden} other check(s) consistent")
@@ -98,7 +148,7 @@ def terminal_lines(
     """The whole summary as lines of text (no trailing newlines); ``run`` names its framework."""
     lines = framework_lines(run)
     for result in results:
-        lines += comparison_lines(result)
+        lines += comparison_lines(result, verbose)
     lines += finding_lines(findings, verbose)
     failures = [c for r in results for c in r.failures]
     if failures:

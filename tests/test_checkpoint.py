@@ -15,6 +15,7 @@ from trainer.driver.checkpoint import (
     MANIFEST,
     TRACKER,
     CheckpointError,
+    complete_steps,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -211,3 +212,45 @@ def test_temporaries_of_dead_writers_are_removed_when_the_lock_is_taken(tmp_path
     finally:
         lock.release()
     assert left == sorted([*kept, LOCK_FILE])
+
+
+# ----------------------------------------------------------------------------- trainer.max_actor_ckpt_to_keep
+def _save(root, step, keep=None):
+    return save_checkpoint(root, step, {"model": {"w": torch.full((2,), float(step))}}, keep=keep)
+
+
+def test_keep_bounds_the_complete_checkpoints_to_the_newest(tmp_path):
+    for step in (1, 2, 3):
+        _save(tmp_path, step)
+    (tmp_path / "global_step_0").mkdir()  # no manifest: not a checkpoint, left alone
+    _save(tmp_path, 4, keep=2)
+    assert complete_steps(tmp_path) == [3, 4]
+    assert (tmp_path / "global_step_0").is_dir()
+    assert latest_checkpoint(tmp_path) == step_dir(tmp_path, 4)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [LOCK_FILE]  # no temporaries left
+    _save(tmp_path, 5, keep=1)  # the step just written is always kept
+    assert complete_steps(tmp_path) == [5]
+
+
+def test_keep_none_keeps_every_checkpoint_and_newer_steps_are_never_removed(tmp_path):
+    for step in (1, 2, 3):
+        _save(tmp_path, step)
+    assert complete_steps(tmp_path) == [1, 2, 3]
+    _save(tmp_path, 2, keep=1)  # re-saving an older step (a resumed run): step 3 is newer, kept
+    assert complete_steps(tmp_path) == [2, 3]
+
+
+def test_keep_below_one_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="at least 1, got 0"):
+        _save(tmp_path, 1, keep=0)
+
+
+def test_nothing_is_removed_while_another_run_holds_the_lock(other_run):
+    root, proc = other_run
+    root.mkdir(exist_ok=True)
+    for step in (1, 2):  # written as if by the holder: complete step directories
+        src = _save(root.parent / "elsewhere", step)
+        src.rename(step_dir(root, step))
+    with pytest.raises(CheckpointLockError, match=f"pid {proc.pid}"):
+        _save(root, 3, keep=1)
+    assert complete_steps(root) == [1, 2]

@@ -82,11 +82,18 @@ def test_seed_engine_sglang_is_reported_as_not_supported_yet():
         ("trainer.logger=[console,wandb]", r"trainer.logger 'wandb' is not supported"),
         ("actor_rollout_ref.rollout.n=0", r"actor_rollout_ref.rollout.n must be at least 1, got 0"),
         ("actor_rollout_ref.rollout.top_p=1.5", r"top_p must be in \(0, 1\]"),
+        ("trainer.max_actor_ckpt_to_keep=0", r"max_actor_ckpt_to_keep must be null \(keep all\) or at least 1, got 0"),
     ],
 )
 def test_bad_overrides_name_the_key_and_what_is_valid(override, message):
     with pytest.raises(ConfigError, match=message):
         build_config([override])
+
+
+def test_max_actor_ckpt_to_keep_is_verls_key_null_by_default():
+    assert build_config([]).trainer.max_actor_ckpt_to_keep is None
+    assert build_config(["trainer.max_actor_ckpt_to_keep=2"]).trainer.max_actor_ckpt_to_keep == 2
+    assert build_config(["trainer.max_actor_ckpt_to_keep=null"]).trainer.max_actor_ckpt_to_keep is None
 
 
 def test_cross_field_checks():

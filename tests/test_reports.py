@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,20 @@ from pytest_rlbench.baselines import load_baseline
 from pytest_rlbench.compare import compare, compare_all
 from pytest_rlbench.consistency import check_record
 from pytest_rlbench.record import RunRecord, record_from_dict
-from pytest_rlbench.report_chart import OTHER, drawn_baselines, step_segments, work_label, write_chart
+from pytest_rlbench.report_chart import (
+    MEASURED_STEP,
+    OTHER,
+    PHASES_APART,
+    REFERENCE_ALPHA,
+    draw_chart,
+    drawn_baselines,
+    median_step_round,
+    step_segments,
+    work_label,
+    write_chart,
+)
 from pytest_rlbench.report_json import build_report, write_json_report
-from pytest_rlbench.report_terminal import terminal_lines
+from pytest_rlbench.report_terminal import finding_lines, terminal_lines
 from trainer.phases import PHASE_KEYS
 
 RUN: dict[str, Any] = {
@@ -75,13 +87,70 @@ def test_terminal_summary(results) -> None:
     header = lines[1].split()
     assert header == ["phase", "metric", "measured", "baseline", "ratio", "tol", "verdict"]
     assert any(line.split()[:2] == ["update_actor", "seconds"] and "FAIL (slower)" in line for line in lines)
-    assert "baseline 'verl-v0.5.0-1.5b' (RLinf documentation, page \"Compare with Verl\" (last updated 07/22/2025)): reference, not a gate" in lines
-    assert "hardware.device: run 'cpu', baseline 'gpu'" in text
-    assert "verl-v0.5.0-1.5b: gen throughput 6992.96 per-GPU tokens/s: only consistent if per-DP-rank" in text
+    assert (
+        "baseline 'verl-v0.5.0-1.5b' (VERL v0.5.0's run, as published in the RLinf documentation "
+        "(last updated 07/22/2025)): reference, not a gate"
+    ) in lines
+    assert "  it differs in hardware (device, world_size, gpu_model, gpus_per_node), work per step" in text
+    assert "hardware.device: run 'cpu', baseline 'gpu'" not in text  # listed whole only with -v
+    assert (
+        "verl-v0.5.0-1.5b: the published gen throughput, 6,992.96 per-GPU tokens/s, fits its times and "
+        "token counts only when divided by the 4 data-parallel ranks instead of the GPUs"
+    ) in text
     assert lines[-3] == "2 regression(s):"
     assert lines[-2].strip().startswith("update_actor seconds: 1.60 s vs 1.00 s in baseline 'local-ci' (ratio 1.60")
     assert lines[-1].strip().startswith("update_actor tokens/s per GPU: ")
     assert all("\n" not in line for line in lines)
+
+
+def _reference_block(lines: list[str], name: str) -> list[str]:
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"baseline '{name}'"))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("  ")), len(lines))
+    return lines[start:end]
+
+
+def test_a_reference_shows_only_what_carries_across_work_and_no_ratio(results) -> None:
+    _, comparisons, findings = results
+    block = _reference_block(terminal_lines(comparisons, findings), "verl-v0.5.0-1.5b")
+    header = block[2].split()
+    assert "ratio" not in header and header[:2] == ["phase", "figure"]
+    rows = {tuple(line.split()[:2]): line.split() for line in block[3:]}
+    assert not any("seconds" in line or "ratio" in line for line in block[2:])  # no raw-seconds ratio
+    # gen: 1.9 s for 52 response tokens on 2 workers: 73,077 GPU-ms per 1k tokens; VERL's 3,496 tokens/s/GPU
+    gen = next(line.split() for line in block[3:] if line.split()[0] == "gen")
+    assert gen[-2:] == ["73,077", "286.00"]
+    assert rows[("update_actor", "MFU")][-2:] == ["-", "23.0%"]  # a CPU run has no MFU; no verdict column
+
+
+def test_verbose_lists_every_difference_of_a_reference(results) -> None:
+    _, comparisons, _ = results
+    block = _reference_block(terminal_lines(comparisons, verbose=True), "verl-v0.5.0-1.5b")
+    assert block[1].endswith("and model:")
+    assert "    - hardware.device: run 'cpu', baseline 'gpu'" in block
+    assert "    - config.max_response_length: run 16, baseline 27648" in block
+
+
+def test_each_baseline_is_labelled_by_its_own_source_and_no_seed_is_named() -> None:
+    rlinf, verl = load_baseline("rlinf-1.5b"), load_baseline("verl-v0.5.0-1.5b")
+    lines = terminal_lines(compare_all(run_record(), [rlinf, verl]))
+    headings = [line for line in lines if line.startswith("baseline ")]
+    assert headings[0].startswith("baseline 'rlinf-1.5b' (RLinf's own run,")
+    assert headings[1].startswith("baseline 'verl-v0.5.0-1.5b' (VERL v0.5.0's run,")
+    assert not any("Compare with Verl" in line for line in headings)
+    readable = [Path(__file__).parents[1] / "README.md", *(Path(__file__).parents[1] / "baselines").glob("*.json")]
+    for path in readable:
+        assert "seed" not in path.read_text().lower().replace("seeded", ""), path
+
+
+def test_each_consistency_finding_reads_as_one_sentence(results) -> None:
+    _, _, findings = results
+    lines = finding_lines(findings, verbose=True)
+    sentences = [line.strip() for line in lines[1:] if not line.startswith("      (")]
+    assert len(sentences) == len(findings)
+    for sentence in sentences:
+        assert sentence.endswith(".") and ". " not in sentence, sentence
+    nesting = next(s for s in sentences if s.startswith("local-ci: step"))
+    assert nesting == "local-ci: step (4 s) covers the phases timed inside it (3.56 s)."
 
 
 def test_terminal_summary_of_a_clean_gate() -> None:
@@ -160,3 +229,78 @@ def test_chart_is_written(tmp_path: Path) -> None:
     image = matplotlib.image.imread(path)
     assert image.shape[1] > 1000 and image.shape[0] > 400
     assert image[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_a_disagreement_reads_as_one_sentence_saying_what_disagrees() -> None:
+    record = run_record(step={"seconds": [1.0]})  # shorter than the phases timed inside it
+    lines = finding_lines(check_record(record))
+    assert lines[1] == (
+        "  cpu-run: the phases timed inside step add up to 3.56 s, more than step itself (1 s), "
+        "so they overlap or come from different steps."
+    )
+
+
+
+# ----------------------------------------------------------------------------- the chart, through its Figure
+def _bar_totals(ax) -> list[float]:
+    """Each row's right end on the seconds axis (the bars are stacked from the left)."""
+    ends: dict[float, float] = {}
+    for patch in ax.patches:
+        y = round(patch.get_y() + patch.get_height() / 2, 3)
+        ends[y] = max(ends.get(y, 0.0), patch.get_x() + patch.get_width())
+    return [ends[y] for y in sorted(ends)]
+
+
+def _row_labels(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_yticklabels()]
+
+
+def test_the_chart_reads_a_run_beside_a_baseline_30x_longer_on_a_log_axis() -> None:
+    rlinf = load_baseline("rlinf-1.5b")
+    fast = replay_record(rlinf, world_size=1, speedup=30.0)  # the same work per GPU, 30x faster
+    seconds_axis = draw_chart(fast, [rlinf]).axes[0]
+    assert seconds_axis.get_xscale() == "log" and "log scale" in seconds_axis.get_xlabel()
+    low, high = seconds_axis.get_xlim()
+    run_total, base_total = _bar_totals(seconds_axis)
+    assert base_total / run_total == pytest.approx(30.0, rel=0.01)
+    # Both bars span a good part of the axis (on a linear one the run's would be 1/30 of the baseline's).
+    decades = math.log10(high / low)
+    assert math.log10(run_total / low) > decades / 4 and math.log10(base_total / low) > decades / 2
+
+
+def test_the_chart_marks_a_reference_only_baseline_and_the_failed_phases() -> None:
+    rlinf, verl = load_baseline("rlinf-1.5b"), load_baseline("verl-v0.5.0-1.5b")
+    slow = replay_record(rlinf, world_size=1, speedup=0.5)
+    results = compare_all(slow, [rlinf, verl])
+    assert [r.mode for r in results] == ["gate", "reference"]
+    fig = draw_chart(slow, [rlinf, verl], results)
+    seconds_axis = fig.axes[0]
+    run_label, gate_label, reference_label = _row_labels(seconds_axis)
+    assert gate_label.endswith("; gate") and reference_label.endswith("; reference only, not a gate")
+    faded = {round(p.get_alpha() or 1.0, 2) for p in seconds_axis.patches if abs(p.get_y() + p.get_height() / 2 - 2) < 0.01}
+    assert faded == {REFERENCE_ALPHA}  # the reference's bar is drawn faded, the others not
+    crosses = [line.get_label() for line in seconds_axis.get_lines()]
+    assert crosses == [f"failed: {c.phase}" for c in results[0].failures]
+    assert {"failed: gen", "failed: step"} <= set(crosses)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(text.startswith("failed gate: gen") for text in legend)
+    passing = draw_chart(replay_record(rlinf, world_size=1), [rlinf], compare_all(replay_record(rlinf, world_size=1), [rlinf]))
+    assert passing.axes[0].get_lines() == []  # nothing failed: no cross
+
+
+def test_the_run_is_drawn_from_a_measured_step_like_a_published_baseline() -> None:
+    run = run_record()
+    run.provenance.framework = "pytest-rlbench"
+    rounds = [
+        {"gen": 2.0, "old_log_prob": 0.2, "update_actor": 0.5, "step": 3.2},
+        {"gen": 1.0, "old_log_prob": 0.2, "update_actor": 0.5, "step": 2.0},  # the median step
+        {"gen": 0.9, "old_log_prob": 0.2, "update_actor": 0.5, "step": 1.9},
+    ]
+    assert median_step_round(rounds) == rounds[1]
+    measured = draw_chart(run, step_breakdown=rounds).axes[0]
+    assert _bar_totals(measured) == [pytest.approx(2.0)]  # that round's step, split by its own phases
+    assert _row_labels(measured)[0].endswith(MEASURED_STEP)
+    apart = draw_chart(run).axes[0]  # no whole step timed: the phases timed apart, and said so
+    assert _row_labels(apart)[0].endswith(PHASES_APART)
+    assert _row_labels(draw_chart(run, [load_baseline("rlinf-1.5b")]).axes[0])[0].endswith(PHASES_APART)
+    assert MEASURED_STEP in _row_labels(draw_chart(load_baseline("rlinf-1.5b")).axes[0])[0]

@@ -185,6 +185,7 @@ class TrainerSection:
     val_before_train: bool = False
     test_freq: int = -1
     save_freq: int = -1
+    max_actor_ckpt_to_keep: int | None = None  # VERL's key: None keeps every checkpoint
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     resume_mode: str = "disable"  # disable | auto | resume_path
     resume_from_path: str | None = None

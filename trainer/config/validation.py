@@ -272,6 +272,9 @@ def validate(cfg: Config, check_names: bool = True) -> Config:
             f"{actor.ulysses_sequence_parallel_size} is not supported yet: sequence parallelism is not "
             "implemented; use 1"
         )
+    keep = cfg.trainer.max_actor_ckpt_to_keep
+    if keep is not None and keep < 1:
+        raise ConfigError(f"trainer.max_actor_ckpt_to_keep must be null (keep all) or at least 1, got {keep}")
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
     return cfg

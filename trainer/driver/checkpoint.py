@@ -9,6 +9,12 @@ the manifest, so a truncated or altered file is an error, not a silently differe
 Only one process writes into a checkpoint root at a time (trainer/driver/checkpoint_lock.py): a
 save takes the root's lock unless this process holds it already (a trainer holds it for its
 lifetime), and temporaries carry the writer's pid so that those of dead writers can be removed.
+
+``keep`` (``trainer.max_actor_ckpt_to_keep``, VERL verl/trainer/config/ppo_trainer.yaml; None keeps
+all) bounds the complete step directories kept: after a successful save, under the same lock, the
+older complete ones beyond the newest ``keep`` are removed. The step just written is never removed,
+nor a directory without a manifest (it may be another tool's, or evidence of a crash), nor a step
+newer than the one written (a run resumed from an older step leaves later steps alone).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -79,13 +86,50 @@ def _writing(root: Path) -> Iterator[None]:
         lock.release()
 
 
-def save_checkpoint(root: str | Path, step: int, parts: dict[str, Any], meta: dict[str, Any] | None = None) -> Path:
-    """Write ``parts`` (name -> torch-serialisable object) as step ``step`` under ``root``.
+def save_checkpoint(
+    root: str | Path, step: int, parts: dict[str, Any], meta: dict[str, Any] | None = None, keep: int | None = None
+) -> Path:
+    """Write ``parts`` (name -> torch-serialisable object) as step ``step`` under ``root``, then keep at
+    most ``keep`` complete step directories (None: all; see the module docstring).
 
     Raises CheckpointLockError when another process holds ``root``'s lock."""
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep must be None (keep all) or at least 1, got {keep}")
     root = Path(root)
     with _writing(root):
-        return _save(root, step, parts, meta)
+        final = _save(root, step, parts, meta)
+        if keep is not None:
+            prune_checkpoints(root, step, keep)
+        return final
+
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def complete_steps(root: str | Path) -> list[int]:
+    """The steps under ``root`` whose directory holds a manifest (written last by a save), ascending."""
+    steps = []
+    for entry in Path(root).iterdir():
+        match = STEP_DIR.match(entry.name)
+        if match and entry.is_dir() and not entry.is_symlink() and (entry / MANIFEST).is_file():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def prune_checkpoints(root: Path, written: int, keep: int) -> list[Path]:
+    """Remove the complete steps older than ``written`` beyond the newest ``keep`` (``written`` counted).
+
+    The caller holds ``root``'s lock. Each directory is first renamed to a temporary of this process,
+    so an interrupted removal leaves no half-deleted step that looks complete."""
+    older = [s for s in complete_steps(root) if s < written]
+    doomed = older[: max(len(older) - (keep - 1), 0)]
+    removed = []
+    for step in doomed:
+        aside = root / f".global_step_{step}.old-{os.getpid()}"
+        os.replace(step_dir(root, step), aside)
+        shutil.rmtree(aside, ignore_errors=True)
+        removed.append(step_dir(root, step))
+    return removed
 
 
 def _save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any] | None) -> Path:

@@ -219,7 +219,8 @@ class GRPOTrainer:
             "kl_coef": self.kl_ctrl.value,
         }
         meta = {"config": json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str)), "model": self.spec.to_dict()}
-        return save_checkpoint(self.checkpoint_root, self.global_step, {**state, "trainer": driver}, meta)
+        keep = self.cfg.trainer.max_actor_ckpt_to_keep
+        return save_checkpoint(self.checkpoint_root, self.global_step, {**state, "trainer": driver}, meta, keep)
 
     def load_checkpoint(self, path: str | Path | None = None) -> int:
         """Resume from ``path`` or the latest checkpoint; returns the step resumed at (0: none)."""
