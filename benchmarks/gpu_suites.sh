@@ -3,6 +3,7 @@
 # one of these pytest commands; this script only fixes their options so a run can be repeated.
 #
 #   bash benchmarks/gpu_suites.sh OUT_DIR step16x8     # 16 prompts x 8, prompt 256 + response 1024, fast engine
+#   bash benchmarks/gpu_suites.sh OUT_DIR step16x8-liger  # the training phases and step with use_liger=True
 #   bash benchmarks/gpu_suites.sh OUT_DIR hf16x8       # the same prompts through the hf engine (generation only)
 #   bash benchmarks/gpu_suites.sh OUT_DIR gen128x14k   # 128 responses of 14,336 tokens: generation only
 #   bash benchmarks/gpu_suites.sh OUT_DIR memory       # gradient checkpointing, optimizer offload, param offload
@@ -35,6 +36,11 @@ for shape in "$@"; do
         python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
             suites/test_phases.py suites/test_step.py -k "not save_checkpoint" \
             --rl-rollout fast --rl-rounds 2 --rl-warmup-rounds 1 --rl-report "$out/step16x8.json" ;;
+    step16x8-liger)  # the same with liger-kernel's fused RMSNorm, SwiGLU and RoPE (needs liger-kernel)
+        python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
+            --rl-config actor_rollout_ref.model.use_liger=True \
+            suites/test_phases.py suites/test_step.py -k "not save_checkpoint and not generate and not test_gen" \
+            --rl-rollout fast --rl-rounds 2 --rl-warmup-rounds 1 --rl-report "$out/step16x8-liger.json" ;;
     hf16x8)
         python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
             suites/test_phases.py -k test_generate_sequences \

@@ -96,6 +96,12 @@ def test_max_actor_ckpt_to_keep_is_verls_key_null_by_default():
     assert build_config(["trainer.max_actor_ckpt_to_keep=null"]).trainer.max_actor_ckpt_to_keep is None
 
 
+def test_use_liger_is_refused_before_any_work_where_its_gpu_kernels_cannot_run():
+    assert build_config([]).actor_rollout_ref.model.use_liger is False
+    with pytest.raises(UnsupportedConfigError, match=r"use_liger=True needs trainer.device=cuda.*trainer.device=cpu"):
+        build_config(["actor_rollout_ref.model.use_liger=True"])
+
+
 def test_cross_field_checks():
     with pytest.raises(ConfigError, match=r"ppo_mini_batch_size \(16\) must not exceed data.train_batch_size \(8\)"):
         build_config(["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16"])

@@ -48,6 +48,9 @@ class ModelConfig:
     use_remove_padding: bool = False
     enable_gradient_checkpointing: bool = False
     trust_remote_code: bool = False
+    # VERL's key: liger-kernel's fused RMSNorm, SwiGLU and RoPE in the actor's and ref's forward and
+    # backward (trainer/models/liger.py); CUDA only
+    use_liger: bool = False
 
 
 @dataclass

@@ -205,6 +205,21 @@ def _finite(cfg: Config) -> None:
                 raise ConfigError(f"{key} must be a finite number, got {value}")
 
 
+def _check_liger(cfg: Config) -> None:
+    """use_liger needs liger-kernel's Triton kernels: a CUDA device and the package, checked before any work."""
+    if not cfg.actor_rollout_ref.model.use_liger:
+        return
+    from trainer.models.liger import LIGER_EXTRA, liger_installed
+
+    if cfg.trainer.device != "cuda":
+        raise UnsupportedConfigError(
+            "actor_rollout_ref.model.use_liger=True needs trainer.device=cuda (liger-kernel's kernels are "
+            f"Triton GPU kernels); got trainer.device={cfg.trainer.device}"
+        )
+    if not liger_installed():
+        raise UnsupportedConfigError(f"actor_rollout_ref.model.use_liger=True needs liger-kernel: {LIGER_EXTRA}")
+
+
 def validate(cfg: Config, check_names: bool = True) -> Config:
     """Cross-field checks VERL makes at start-up, with messages that say what would be valid.
 
@@ -272,6 +287,7 @@ def validate(cfg: Config, check_names: bool = True) -> Config:
             f"{actor.ulysses_sequence_parallel_size} is not supported yet: sequence parallelism is not "
             "implemented; use 1"
         )
+    _check_liger(cfg)
     keep = cfg.trainer.max_actor_ckpt_to_keep
     if keep is not None and keep < 1:
         raise ConfigError(f"trainer.max_actor_ckpt_to_keep must be null (keep all) or at least 1, got {keep}")

@@ -20,6 +20,7 @@ import torch
 
 from trainer.batch import Batch
 from trainer.config import Config
+from trainer.models.liger import apply_liger
 from trainer.models.presets import build_model, load_tokenizer, resolve_dtype
 from trainer.rollout import make_engine
 from trainer.rollout.base import SamplingParams
@@ -76,6 +77,8 @@ class TrainWorker:
         dtype = resolve_dtype(fsdp.model_dtype, cfg.trainer.device)
         # Every rank builds the same seeded weights, so the replicas (or the shards) start identical.
         lm = build_model(path, dtype=dtype, device=self.device, seed=cfg.trainer.seed)
+        if arr.model.use_liger:
+            apply_liger(lm)
         if arr.model.enable_gradient_checkpointing:
             # non-reentrant checkpointing is the kind that composes with FSDP2's hooks
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -90,6 +93,8 @@ class TrainWorker:
             ref_fsdp = arr.ref.fsdp_config
             ref_dtype = resolve_dtype(ref_fsdp.model_dtype, cfg.trainer.device)
             ref = build_model(path, dtype=ref_dtype, device=self.device, seed=cfg.trainer.seed)
+            if arr.model.use_liger:
+                apply_liger(ref)
             ref.requires_grad_(False).eval()
             self.ref = self._wrap(PolicyModel(ref), ref_fsdp.param_offload)
         self.tokenizer = load_tokenizer(path)
