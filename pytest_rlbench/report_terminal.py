@@ -4,15 +4,16 @@ One table per baseline (phase, metric, measured, baseline, ratio, tolerance, ver
 that names the baseline, its source and whether it is a gate; a reference's heading says why it is not
 a gate. A gate on the same per-GPU work as a published baseline says what it gates (per-GPU throughput,
 or efficiency across GPU models) and lists, beside its verdicts, every assumed value it rests on.
-Then the consistency findings (only the disagreements unless ``verbose``) and the failures, one
-message each.
+A gate's heading counts its judged figures (one per measurement: the rows listed beside them have
+no verdict of their own). Then the consistency findings (only the disagreements unless ``verbose``),
+the failures and the inconclusive verdicts, one message each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pytest_rlbench.compare import BaselineComparison, Comparison
+from pytest_rlbench.compare import JUDGED, BaselineComparison, Comparison
 from pytest_rlbench.consistency import Finding
 from pytest_rlbench.gate_basis import SAME_MACHINE
 from pytest_rlbench.metrics import family_label, format_value
@@ -30,7 +31,19 @@ def _verdict_cell(c: Comparison) -> str:
         return f"FAIL ({c.reason})"
     if c.verdict == "pass":
         return "pass" if c.reason == "within tolerance" else f"pass ({c.reason})"
+    if c.verdict in ("inconclusive", "not run"):
+        return c.verdict if c.verdict == "not run" else f"inconclusive ({c.reason})"
     return "missing" if c.reason == "missing" else "reference"
+
+
+def _gate_status(result: BaselineComparison) -> str:
+    """"gate, 1 of 6 failed, 2 inconclusive, 3 not run": counted over the judged figures."""
+    judged = sum(c.verdict in JUDGED for c in result.comparisons)
+    failed, unsure = len(result.failures), len(result.inconclusive)
+    passed = judged - failed - unsure
+    status = f"{failed} of {judged} failed" if failed else f"all {judged} passed" if not unsure else f"{passed} of {judged} passed"
+    not_run = sum(c.verdict == "not run" for c in result.comparisons)
+    return f"gate, {status}" + (f", {unsure} inconclusive" if unsure else "") + (f", {not_run} not run" if not_run else "")
 
 
 def _row(c: Comparison, gate: bool) -> list[str]:
@@ -43,9 +56,7 @@ def comparison_lines(result: BaselineComparison) -> list[str]:
     """The heading and table of one baseline."""
     gate = result.mode == "gate"
     if gate:
-        failed = len(result.failures)
-        status = f"gate, {failed} of {len(result.comparisons)} failed" if failed else f"gate, all {len(result.comparisons)} passed"
-        lines = [f"baseline '{result.baseline}' ({result.source}): {status}"]
+        lines = [f"baseline '{result.baseline}' ({result.source}): {_gate_status(result)}"]
         if result.basis and result.basis != SAME_MACHINE:
             lines.append(f"  gated on {result.basis}")
         if result.assumptions:
@@ -89,4 +100,8 @@ def terminal_lines(
     if failures:
         lines.append(f"{len(failures)} regression(s):")
         lines += [f"  {c.message}" for c in failures]
+    unsure = [c for r in results for c in r.inconclusive]
+    if unsure:
+        lines.append(f"{len(unsure)} inconclusive (past tolerance, too few rounds to tell; not a failure):")
+        lines += [f"  {c.message}" for c in unsure]
     return lines
