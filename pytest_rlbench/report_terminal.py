@@ -37,13 +37,14 @@ def _verdict_cell(c: Comparison) -> str:
 
 
 def _gate_status(result: BaselineComparison) -> str:
-    """"gate, 1 of 6 failed, 2 inconclusive, 3 not run": counted over the judged figures."""
+    """"gate, 1 of 6 failed, 2 inconclusive, 3 phases not run": figures counted if judged, phases if not run."""
     judged = sum(c.verdict in JUDGED for c in result.comparisons)
     failed, unsure = len(result.failures), len(result.inconclusive)
     passed = judged - failed - unsure
     status = f"{failed} of {judged} failed" if failed else f"all {judged} passed" if not unsure else f"{passed} of {judged} passed"
-    not_run = sum(c.verdict == "not run" for c in result.comparisons)
-    return f"gate, {status}" + (f", {unsure} inconclusive" if unsure else "") + (f", {not_run} not run" if not_run else "")
+    not_run = len({c.phase for c in result.comparisons if c.verdict == "not run"})
+    phases = f", {not_run} phase{'s' if not_run > 1 else ''} not run" if not_run else ""
+    return f"gate, {status}" + (f", {unsure} inconclusive" if unsure else "") + phases
 
 
 def _row(c: Comparison, gate: bool) -> list[str]:

@@ -118,16 +118,8 @@ def gate_verdict(
 
 
 def judge(
-    run_fig: Figure | None,
-    base_fig: Figure,
-    baseline_name: str,
-    tolerance: float,
-    mode: Mode = "gate",
-    *,
-    judged: bool = True,
-    phase_ran: bool = True,
-    run_time: float | None = None,
-    device: str = "cpu",
+    run_fig: Figure | None, base_fig: Figure, baseline_name: str, tolerance: float, mode: Mode = "gate", *,
+    judged: bool = True, phase_ran: bool = True, run_time: float | None = None, device: str = "cpu",
 ) -> Comparison:
     """Compare one figure of the run with the baseline's (see the module docstring for the rules).
 

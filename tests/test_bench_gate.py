@@ -77,7 +77,7 @@ def test_a_subset_gates_what_ran_and_a_metric_its_phase_lacks_fails(pytester: py
     assert partial.ret == pytest.ExitCode.OK, partial.stdout.str()
     partial.assert_outcomes(passed=1, deselected=1)
     out = partial.stdout.str()
-    assert "gate, all 1 passed, 1 not run" in out and "missing" not in out
+    assert "gate, all 1 passed, 1 phase not run" in out and "missing" not in out
     # a phase that ran but lacks a figure the baseline has (its throughput: no token counts) fails
     record = json.loads(saved.read_text())
     record["phases"]["update_actor"]["tokens"] = {"prompt_tokens": 100, "response_tokens": 100}

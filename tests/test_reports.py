@@ -161,3 +161,19 @@ def test_chart_is_written(tmp_path: Path) -> None:
     image = matplotlib.image.imread(path)
     assert image.shape[1] > 1000 and image.shape[0] > 400
     assert image[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_terminal_summary_counts_inconclusive_and_not_run_apart_from_failures() -> None:
+    base = run_record(update_actor={"seconds": [0.9, 1.0, 1.05, 1.1]}, ref={"seconds": 0.3})
+    base.name = "local-ci"
+    run = run_record(update_actor={"seconds": [1.6, 1.62, 1.64, 1.66]})
+    del run.phases["ref"]
+    result = compare(run, base)
+    lines = terminal_lines([result])
+    # 4 vs 4 rounds cannot reach p < 0.01: inconclusive, listed, and not a regression
+    assert lines[0].endswith("gate, 7 of 8 passed, 1 inconclusive, 1 phase not run")
+    assert any(line.split()[:2] == ["update_actor", "seconds"] and "inconclusive (too few rounds)" in line for line in lines)
+    assert any(line.split()[:2] == ["ref", "seconds"] and line.rstrip().endswith("not run") for line in lines)
+    assert lines[-2] == "1 inconclusive (past tolerance, too few rounds to tell; not a failure):"
+    assert "5 rounds per side can" in lines[-1]
+    assert not any("regression" in line for line in lines) and result.passed
