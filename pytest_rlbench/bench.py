@@ -4,12 +4,15 @@
 rounds, one call per round) whose timer is ``trainer.timing.device_clock``: the device is drained
 whenever the clock is read, so a round's time is the phase's wall time including its asynchronous
 GPU work, and pytest-benchmark's statistics are the figures compared. Each test's rounds are recorded
-under the phase key of its ``rl_phase`` marker for the session's comparison with baselines.
+under the phase key of its ``rl_phase`` marker for the session's comparison with baselines, and the
+phase is judged against every baseline as soon as its rounds are timed: a regression fails the test
+that timed it, with the verdict's message (the baselines are known from the session's start).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_rlbench.cluster import ClusterInfo
-from pytest_rlbench.fixtures import RLDataset, RLModel, get_session
+from pytest_rlbench.compare import phase_failures
+from pytest_rlbench.fixtures import RLBenchSession, RLDataset, RLModel, get_session
 from pytest_rlbench.frameworks import OURS_LABEL
 from pytest_rlbench.progress import Progress, round_label
-from pytest_rlbench.record import Hardware, ModelArch, RunConfig, TokenCounts
-from pytest_rlbench.recorder import BenchRecorder, mismatch_failure
+from pytest_rlbench.record import Hardware, ModelArch, RunConfig, RunRecord, TokenCounts
+from pytest_rlbench.recorder import BenchRecorder, local_hardware, mismatch_failure
 from pytest_rlbench.workload import run_workload
 from pytest_rlbench.workload_format import Workload
 from trainer.phases import PHASE_KEYS
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
     from trainer.driver.step_figures import BatchTokens
 
 RECORDER_KEY = pytest.StashKey[BenchRecorder]()
+BASELINES_KEY = pytest.StashKey[list[RunRecord]]()
 
 
 def get_recorder(config: pytest.Config) -> BenchRecorder:
@@ -118,6 +123,20 @@ def describe_workload(cfg: Config, model: ModelArch) -> Workload:
     return run_workload(cfg, model, cfg.world_size)
 
 
+def complete_context(recorder: BenchRecorder, state: RLBenchSession) -> None:
+    """Describe what the trainer fixtures did not (a run of rl_bench alone): this machine's CPU, and the
+    model and config the session's options name."""
+    ctx = recorder.context
+    if ctx.hardware is None:  # no cluster was used: a CPU run on this machine
+        from pytest_rlbench.cluster import cpu_model
+
+        ctx.hardware = local_hardware(cpu_model(), os.cpu_count())
+    if ctx.model is None:
+        ctx.model = describe_model(state.model(), state.trainer_config())
+    if ctx.config is None:
+        ctx.config = describe_config(state.trainer_config())
+
+
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
 def rl_trainer(
@@ -194,7 +213,13 @@ class PhaseBench:
     ones among them) to the recorder; one above ``max_mismatch`` (--rl-max-mismatch) fails the test."""
 
     def __init__(
-        self, benchmark: Any, recorder: BenchRecorder, item: pytest.Item, rounds: int, warmup: int,
+        self,
+        benchmark: Any,
+        recorder: BenchRecorder,
+        item: pytest.Item,
+        rounds: int,
+        warmup: int,
+        judge: Callable[[str], list[str]] | None = None,
         max_mismatch: float | None = None,
         progress: Progress | None = None,
     ) -> None:
@@ -205,6 +230,7 @@ class PhaseBench:
         self.item = item
         self.rounds = rounds
         self.warmup = warmup
+        self.judge = judge  # phase -> the messages of its regressions
         self.samples: list[float] = []
 
     @property
@@ -267,6 +293,9 @@ class PhaseBench:
         if problem is not None:
             pytest.fail(problem, pytrace=False)
         self._describe(phase, counts)
+        regressions = self.judge(phase) if self.judge is not None else []
+        if regressions:
+            pytest.fail("\n".join(regressions), pytrace=False)  # the first line is pytest's short summary
         return result
 
     def _describe(self, phase: str, counts: TokenCounts | None) -> None:
@@ -282,8 +311,14 @@ class PhaseBench:
 @pytest.fixture
 def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytest.Config) -> PhaseBench:
     """Time a phase (see PhaseBench); the test must carry ``@pytest.mark.rl_phase(KEY)``."""
-    session = get_session(pytestconfig)
-    opts, recorder = session.opts, get_recorder(pytestconfig)
+    state, recorder = get_session(pytestconfig), get_recorder(pytestconfig)
+    baselines = pytestconfig.stash.get(BASELINES_KEY, [])
+
+    def judge(phase: str) -> list[str]:
+        complete_context(recorder, state)
+        return [c.message for c in phase_failures(recorder.build_record(), baselines, phase, state.opts.tolerance)]
+
+    opts = state.opts
     return PhaseBench(
-        benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, opts.max_mismatch, session.progress()
+        benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, judge, opts.max_mismatch, state.progress()
     )

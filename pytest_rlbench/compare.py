@@ -8,16 +8,13 @@ nodes and world size. A value the baseline does not state never matches. GPU mod
 compared as written (case and an "NVIDIA " prefix aside): "H100" and "NVIDIA H100 80GB HBM3" differ,
 because the first may be a PCIe part.
 
-In a gate, every time (timing_s/*), throughput (tokens_per_s_per_gpu/*) and custom metric the
-baseline has is judged:
-- a time fails when the run's median is above baseline x (1 + tolerance); a throughput (or any
-  higher-is-better metric) when below baseline x (1 - tolerance);
-- noise: where both sides have at least two samples, a result past the threshold still passes
-  ("inside noise") unless the middle halves of the two sample sets do not overlap, i.e. for a time,
-  the run's lower quartile is above the baseline's upper quartile (mirrored for throughputs).
-  Quartiles are the inclusive-method quartiles of ``statistics.quantiles``. With one sample on either
-  side there is no noise estimate and the threshold alone decides;
-- a metric the baseline has and the run lacks fails with reason "missing".
+In a gate, one verdict per measurement: on the same machine each phase's time (timing_s/*) is
+judged and its throughput (tokens_per_s_per_gpu/*) listed beside it; custom metrics are judged too.
+How a figure is judged (tolerance, noise floor, the one-sided Mann-Whitney U test at p < 0.01, or the
+threshold alone against a single figure) is ``pytest_rlbench.verdict``'s; a verdict is "pass",
+"fail" or "inconclusive" (too few rounds to reach the level: it names the rounds needed and does not
+fail the session). A metric the baseline has and the run lacks fails with reason "missing" when its
+phase ran, and is "not run" (neither pass nor fail) when the session did not run that phase (``-k``).
 The tolerance is the baseline file's ``tolerances`` entry for the metric id ("timing_s/gen"), else for
 its family ("timing_s"), else the default.
 
@@ -30,7 +27,7 @@ gate (``pytest_rlbench.workload``): when the run's recorded workload matches the
 (``workload_matches`` empty; the GPU count may differ) and both name their GPU model:
 - the same GPU model (names compared by model: "NVIDIA H100 80GB HBM3" is an "H100"): per-GPU
   throughput (tokens_per_s_per_gpu/<phase>) of each phase the baseline publishes is gated, its times
-  listed beside as references;
+  listed beside;
 - another GPU model: hardware-normalised efficiency is gated instead (MFU of the compute-bound phases,
   memory-bandwidth use of gen), derived for both sides by ``derive`` from raw values and workloads.
 Each row then names the workload values it rests on that are assumed, and so does the comparison.
@@ -39,14 +36,13 @@ A run whose work differs from the baseline's gets references, never a gate.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from pytest_rlbench.derived import Figure, derive
 from pytest_rlbench.gate_basis import (
-    PER_GPU_FAMILIES,
+    BASIS_FAMILIES,
     SAME_MACHINE,
     hardware_assumptions,
     normalise_gpu,
@@ -55,40 +51,23 @@ from pytest_rlbench.gate_basis import (
 from pytest_rlbench.metrics import (
     DEFAULT_TOLERANCE,
     EFFICIENCY_FAMILIES,
-    GATE_FAMILIES,
     METRIC_FAMILIES,
     REFERENCE_FAMILIES,
     TIMING,
+    family_label,
     family_of,
     format_value,
-    metric_label,
 )
 from pytest_rlbench.record import RunRecord
+from pytest_rlbench.verdict import ALPHA as ALPHA  # the rank test's level, for the reports
+from pytest_rlbench.verdict import Comparison, Mode, judge, tolerance_for
+from pytest_rlbench.verdict import Verdict as Verdict
 from pytest_rlbench.workload import MODEL_KEYS as MODEL_KEYS  # the model fields a gate needs alike
 from pytest_rlbench.workload import model_differences
 from pytest_rlbench.workload_format import assumptions
 from trainer.phases import PHASE_KEYS
 
-Verdict = Literal["pass", "fail", "reference"]
-Mode = Literal["gate", "reference"]
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One metric of a run against one baseline."""
-
-    metric: str  # metric id, e.g. "timing_s/update_actor"
-    phase: str | None
-    measured: float | None
-    baseline: float | None
-    baseline_source: str  # the baseline's name
-    ratio: float | None  # measured / baseline
-    tolerance: float
-    verdict: Verdict
-    reason: str  # "within tolerance", "inside noise", "slower", "lower", "missing", "reference"
-    message: str
-    unit: str = ""
-    assumptions: tuple[str, ...] = ()  # the assumed values the verdict rests on, one line each
+JUDGED = ("pass", "fail", "inconclusive")  # the verdicts of a judged figure
 
 
 @dataclass(frozen=True)
@@ -106,6 +85,14 @@ class BaselineComparison:
     @property
     def failures(self) -> list[Comparison]:
         return [c for c in self.comparisons if c.verdict == "fail"]
+
+    @property
+    def inconclusive(self) -> list[Comparison]:
+        return [c for c in self.comparisons if c.verdict == "inconclusive"]
+
+    def of_phase(self, phase: str) -> list[Comparison]:
+        """The comparisons of one phase's figures."""
+        return [c for c in self.comparisons if c.phase == phase]
 
     @property
     def passed(self) -> bool:
@@ -158,73 +145,6 @@ def gate_mismatches(run: RunRecord, baseline: RunRecord) -> list[str]:
     return out + model_differences(run.model, baseline.model)
 
 
-# --- Judging one metric. ----------------------------------------------------------------------------
-
-
-def tolerance_for(metric: str, baseline: RunRecord, default: float) -> float:
-    """The baseline's tolerance for the metric id, else for its family, else ``default``."""
-    return baseline.tolerances.get(metric, baseline.tolerances.get(family_of(metric), default))
-
-
-def _quartiles(samples: Sequence[float]) -> tuple[float, float]:
-    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
-    return q1, q3
-
-
-def outside_noise(run: Sequence[float], base: Sequence[float], higher_is_better: bool) -> bool:
-    """True when the run's samples are clearly worse: their middle half lies beyond the baseline's.
-
-    With fewer than two samples on either side there is no noise estimate, and any difference counts.
-    """
-    if len(run) < 2 or len(base) < 2:
-        return True
-    run_q1, run_q3 = _quartiles(run)
-    base_q1, base_q3 = _quartiles(base)
-    return run_q3 < base_q1 if higher_is_better else run_q1 > base_q3
-
-
-def _verdict(run_fig: Figure, base_fig: Figure, tolerance: float) -> tuple[Verdict, str]:
-    """Gate rules for two present values: threshold, then noise."""
-    measured, base = run_fig.value, base_fig.value
-    assert measured is not None and base is not None
-    if base_fig.higher_is_better:
-        beyond, worse = measured < base * (1 - tolerance), "lower"
-    else:
-        beyond, worse = measured > base * (1 + tolerance), "slower" if base_fig.family == TIMING else "higher"
-    if not beyond:
-        return "pass", "within tolerance"
-    if not outside_noise(run_fig.samples, base_fig.samples, base_fig.higher_is_better):
-        return "pass", "inside noise"
-    return "fail", worse
-
-
-def judge(
-    run_fig: Figure | None, base_fig: Figure, baseline_name: str, tolerance: float, mode: Mode = "gate"
-) -> Comparison:
-    """Compare one figure of the run with the baseline's (see the module docstring for the rules)."""
-    measured = run_fig.value if run_fig is not None else None
-    base, unit = base_fig.value, base_fig.unit
-    ratio = measured / base if measured is not None and base else None
-    ratio_text = f"ratio {ratio:.2f}" if ratio is not None else "ratio n/a"
-    numbers = f"{format_value(measured, unit)} vs {format_value(base, unit)} in baseline '{baseline_name}'"
-    verdict: Verdict
-    if measured is None:
-        verdict, reason = ("fail" if mode == "gate" else "reference"), "missing"
-        why = f" ({run_fig.reason})" if run_fig is not None and run_fig.reason else ""
-        detail = f"missing from this run{why}; baseline '{baseline_name}' has {format_value(base, unit)}"
-    elif mode == "reference" or base is None:
-        verdict, reason = "reference", "reference"
-        detail = f"{numbers} ({ratio_text}): reference only"
-    else:
-        assert run_fig is not None
-        verdict, reason = _verdict(run_fig, base_fig, tolerance)
-        detail = f"{numbers} ({ratio_text}, tolerance {tolerance:.2f}): {reason}"
-    message = f"{metric_label(base_fig.metric)}: {detail}"
-    return Comparison(
-        base_fig.metric, base_fig.phase, measured, base, baseline_name, ratio, tolerance, verdict, reason, message, unit
-    )
-
-
 # --- A run against a baseline. ----------------------------------------------------------------------
 
 
@@ -235,23 +155,52 @@ def _order(metric: str) -> tuple[int, int, str]:
     return phase_rank, family_rank, metric
 
 
-def _per_gpu_compare(run: RunRecord, baseline: RunRecord, basis: str, tolerance: float) -> BaselineComparison:
-    """The per-GPU gate: each published phase's gated figure judged, the others listed beside."""
-    read_as, hardware = hardware_assumptions(run, baseline, basis)
-    assumed = tuple(hardware + assumptions(baseline.workload))
-    names = ", ".join(dict.fromkeys(line.split(" ", 1)[0].rstrip(":") for line in assumed))
-    note = f"; rests on {len(assumed)} assumed value(s): {names}" if assumed else ""
-    gated, shown = PER_GPU_FAMILIES[basis]
+def _beside_text(rows: list[Comparison]) -> dict[str | None, str]:
+    """Per phase, its figures listed beside the judged one, for the judged row's message."""
+    out: dict[str | None, list[str]] = {}
+    for c in rows:
+        if c.verdict == "reference" and c.measured is not None and c.phase is not None:
+            text = f"{family_label(c.metric)} {format_value(c.measured, c.unit)} vs {format_value(c.baseline, c.unit)}"
+            out.setdefault(c.phase, []).append(text)
+    return {phase: "; " + ", ".join(texts) for phase, texts in out.items()}
+
+
+def _gate_rows(run: RunRecord, baseline: RunRecord, basis: str, tolerance: float, note: str = "") -> list[Comparison]:
+    """Every figure the baseline has that the gate lists: the judged ones with a verdict, the others
+    beside (their text added to the judged row of their phase)."""
+    gated, shown = BASIS_FAMILIES[basis]
+    read_as = hardware_assumptions(run, baseline, basis)[0] if basis != SAME_MACHINE else baseline
     ours, theirs = derive(run), derive(read_as)
+    custom = set(run.metrics) | set(baseline.metrics) if basis == SAME_MACHINE else set()
     rows = []
     for metric in sorted(theirs, key=_order):
-        base_fig = theirs[metric]
-        if family_of(metric) not in gated + shown or base_fig.value is None:
+        base_fig, family = theirs[metric], family_of(metric)
+        if base_fig.value is None or not (metric in custom or family in gated + shown):
             continue
-        mode: Mode = "gate" if family_of(metric) in gated else "reference"
-        tol = tolerance_for(metric, baseline, tolerance)
-        row = judge(ours.get(metric), base_fig, baseline.name, tol, mode)
-        rows.append(replace(row, message=row.message + note, assumptions=assumed))
+        phase = base_fig.phase
+        timed = ours.get(f"{TIMING}/{phase}") if phase and metric not in custom else None
+        rows.append(
+            judge(
+                ours.get(metric), base_fig, baseline.name, tolerance_for(metric, baseline, tolerance), "gate",
+                judged=metric in custom or family in gated,
+                phase_ran=phase is None or metric in custom or phase in run.phases,
+                run_time=timed.value if timed is not None else None,
+                device=run.hardware.device,
+            )
+        )
+    beside = _beside_text(rows)
+    return [
+        replace(c, message=c.message + (beside.get(c.phase, "") if c.verdict in JUDGED else "") + note)
+        for c in rows
+    ]
+
+
+def _per_gpu_compare(run: RunRecord, baseline: RunRecord, basis: str, tolerance: float) -> BaselineComparison:
+    """The per-GPU gate: each published phase's gated figure judged, the others listed beside."""
+    assumed = tuple(hardware_assumptions(run, baseline, basis)[1] + assumptions(baseline.workload))
+    names = ", ".join(dict.fromkeys(line.split(" ", 1)[0].rstrip(":") for line in assumed))
+    note = f"; rests on {len(assumed)} assumed value(s): {names}" if assumed else ""
+    rows = [replace(c, assumptions=assumed) for c in _gate_rows(run, baseline, basis, tolerance, note)]
     source = baseline.provenance.source
     return BaselineComparison(baseline.name, source, "gate", (), tuple(rows), basis, assumed)
 
@@ -264,28 +213,22 @@ def compare(run: RunRecord, baseline: RunRecord, tolerance: float = DEFAULT_TOLE
         basis, mismatches = per_gpu_gate(run, baseline)
         if basis is not None:
             return _per_gpu_compare(run, baseline, basis, tolerance)
-    mode: Mode = "reference" if mismatches else "gate"
+    source = baseline.provenance.source
+    if not mismatches:
+        rows = _gate_rows(run, baseline, SAME_MACHINE, tolerance)
+        return BaselineComparison(baseline.name, source, "gate", (), tuple(rows), SAME_MACHINE)
     ours, theirs = derive(run), derive(baseline)
     custom = set(run.metrics) | set(baseline.metrics)
-    families = GATE_FAMILIES if mode == "gate" else REFERENCE_FAMILIES
-
-    def wanted(metric: str) -> bool:
-        return metric in custom or family_of(metric) in families
-
-    if mode == "gate":  # what the baseline has, the run must have
-        metrics = [m for m, f in theirs.items() if wanted(m) and f.value is not None]
-    else:  # side by side: what the baseline has, and the run's efficiency figures, which carry across
-        efficiency = [m for m, f in ours.items() if f.family in EFFICIENCY_FAMILIES and f.value is not None]
-        metrics = [m for m, f in theirs.items() if wanted(m) and f.value is not None]
-        metrics += [m for m in efficiency if m not in metrics]
+    # side by side: what the baseline has, and the run's efficiency figures, which carry across
+    metrics = [m for m, f in theirs.items() if (m in custom or f.family in REFERENCE_FAMILIES) and f.value is not None]
+    efficiency = [m for m, f in ours.items() if f.family in EFFICIENCY_FAMILIES and f.value is not None]
+    metrics += [m for m in efficiency if m not in metrics]
     rows = []
     for metric in sorted(metrics, key=_order):
         base_fig = theirs.get(metric) or _absent(ours[metric])
         tol = tolerance_for(metric, baseline, tolerance)
-        rows.append(judge(ours.get(metric), base_fig, baseline.name, tol, mode))
-    basis = SAME_MACHINE if mode == "gate" else ""
-    source = baseline.provenance.source
-    return BaselineComparison(baseline.name, source, mode, tuple(mismatches), tuple(rows), basis)
+        rows.append(judge(ours.get(metric), base_fig, baseline.name, tol, "reference"))
+    return BaselineComparison(baseline.name, source, "reference", tuple(mismatches), tuple(rows))
 
 
 def _absent(like: Figure) -> Figure:
@@ -297,3 +240,11 @@ def compare_all(
     run: RunRecord, baselines: Sequence[RunRecord], tolerance: float = DEFAULT_TOLERANCE
 ) -> list[BaselineComparison]:
     return [compare(run, b, tolerance) for b in baselines]
+
+
+def phase_failures(
+    run: RunRecord, baselines: Sequence[RunRecord], phase: str, tolerance: float = DEFAULT_TOLERANCE
+) -> list[Comparison]:
+    """The regressions of one phase's figures against every baseline: what fails that phase's test."""
+    return [c for b in baselines for c in compare(run, b, tolerance).of_phase(phase) if c.verdict == "fail"]
+

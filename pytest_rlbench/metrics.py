@@ -36,6 +36,25 @@ TOKEN_BASIS: dict[str, str] = {
 
 
 @dataclass(frozen=True)
+class NoiseFloor:
+    """The smallest change in a phase's time a gate can tell from noise, per device kind. A figure
+    derived from the time (tokens/s, ms per token, MFU, bandwidth use) gets its time's floor: a
+    difference whose equivalent in seconds is below it is not a regression, whatever its ratio."""
+
+    cpu_s: float
+    gpu_s: float
+
+    def for_device(self, device: str) -> float:
+        return self.gpu_s if device == "gpu" else self.cpu_s
+
+
+# A phase's time is read through Ray (a remote call and a device drain per round). On a CPU worker a
+# round of a few milliseconds moves by whole milliseconds with the scheduler (measured on a 2-core
+# machine: reshard ~1 ms and adv ~0.1 ms varied by 25%); on a GPU the remote call's jitter dominates.
+PHASE_TIME_FLOOR = NoiseFloor(cpu_s=0.010, gpu_s=0.001)
+
+
+@dataclass(frozen=True)
 class MetricFamily:
     """What a family's figures are and how a comparison treats them."""
 
@@ -47,6 +66,7 @@ class MetricFamily:
     counts_tokens: bool  # divides by (or into) the tokens of TOKEN_BASIS[phase]
     gated: bool  # judged pass/fail when run and baseline did the same work on the same hardware
     in_reference: bool  # listed side by side when they did not
+    noise_floor: NoiseFloor | None = PHASE_TIME_FLOOR  # every built-in family is timed by a phase
 
 
 FAMILIES: dict[str, MetricFamily] = {
@@ -89,6 +109,27 @@ STEP_METRICS: dict[str, tuple[str, bool]] = {
     f"{ROLLOUT_FIDELITY}/pearson": ("", True),
     f"{ROLLOUT_FIDELITY}/mismatch_kl": ("nats", False),
 }
+# The smallest change in a fidelity figure a gate can tell from arithmetic noise, in the figure's
+# own unit (keyed by the figure's last name part, so rollout_panel/<engine>/<figure> shares it). On a
+# CPU in fp32 these figures are rounding noise (mismatch_kl ~1e-14) whose ranks are random; on a GPU
+# in bf16, same-code runs move token_mult_prob_error by about 1e-3 (docs/benchmarks.md).
+FIDELITY_FLOORS: dict[str, float] = {
+    "token_mult_prob_error": 0.005,
+    "probs_diff_max": 0.01,
+    "probs_diff_mean": 0.002,
+    "probs_diff_std": 0.002,
+    "pearson": 0.001,
+    "mismatch_kl": 0.001,
+}
+
+
+def value_floor(metric: str) -> float | None:
+    """The absolute noise floor of a fidelity figure (rollout_fidelity/* or rollout_panel/*/*), else None."""
+    if family_of(metric) not in (ROLLOUT_FIDELITY, "rollout_panel"):
+        return None
+    return FIDELITY_FLOORS.get(metric.rpartition("/")[2])
+
+
 METRIC_FAMILIES: tuple[str, ...] = tuple(FAMILIES)
 GATE_FAMILIES: tuple[str, ...] = tuple(name for name, f in FAMILIES.items() if f.gated)
 REFERENCE_FAMILIES: tuple[str, ...] = tuple(name for name, f in FAMILIES.items() if f.in_reference)

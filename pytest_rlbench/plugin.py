@@ -8,12 +8,16 @@ Loaded through the ``pytest11`` entry point. The order of a session:
 4. ``pytest_collection_finish``: if any selected test uses an rl_* fixture, the resources those tests
    need (model, data set, trainer config, Ray cluster) are built and checked before the first test
    runs; a failure ends the session at once (exit 4) with a message naming what is wrong.
-5. the tests: ``rl_bench`` records each phase's timed rounds (pytest_rlbench/bench.py).
+5. the tests: ``rl_bench`` records each phase's timed rounds and judges that phase against every
+   baseline at once (pytest_rlbench/bench.py): a regression fails the test that timed the phase, so
+   pytest counts it as failed and ``-x`` and ``--lf`` see it; phases the baselines have but the
+   session did not run (``-k``) are "not run", neither pass nor fail.
 6. ``pytest_sessionfinish`` (last: after the session fixtures' teardown stopped the trainer's
    workers): the run record is built and compared with every baseline; the JSON report, its chart
    and the saved baseline are written, each on its own (pytest_rlbench/outputs.py); the baseline only
-   when every selected test passed and the session was not interrupted. A regression or an output
-   that could not be written makes the exit status 1. Then Ray is stopped, every process of an
+   when every selected test passed and the session was not interrupted. A regression (of a phase,
+   already a failed test, or of a custom metric, judged only here) or an output that could not be
+   written makes the exit status 1. Then Ray is stopped, every process of an
    embedded Ray included (an atexit guard covers harder exits).
 7. ``pytest_terminal_summary``: the comparison table, consistency findings, files written and files
    not written (one line each, with the reason).
@@ -32,9 +36,9 @@ import pytest
 from pytest_rlbench import hookspec
 from pytest_rlbench.baselines import load_baseline
 from pytest_rlbench.bench import (  # noqa: F401  (fixtures are found as attributes of the plugin)
+    BASELINES_KEY,
     RECORDER_KEY,
-    describe_config,
-    describe_model,
+    complete_context,
     get_recorder,
     rl_batch,
     rl_bench,
@@ -58,14 +62,13 @@ from pytest_rlbench.option_table import OPTIONS
 from pytest_rlbench.options import OptionError, RawValue, parse_options
 from pytest_rlbench.outputs import clashing_outputs
 from pytest_rlbench.record import BaselineError, RunRecord, record_from_dict
-from pytest_rlbench.recorder import BenchRecorder, SessionOutcome, local_hardware
+from pytest_rlbench.recorder import BenchRecorder, SessionOutcome
 from pytest_rlbench.report_chart import chart_path_for
 from pytest_rlbench.report_terminal import terminal_lines
 from trainer.phases import PHASE_KEYS
 
 # Compared with when no --rl-baseline is given: VERL's and RLinf's published runs, as references.
 PUBLISHED_BASELINES = ("verl-7b", "verl-v0.5.0-1.5b", "rlinf-1.5b")
-BASELINES_KEY = pytest.StashKey[list[RunRecord]]()
 OUTCOME_KEY = pytest.StashKey[SessionOutcome]()
 
 PHASE_MARKER = "rl_phase"
@@ -296,15 +299,7 @@ def finish_run(
     config: pytest.Config, state: RLBenchSession, recorder: BenchRecorder, incomplete: str | None = None
 ) -> SessionOutcome:
     """Describe what the trainer fixtures did not (a run of rl_bench alone), then compare and report."""
-    ctx = recorder.context
-    if ctx.hardware is None:  # no cluster was used: a CPU run on this machine
-        from pytest_rlbench.cluster import cpu_model
-
-        ctx.hardware = local_hardware(cpu_model(), os.cpu_count())
-    if ctx.model is None:
-        ctx.model = describe_model(state.model(), state.trainer_config())
-    if ctx.config is None:
-        ctx.config = describe_config(state.trainer_config())
+    complete_context(recorder, state)
     opts = state.opts
     return recorder.finish(
         config.stash[BASELINES_KEY],

@@ -9,15 +9,16 @@ A reference (other work or other hardware) is no gate, and its table shows only 
 work: per-token cost (GPU-milliseconds per thousand tokens, the inverse of per-GPU throughput), MFU and
 memory-bandwidth use, side by side with no ratio, since seconds of different work do not divide into
 a speed-up. Its heading says in words how it differs (every difference with ``verbose``).
-Then the consistency findings, one sentence each (only the disagreements unless ``verbose``), and the
-failures, one message each.
+A gate's heading counts its judged figures (one per measurement: the rows listed beside them have
+no verdict of their own). Then the consistency findings, one sentence each (only the disagreements
+unless ``verbose``), the failures and the inconclusive verdicts, one message each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pytest_rlbench.compare import BaselineComparison, Comparison
+from pytest_rlbench.compare import JUDGED, BaselineComparison, Comparison
 from pytest_rlbench.consistency import Finding, finding_sentence
 from pytest_rlbench.frameworks import OURS_LABEL
 from pytest_rlbench.gate_basis import SAME_MACHINE
@@ -41,7 +42,20 @@ def _verdict_cell(c: Comparison) -> str:
         return f"FAIL ({c.reason})"
     if c.verdict == "pass":
         return "pass" if c.reason == "within tolerance" else f"pass ({c.reason})"
+    if c.verdict in ("inconclusive", "not run"):
+        return c.verdict if c.verdict == "not run" else f"inconclusive ({c.reason})"
     return "missing" if c.reason == "missing" else "reference"
+
+
+def _gate_status(result: BaselineComparison) -> str:
+    """"gate, 1 of 6 failed, 2 inconclusive, 3 phases not run": figures counted if judged, phases if not run."""
+    judged = sum(c.verdict in JUDGED for c in result.comparisons)
+    failed, unsure = len(result.failures), len(result.inconclusive)
+    passed = judged - failed - unsure
+    status = f"{failed} of {judged} failed" if failed else f"all {judged} passed" if not unsure else f"{passed} of {judged} passed"
+    not_run = len({c.phase for c in result.comparisons if c.verdict == "not run"})
+    phases = f", {not_run} phase{'s' if not_run > 1 else ''} not run" if not_run else ""
+    return f"gate, {status}" + (f", {unsure} inconclusive" if unsure else "") + phases
 
 
 def _row(c: Comparison, gate: bool) -> list[str]:
@@ -100,9 +114,7 @@ def comparison_lines(result: BaselineComparison, verbose: bool = False) -> list[
     """The heading and table of one baseline."""
     if result.mode != "gate":
         return reference_lines(result, verbose)
-    failed = len(result.failures)
-    status = f"gate, {failed} of {len(result.comparisons)} failed" if failed else f"gate, all {len(result.comparisons)} passed"
-    lines = [f"baseline '{result.baseline}' ({result.source}): {status}"]
+    lines = [f"baseline '{result.baseline}' ({result.source}): {_gate_status(result)}"]
     if result.basis and result.basis != SAME_MACHINE:
         lines.append(f"  gated on {result.basis}")
     if result.assumptions:
@@ -154,4 +166,8 @@ def terminal_lines(
     if failures:
         lines.append(f"{len(failures)} regression(s):")
         lines += [f"  {c.message}" for c in failures]
+    unsure = [c for r in results for c in r.inconclusive]
+    if unsure:
+        lines.append(f"{len(unsure)} inconclusive (past tolerance, too few rounds to tell; not a failure):")
+        lines += [f"  {c.message}" for c in unsure]
     return lines

@@ -50,20 +50,41 @@ def test_a_run_within_tolerance_passes_and_a_slower_one_fails(pytester: pytest.P
 
     slower = run(pytester, 0.10, f"--rl-baseline={saved}", "--rl-tolerance=0.10")
     assert slower.ret == pytest.ExitCode.TESTS_FAILED
+    # A regression is a failed test: pytest's summary counts it, and the session summary lists it too.
+    slower.assert_outcomes(failed=2)
+    assert re.search(r"=+ 2 failed in ", slower.stdout.lines[-1]), slower.stdout.lines[-1]
     out = slower.stdout.str()
-    # The message names the phase, the metric, the baseline and the ratio.
-    assert "regression(s)" in out
-    line = next(x for x in out.splitlines() if "update_actor" in x and "'base'" in x and "ratio" in x)
-    ratio = float(re.search(r"ratio ([0-9.]+)", line).group(1))
-    assert "seconds" in line and 1.8 < ratio < 2.3, line
+    assert "2 regression(s)" in out
+    # The test's failure is the verdict's message: phase, metric, baseline, ratio and the rank test.
+    assert "FAILED test_suite.py::test_update_actor - Failed: update_actor seconds" in out
+    failed = next(x for x in out.splitlines() if x.startswith("update_actor seconds") and "'base'" in x)
+    ratio = float(re.search(r"ratio ([0-9.]+)", failed).group(1))
+    assert 1.8 < ratio < 2.3 and "slower (p = 0.004 < 0.01, 5 vs 5 rounds)" in failed, failed
+
+    # -x stops at the first regression; --lf reruns the phases whose regression was not yet fixed
+    run(pytester, 0.10, f"--rl-baseline={saved}", "-x").assert_outcomes(failed=1)
+    run(pytester, 0.05, f"--rl-baseline={saved}", "-k", "old_log_prob").assert_outcomes(passed=1, deselected=1)
+    last_failed = run(pytester, 0.10, f"--rl-baseline={saved}", "--lf")
+    last_failed.assert_outcomes(failed=1)  # old_log_prob, fixed, is not rerun
+    assert "FAILED test_suite.py::test_update_actor" in last_failed.stdout.str()
 
 
-def test_a_metric_the_baseline_has_but_the_run_lacks_fails(pytester: pytest.Pytester) -> None:
+def test_a_subset_gates_what_ran_and_a_metric_its_phase_lacks_fails(pytester: pytest.Pytester) -> None:
     saved = pytester.path / "base.json"
     run(pytester, 0.01, f"--rl-save-baseline={saved}").assert_outcomes(passed=2)
+    # -k: the phase that did not run is "not run", neither a pass nor a missing failure
     partial = run(pytester, 0.01, f"--rl-baseline={saved}", "-k", "old_log_prob")
-    assert partial.ret == pytest.ExitCode.TESTS_FAILED
-    assert "update_actor" in partial.stdout.str() and "missing" in partial.stdout.str()
+    assert partial.ret == pytest.ExitCode.OK, partial.stdout.str()
+    partial.assert_outcomes(passed=1, deselected=1)
+    out = partial.stdout.str()
+    assert "gate, all 1 passed, 1 phase not run" in out and "missing" not in out
+    # a phase that ran but lacks a figure the baseline has (its throughput: no token counts) fails
+    record = json.loads(saved.read_text())
+    record["phases"]["update_actor"]["tokens"] = {"prompt_tokens": 100, "response_tokens": 100}
+    saved.write_text(json.dumps(record))
+    lacking = run(pytester, 0.01, f"--rl-baseline={saved}")
+    lacking.assert_outcomes(passed=1, failed=1)
+    assert "update_actor tokens/s per GPU: missing from this run" in lacking.stdout.str()
 
 
 @pytest.mark.parametrize(
@@ -115,10 +136,8 @@ def test_the_real_suites_write_every_phase_key_and_gate_against_their_own_baseli
     data = json.loads(report.read_text())
     modes = {c["mode"] for c in data["comparisons"]}
     assert modes == {"gate"}, data["baselines"]
-    assert {c["verdict"] for c in data["comparisons"]} <= {"pass", "fail"}
-    # Timing on a shared 2-core machine can move several-fold between runs, so whether this run
-    # regressed is not the point here (the sleep-based tests above pin the verdicts); that every
-    # test passed and a non-zero exit comes only from reported regressions is.
+    # Two rounds a side cannot reach the rank test's level (at best p = 1/6): a phase past the
+    # tolerance is "inconclusive", never a failure, however far timing moves on a shared machine.
     second.assert_outcomes(passed=10)
-    if second.ret != pytest.ExitCode.OK:
-        assert second.ret == pytest.ExitCode.TESTS_FAILED and "regression(s):" in second.stdout.str()
+    assert second.ret == pytest.ExitCode.OK, second.stdout.str()[-3000:]
+    assert {c["verdict"] for c in data["comparisons"]} <= {"pass", "inconclusive", "reference"}

@@ -1,4 +1,5 @@
-"""The comparison gate: gate or reference, thresholds, noise, missing metrics, tolerances."""
+"""The comparison gate: gate or reference, thresholds, the rank test and the noise floor, missing and
+not-run metrics, tolerances."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any
 import pytest
 
 from pytest_rlbench.baselines import load_baseline
-from pytest_rlbench.compare import compare, gate_mismatches, outside_noise, tolerance_for
+from pytest_rlbench.compare import compare, gate_mismatches, tolerance_for
 from pytest_rlbench.record import RunRecord, record_from_dict
+from pytest_rlbench.verdict import time_gap_s
 
 BASE: dict[str, Any] = {
     "format_version": 1,
@@ -48,8 +50,11 @@ def test_same_work_same_hardware_is_a_gate() -> None:
     result = compare(record(), record("local-ci"))
     assert result.mode == "gate" and result.mismatches == ()
     assert result.passed
-    assert {c.verdict for c in result.comparisons} == {"pass"}
-    # times and throughputs the baseline has; efficiency figures are not gated
+    # one verdict per measurement: each phase's time is judged, its throughput listed beside it
+    verdicts = {c.metric: c.verdict for c in result.comparisons}
+    assert {v for m, v in verdicts.items() if m.startswith("timing_s/")} == {"pass"}
+    assert {v for m, v in verdicts.items() if m.startswith("tokens_per_s_per_gpu/")} == {"reference"}
+    # times and throughputs the baseline has; efficiency figures are not listed
     assert set(by_metric(result)) == {
         "timing_s/gen",
         "tokens_per_s_per_gpu/gen",
@@ -102,11 +107,16 @@ def test_slower_than_tolerance_fails_with_a_message_naming_phase_metric_baseline
     row = by_metric(result)["timing_s/update_actor"]
     assert (row.verdict, row.reason) == ("fail", "slower")
     assert row.ratio == pytest.approx(1.32)
-    assert row.message == "update_actor seconds: 1.32 s vs 1.00 s in baseline 'local-ci' (ratio 1.32, tolerance 0.10): slower"
+    assert row.message == (
+        "update_actor seconds: 1.32 s vs 1.00 s in baseline 'local-ci' (ratio 1.32, tolerance 0.10): slower "
+        "(rests on one figure: the baseline has a single value, so no rank test); "
+        "tokens/s per GPU 60.61 tokens/s/GPU vs 80.00 tokens/s/GPU"
+    )
+    # the same measurement's throughput is listed beside the time, not a second regression
     throughput = by_metric(result)["tokens_per_s_per_gpu/update_actor"]
-    assert (throughput.verdict, throughput.reason) == ("fail", "lower")
+    assert (throughput.verdict, throughput.ratio) == ("reference", pytest.approx(1 / 1.32))
     assert not result.passed
-    assert {c.metric for c in result.failures} == {"timing_s/update_actor", "tokens_per_s_per_gpu/update_actor"}
+    assert {c.metric for c in result.failures} == {"timing_s/update_actor"}
 
 
 def test_threshold_edges() -> None:
@@ -122,37 +132,90 @@ def test_threshold_edges() -> None:
     assert faster["tokens_per_s_per_gpu/update_actor"].ratio == pytest.approx(2.0)
 
 
-def test_a_difference_inside_the_noise_passes() -> None:
-    base = record("local-ci", phases={"update_actor": {"seconds": [0.9, 1.0, 1.1, 1.5]}})
-    # median 1.225 > 1.05 x 1.1, but the run's lower quartile 1.15 is below the baseline's upper quartile 1.2
-    noisy = record(phases={"update_actor": {"seconds": [1.0, 1.2, 1.25, 1.6]}})
-    row = by_metric(compare(noisy, base))["timing_s/update_actor"]
-    assert (row.verdict, row.reason) == ("pass", "inside noise")
-    clear = record(phases={"update_actor": {"seconds": [1.3, 1.32, 1.34, 1.36]}})
-    row = by_metric(compare(clear, base))["timing_s/update_actor"]
+BASE_ROUNDS = [0.9, 1.0, 1.05, 1.1, 1.5]
+
+
+def update_actor(base: list[float], run: list[float] | float, **hardware: Any) -> Any:
+    """The update_actor time row of ``run`` seconds against ``base`` seconds."""
+    changes = {"hardware": hardware} if hardware else {}
+    baseline = record("local-ci", phases={"update_actor": {"seconds": base}}, **changes)
+    return by_metric(compare(record(phases={"update_actor": {"seconds": run}}, **changes), baseline))[
+        "timing_s/update_actor"
+    ]
+
+
+def test_a_difference_past_tolerance_must_also_be_real_by_the_rank_test() -> None:
+    # median 1.25 > 1.05 x 1.1, but the rounds interleave: one-sided Mann-Whitney p = 31/252 = 0.12
+    row = update_actor(BASE_ROUNDS, [1.0, 1.2, 1.25, 1.3, 1.6])
+    assert (row.verdict, row.reason) == ("pass", "not significant")
+    assert "(p = 0.12 >= 0.01, 5 vs 5 rounds)" in row.message
+    # every run round above every baseline round but the baseline's outlier: p = 19/252 = 0.075
+    row = update_actor(BASE_ROUNDS, [1.3, 1.32, 1.34, 1.36, 1.4])
+    assert (row.verdict, row.reason) == ("pass", "not significant")
+    # all five above all five: p = 1/252 = 0.004 < 0.01
+    row = update_actor(BASE_ROUNDS, [1.6, 1.62, 1.64, 1.66, 1.7])
     assert (row.verdict, row.reason) == ("fail", "slower")
-    # one sample on a side: no noise estimate, the threshold alone decides
-    single = record(phases={"update_actor": {"seconds": 1.225}})
-    assert by_metric(compare(single, base))["timing_s/update_actor"].verdict == "fail"
+    assert "slower (p = 0.004 < 0.01, 5 vs 5 rounds); tokens/s per GPU 48.78" in row.message
+    # throughputs the other way round: the run's rounds all below the baseline's
+    base = record("local-ci", phases={"update_actor": {"seconds": BASE_ROUNDS}})
+    baseline = compare(record(phases={"update_actor": {"seconds": [1.6, 1.62, 1.64, 1.66, 1.7]}}), base)
+    assert [c.metric for c in baseline.failures] == ["timing_s/update_actor"]
 
 
-def test_outside_noise_rule() -> None:
-    assert outside_noise([1.3, 1.4], [1.0, 1.1], higher_is_better=False)
-    assert not outside_noise([1.0, 1.3], [1.0, 1.2], higher_is_better=False)
-    assert outside_noise([90.0, 91.0], [100.0, 101.0], higher_is_better=True)
-    assert not outside_noise([95.0, 105.0], [100.0, 101.0], higher_is_better=True)
-    assert outside_noise([5.0], [1.0, 2.0], higher_is_better=False)
+def test_too_few_rounds_to_reach_the_level_is_inconclusive_and_not_a_failure() -> None:
+    # 4 vs 4 rounds, fully separated: the smallest p they can give is 1/70 = 0.014 >= 0.01
+    row = update_actor([0.9, 1.0, 1.05, 1.1], [1.6, 1.62, 1.64, 1.66])
+    assert (row.verdict, row.reason) == ("inconclusive", "too few rounds")
+    assert "(4 vs 4 rounds cannot reach p < 0.01; 5 rounds per side can)" in row.message
+    assert "slower" not in row.message
 
 
-def test_a_metric_the_baseline_has_and_the_run_lacks_fails() -> None:
+def test_one_figure_on_a_side_leaves_the_threshold_to_decide_and_says_so() -> None:
+    row = update_actor(BASE_ROUNDS, 1.225)
+    assert (row.verdict, row.reason) == ("fail", "slower")
+    assert "rests on one figure: the run has a single value" in row.message
+    assert "slower (rests on one figure: the baseline has a single value, so no rank test)" in update_actor(
+        [1.0], [1.2, 1.21, 1.22]
+    ).message
+
+
+CPU = {"device": "cpu", "gpus_per_node": None, "gpu_model": None, "cpu_model": "x86", "cpus_per_node": 2}
+
+
+def test_a_difference_below_the_noise_floor_cannot_fail_and_the_verdict_says_the_floor() -> None:
+    # 0.3 ms -> 0.5 ms on a CPU: ratio 1.67, every round slower, but 0.2 ms is below the 10 ms floor
+    row = update_actor([0.0003, 0.00031, 0.00032, 0.00033, 0.00034], [0.0005, 0.00051, 0.00052, 0.00053, 0.00054], **CPU)
+    assert (row.verdict, row.reason) == ("pass", "below the noise floor")
+    assert "(a difference of 0.2 ms in time, at most the 10 ms floor on CPU)" in row.message
+    # 20 ms slower is past the CPU floor; on a GPU the floor is 1 ms
+    slow = [0.05, 0.051, 0.052, 0.053, 0.054]
+    assert update_actor([0.03, 0.031, 0.032, 0.033, 0.034], slow, **CPU).verdict == "fail"
+    assert update_actor([0.0030, 0.0031, 0.0032, 0.0033, 0.0034], [0.0045, 0.0046, 0.0047, 0.0048, 0.005]).verdict == "fail"
+    assert update_actor([0.0003, 0.00031, 0.00032, 0.00033, 0.00034], [0.001, 0.00101, 0.00102, 0.00103, 0.00104]).reason == (
+        "below the noise floor"
+    )
+
+
+def test_time_gap_of_a_figure() -> None:
+    # a time 1.25x: 2.5 s now, 2.0 s in the baseline; a throughput at 0.8x: the same half second
+    assert time_gap_s(2.5, 1.25, higher_is_better=False) == pytest.approx(0.5)
+    assert time_gap_s(2.5, 0.8, higher_is_better=True) == pytest.approx(0.5)
+
+
+def test_a_phase_the_session_did_not_run_is_not_run_and_a_metric_its_phase_lacks_fails() -> None:
     base = record("local-ci", phases={**BASE["phases"], "ref": {"seconds": 0.5}})
-    row = by_metric(compare(record(), base))["timing_s/ref"]
-    assert (row.verdict, row.reason, row.measured) == ("fail", "missing", None)
-    assert "ref seconds: missing from this run" in row.message and "'local-ci'" in row.message
-    # a throughput the run cannot compute (no token counts) is missing too
+    result = compare(record(), base)
+    row = by_metric(result)["timing_s/ref"]
+    assert (row.verdict, row.reason, row.measured) == ("not run", "not run", None)
+    assert row.message == "ref seconds: not run in this session; baseline 'local-ci' has 0.500 s"
+    assert result.passed and row not in result.failures
+    # a throughput the run cannot compute (no token counts) although its phase ran is missing: a failure
     no_tokens = record(tokens={"prompt_lengths": None, "response_lengths": None})
     row = by_metric(compare(no_tokens, record("local-ci")))["tokens_per_s_per_gpu/gen"]
     assert (row.verdict, row.reason) == ("fail", "missing")
+    # a custom metric has no phase: missing from the run, it fails
+    custom = record("local-ci", metrics={"peak_memory_gb": {"value": 10.0, "unit": "GB", "higher_is_better": False}})
+    assert by_metric(compare(record(), custom))["peak_memory_gb"].verdict == "fail"
     assert "response token counts not recorded" in row.message
 
 

@@ -57,7 +57,7 @@ RUN: dict[str, Any] = {
         "old_log_prob": {"seconds": 0.3},
         "ref": {"seconds": 0.3},
         "adv": {"seconds": 0.01},
-        "update_actor": {"seconds": [0.9, 1.0, 1.1]},
+        "update_actor": {"seconds": [0.9, 0.95, 1.0, 1.05, 1.1]},
         "step": {"seconds": [3.9, 4.0, 4.1]},
     },
 }
@@ -71,7 +71,7 @@ def run_record(**phases: Any) -> RunRecord:
 
 @pytest.fixture(scope="module")
 def results() -> tuple[RunRecord, list, list]:
-    run = run_record(update_actor={"seconds": [1.5, 1.6, 1.7]})
+    run = run_record(update_actor={"seconds": [1.5, 1.55, 1.6, 1.65, 1.7]})
     local = run_record()
     local.name = "local-ci"
     baselines = [local, load_baseline("verl-v0.5.0-1.5b")]
@@ -83,7 +83,7 @@ def test_terminal_summary(results) -> None:
     run, comparisons, findings = results
     lines = terminal_lines(comparisons, findings)
     text = "\n".join(lines)
-    assert lines[0] == "baseline 'local-ci' (pytest-rlbench run): gate, 2 of 14 failed"
+    assert lines[0] == "baseline 'local-ci' (pytest-rlbench run): gate, 1 of 9 failed"  # 9 times judged, throughputs beside
     header = lines[1].split()
     assert header == ["phase", "metric", "measured", "baseline", "ratio", "tol", "verdict"]
     assert any(line.split()[:2] == ["update_actor", "seconds"] and "FAIL (slower)" in line for line in lines)
@@ -97,9 +97,10 @@ def test_terminal_summary(results) -> None:
         "verl-v0.5.0-1.5b: the published gen throughput, 6,992.96 per-GPU tokens/s, fits its times and "
         "token counts only when divided by the 4 data-parallel ranks instead of the GPUs"
     ) in text
-    assert lines[-3] == "2 regression(s):"
-    assert lines[-2].strip().startswith("update_actor seconds: 1.60 s vs 1.00 s in baseline 'local-ci' (ratio 1.60")
-    assert lines[-1].strip().startswith("update_actor tokens/s per GPU: ")
+    # one regression per measurement: the time's message carries its throughput beside it
+    assert lines[-2] == "1 regression(s):"
+    assert lines[-1].strip().startswith("update_actor seconds: 1.60 s vs 1.00 s in baseline 'local-ci' (ratio 1.60")
+    assert "slower (p = 0.004 < 0.01, 5 vs 5 rounds); tokens/s per GPU " in lines[-1]
     assert all("\n" not in line for line in lines)
 
 
@@ -156,7 +157,7 @@ def test_each_consistency_finding_reads_as_one_sentence(results) -> None:
 def test_terminal_summary_of_a_clean_gate() -> None:
     run = run_record()
     lines = terminal_lines([compare(run, run)])
-    assert lines[0].endswith("gate, all 14 passed")
+    assert lines[0].endswith("gate, all 9 passed")
     assert not any("regression" in line for line in lines)
 
 
@@ -304,3 +305,19 @@ def test_the_run_is_drawn_from_a_measured_step_like_a_published_baseline() -> No
     assert _row_labels(apart)[0].endswith(PHASES_APART)
     assert _row_labels(draw_chart(run, [load_baseline("rlinf-1.5b")]).axes[0])[0].endswith(PHASES_APART)
     assert MEASURED_STEP in _row_labels(draw_chart(load_baseline("rlinf-1.5b")).axes[0])[0]
+
+
+def test_terminal_summary_counts_inconclusive_and_not_run_apart_from_failures() -> None:
+    base = run_record(update_actor={"seconds": [0.9, 1.0, 1.05, 1.1]}, ref={"seconds": 0.3})
+    base.name = "local-ci"
+    run = run_record(update_actor={"seconds": [1.6, 1.62, 1.64, 1.66]})
+    del run.phases["ref"]
+    result = compare(run, base)
+    lines = terminal_lines([result])
+    # 4 vs 4 rounds cannot reach p < 0.01: inconclusive, listed, and not a regression
+    assert lines[0].endswith("gate, 7 of 8 passed, 1 inconclusive, 1 phase not run")
+    assert any(line.split()[:2] == ["update_actor", "seconds"] and "inconclusive (too few rounds)" in line for line in lines)
+    assert any(line.split()[:2] == ["ref", "seconds"] and line.rstrip().endswith("not run") for line in lines)
+    assert lines[-2] == "1 inconclusive (past tolerance, too few rounds to tell; not a failure):"
+    assert "5 rounds per side can" in lines[-1]
+    assert not any("regression" in line for line in lines) and result.passed

@@ -1,0 +1,157 @@
+"""One metric of a run judged against a baseline's: pass, fail (a regression), inconclusive, or a
+row listed beside without a verdict of its own.
+
+In a gate, a figure is a regression only when both
+1. its median is past the tolerance: a time (or any lower-is-better figure) above baseline x (1 +
+   tolerance), a throughput (any higher-is-better figure) below baseline x (1 - tolerance); and
+2. the difference is above the noise floor of its family (``metrics.FAMILIES[...].noise_floor``, per
+   device kind): for a figure derived from a phase's time, the difference in seconds it stands for
+   (the run's time x (1 - ratio) or x (1 - 1 / ratio)) must exceed the floor; and
+3. the difference is statistically real: the one-sided Mann-Whitney U test of the run's rounds
+   against the baseline's (``rank_test``) gives p < ``ALPHA`` (0.01). Where the two sides' round
+   counts cannot reach that level at all (n = m = 4 gives at best 1/70 = 0.014) the verdict is
+   "inconclusive", naming the rounds per side that would (5: 1/252 = 0.004), and the session does
+   not fail for it. Where they can and do not (p >= 0.01), it passes: the rounds overlap too much to
+   call the difference real.
+With one figure on either side (a published baseline gives one) no rank test is possible: the
+threshold and the floor decide, and the verdict says it rests on one figure.
+
+A strict level because a session judges a dozen figures at once: at 0.01 an unchanged run of
+twelve phases is wrongly failed by chance in about 1 session in 8 at worst (1 - 0.99^12), and far
+less where the tolerance already passes most of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pytest_rlbench.derived import Figure
+from pytest_rlbench.metrics import FAMILIES, TIMING, family_of, format_value, metric_label, value_floor
+from pytest_rlbench.rank_test import p_greater, rounds_needed, smallest_p
+from pytest_rlbench.record import RunRecord
+
+ALPHA = 0.01  # the one-sided level of the rank test
+
+Verdict = Literal["pass", "fail", "inconclusive", "reference", "not run"]
+Mode = Literal["gate", "reference"]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One metric of a run against one baseline."""
+
+    metric: str  # metric id, e.g. "timing_s/update_actor"
+    phase: str | None
+    measured: float | None
+    baseline: float | None
+    baseline_source: str  # the baseline's name
+    ratio: float | None  # measured / baseline
+    tolerance: float
+    verdict: Verdict
+    # "within tolerance", "below the noise floor", "not significant", "too few rounds", "slower",
+    # "lower", "higher", "missing", "not run", "reference"
+    reason: str
+    message: str
+    unit: str = ""
+    assumptions: tuple[str, ...] = ()  # the assumed values the verdict rests on, one line each
+
+
+def tolerance_for(metric: str, baseline: RunRecord, default: float) -> float:
+    """The baseline's tolerance for the metric id, else for its family, else ``default``."""
+    return baseline.tolerances.get(metric, baseline.tolerances.get(family_of(metric), default))
+
+
+def time_gap_s(run_time: float, ratio: float, higher_is_better: bool) -> float:
+    """The seconds by which the run's phase was slower than the baseline's, from a figure's ratio: a
+    lower-is-better figure grows with the time (baseline time = run time / ratio), a higher-is-better
+    one shrinks with it (baseline time = run time x ratio)."""
+    base_time = run_time * ratio if higher_is_better else run_time / ratio
+    return run_time - base_time
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def _worse(fig: Figure) -> str:
+    if fig.higher_is_better:
+        return "lower"
+    return "slower" if fig.family == TIMING else "higher"
+
+
+def gate_verdict(
+    run_fig: Figure, base_fig: Figure, tolerance: float, run_time: float | None = None, device: str = "cpu"
+) -> tuple[Verdict, str, str]:
+    """(verdict, reason, detail) for two present values by the rules of the module docstring.
+    ``run_time``: the run's median seconds of the figure's phase (None: no floor applies)."""
+    measured, base = run_fig.value, base_fig.value
+    assert measured is not None and base is not None
+    if base_fig.higher_is_better:
+        beyond = measured < base * (1 - tolerance)
+    else:
+        beyond = measured > base * (1 + tolerance)
+    if not beyond:
+        return "pass", "within tolerance", ""
+    family = FAMILIES.get(base_fig.family)
+    if family is not None and family.noise_floor is not None and run_time is not None and measured and base:
+        floor = family.noise_floor.for_device(device)
+        gap = time_gap_s(run_time, measured / base, base_fig.higher_is_better)
+        if gap <= floor:
+            where = "GPU" if device == "gpu" else "CPU"
+            why = f" (a difference of {_seconds(gap)} in time, at most the {_seconds(floor)} floor on {where})"
+            return "pass", "below the noise floor", why
+    value_floor_ = value_floor(base_fig.metric)
+    if value_floor_ is not None and abs(measured - base) <= value_floor_:
+        why = f" (a difference of {abs(measured - base):.3g}, at most the {value_floor_:g} floor of this figure)"
+        return "pass", "below the noise floor", why
+    n, m = max(len(run_fig.samples), 1), max(len(base_fig.samples), 1)
+    worse = _worse(base_fig)
+    if min(n, m) < 2:
+        side = "the baseline" if m < 2 else "the run"
+        return "fail", worse, f" (rests on one figure: {side} has a single value, so no rank test)"
+    if smallest_p(n, m) >= ALPHA:
+        need = rounds_needed(ALPHA)
+        why = f" ({n} vs {m} rounds cannot reach p < {ALPHA:g}; {need} rounds per side can)"
+        return "inconclusive", "too few rounds", why
+    run_s, base_s = run_fig.samples, base_fig.samples
+    p = p_greater(base_s, run_s) if base_fig.higher_is_better else p_greater(run_s, base_s)
+    if p < ALPHA:
+        return "fail", worse, f" (p = {p:.2g} < {ALPHA:g}, {n} vs {m} rounds)"
+    return "pass", "not significant", f" (p = {p:.2g} >= {ALPHA:g}, {n} vs {m} rounds)"
+
+
+def judge(
+    run_fig: Figure | None, base_fig: Figure, baseline_name: str, tolerance: float, mode: Mode = "gate", *,
+    judged: bool = True, phase_ran: bool = True, run_time: float | None = None, device: str = "cpu",
+) -> Comparison:
+    """Compare one figure of the run with the baseline's (see the module docstring for the rules).
+
+    In a gate, ``judged`` False lists the row beside the one that carries its measurement's verdict
+    (a phase's throughput beside its time); ``phase_ran`` False marks a figure of a phase this session
+    did not run (``-k``) as "not run" rather than missing."""
+    measured = run_fig.value if run_fig is not None else None
+    base, unit = base_fig.value, base_fig.unit
+    ratio = measured / base if measured is not None and base else None
+    ratio_text = f"ratio {ratio:.2f}" if ratio is not None else "ratio n/a"
+    numbers = f"{format_value(measured, unit)} vs {format_value(base, unit)} in baseline '{baseline_name}'"
+    verdict: Verdict
+    if measured is None and mode == "gate" and not phase_ran:
+        verdict, reason = "not run", "not run"
+        detail = f"not run in this session; baseline '{baseline_name}' has {format_value(base, unit)}"
+    elif measured is None:
+        verdict, reason = ("fail" if mode == "gate" else "reference"), "missing"
+        why = f" ({run_fig.reason})" if run_fig is not None and run_fig.reason else ""
+        detail = f"missing from this run{why}; baseline '{baseline_name}' has {format_value(base, unit)}"
+    elif mode == "reference" or base is None or not judged:
+        verdict, reason = "reference", "reference"
+        role = "reference only" if mode == "reference" or base is None else "listed beside the phase's gated figure"
+        detail = f"{numbers} ({ratio_text}): {role}"
+    else:
+        assert run_fig is not None
+        verdict, reason, why = gate_verdict(run_fig, base_fig, tolerance, run_time, device)
+        detail = f"{numbers} ({ratio_text}, tolerance {tolerance:.2f}): {reason}{why}"
+    message = f"{metric_label(base_fig.metric)}: {detail}"
+    return Comparison(
+        base_fig.metric, base_fig.phase, measured, base, baseline_name, ratio, tolerance, verdict, reason, message, unit
+    )
