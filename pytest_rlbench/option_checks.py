@@ -33,6 +33,21 @@ def check_rollout(name: str, source: str) -> str:
     return name
 
 
+def check_rollouts(names: list[str], source: str) -> tuple[str, ...]:
+    """The engines ``--rl-rollout`` names, each checked (``check_rollout``): the first is the one the
+    trainer rolls out with, the others the rollout panel's (see docs/fidelity.md). None, or one name
+    twice, is an error."""
+    if not names:
+        raise OptionError(f"{source} expects a rollout engine, got an empty value")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise OptionError(
+            f"{source} names {', '.join(twice)} more than once; give each engine once "
+            f"(the first trains, the others join the rollout panel), got {' '.join(names)}"
+        )
+    return tuple(check_rollout(name, source) for name in names)
+
+
 def check_model(name: str, source: str, base_dir: Path) -> str:
     """A preset name as is, or an existing directory as an absolute path; raise naming the presets.
 

@@ -81,8 +81,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
     # (--help included) would pay. A name that is not registered is refused with the registered ones.
     OptionSpec(
         "--rl-rollout",
-        "str",
-        "Rollout engine registered in trainer.rollout, e.g. fast (default " + DEFAULT_ROLLOUT + ").",
+        "multi",
+        "Rollout engine registered in trainer.rollout, e.g. fast (default " + DEFAULT_ROLLOUT + "); "
+        "repeat it to compare engines: the first trains, the others join the rollout panel.",
         "ENGINE",
     ),
     OptionSpec(

@@ -38,7 +38,14 @@ class RawValue:
 
 
 def text_of(raw: RawValue) -> str:
-    return str(raw.value).strip()
+    """The value as text; a repeatable option's values joined by spaces (as a message shows them)."""
+    return " ".join(texts_of(raw))
+
+
+def texts_of(raw: RawValue) -> list[str]:
+    """A repeatable option's values (one value given alone counts as a list of one), blanks dropped."""
+    items = raw.value if isinstance(raw.value, (list, tuple)) else [raw.value]
+    return [text for item in items if (text := str(item).strip())]
 
 
 def positive_int(raw: RawValue, what: str) -> int:

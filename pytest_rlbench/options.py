@@ -33,7 +33,7 @@ from pytest_rlbench.option_checks import (
     check_baseline,
     check_dataset,
     check_model,
-    check_rollout,
+    check_rollouts,
     check_trainer,
 )
 from pytest_rlbench.option_table import (
@@ -63,7 +63,8 @@ class RLBenchOptions:
     ray_address_source: str = "embedded"  # which option or variable gave ray_address
     model: str = DEFAULT_MODEL
     dataset: Path | None = None
-    rollout: str = DEFAULT_ROLLOUT
+    rollout: str = DEFAULT_ROLLOUT  # the trainer's engine: the first --rl-rollout
+    rollout_panel: tuple[str, ...] = ()  # the further --rl-rollout engines, compared with it (docs/fidelity.md)
     config_overrides: tuple[str, ...] = ()  # --rl-config as given (ini file's first)
     # What the trainer config is built from: the ini file's rl_config overrides (the suites' default
     # work, which a replayed workload replaces), then the options' and the command line's --rl-config.
@@ -100,6 +101,7 @@ class RLBenchOptions:
             "model": self.model,
             "dataset": str(self.dataset) if self.dataset else None,
             "rollout": self.rollout,
+            "rollout_panel": list(self.rollout_panel),
             "config_overrides": list(self.config_overrides),
             "baselines": list(self.baselines),
             "workload": self.workload,
@@ -190,11 +192,11 @@ def parse_options(
         lambda v, src: check_model(str(v), src, cwd),
         DEFAULT_MODEL,
     )
-    rollout = own(
+    rollout, *panel = own(
         "rl_rollout",
-        lambda r: check_rollout(values.text_of(r), r.source),
-        lambda v, src: check_rollout(str(v), src),
-        DEFAULT_ROLLOUT,
+        lambda r: check_rollouts(values.texts_of(r), r.source),
+        lambda v, src: check_rollouts([str(v)], src),
+        (DEFAULT_ROLLOUT,),
     )
     dataset = own("rl_dataset", lambda r: check_dataset(values.path(r), r.source), one_file, None)
     phase_timeout = own(
@@ -232,6 +234,7 @@ def parse_options(
         model=model,
         dataset=dataset,
         rollout=rollout,
+        rollout_panel=tuple(panel),
         config_overrides=config_texts,
         ini_overrides=tuple(o for o in user[:ini_count] if o.key not in folded),
         overrides=(*option_overrides(owned, sources), *(o for o in user[ini_count:] if o.key not in folded)),

@@ -10,8 +10,10 @@ work: per-token cost (GPU-milliseconds per thousand tokens, the inverse of per-G
 memory-bandwidth use, side by side with no ratio, since seconds of different work do not divide into
 a speed-up. Its heading says in words how it differs (every difference with ``verbose``).
 A gate's heading counts its judged figures (one per measurement: the rows listed beside them have
-no verdict of their own). Then the consistency findings, one sentence each (only the disagreements
-unless ``verbose``), the failures and the inconclusive verdicts, one message each.
+no verdict of their own). Before the tables, the rollout panel's table when more than one engine ran
+(each engine's tokens/s and fidelity on the same prompts and seed). Then the consistency findings, one
+sentence each (only the disagreements unless ``verbose``), the failures and the inconclusive
+verdicts, one message each.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pytest_rlbench.frameworks import OURS_LABEL
 from pytest_rlbench.gate_basis import SAME_MACHINE
 from pytest_rlbench.metrics import BANDWIDTH, MFU, THROUGHPUT, family_label, family_of, format_value
 from pytest_rlbench.record import RunRecord
+from pytest_rlbench.rollout_panel import TOKENS_PER_S, panel_engines, panel_figure
 
 # A reference's rows: the families that carry across different work, and how each is shown.
 PER_TOKEN_COST = "GPU-ms per 1k tokens"
@@ -151,6 +154,22 @@ def framework_lines(run: RunRecord | None) -> list[str]:
     return lines + [f"  - {line}" for line in differences]
 
 
+def panel_lines(run: RunRecord | None) -> list[str]:
+    """The rollout panel's table (pytest_rlbench/rollout_panel.py): each engine's tokens/s and fidelity
+    on the same prompts and seed, the session's engine (which trained) first; nothing without a panel."""
+    engines = panel_engines(run) if run is not None else []
+    if run is None or not engines:
+        return []
+    rows = [["engine", "tokens/s", "token_mult_prob_error", "mismatch_kl"]]
+    for engine in engines:
+        label = f"{engine} (trains)" if engine == run.config.settings.get("rollout") else engine
+        speed = format_value(panel_figure(run, engine, TOKENS_PER_S), "")
+        # fidelity near its ideal (1 and 0): six significant digits, or the gap would not show
+        fidelity = [panel_figure(run, engine, figure) for figure in ("token_mult_prob_error", "mismatch_kl")]
+        rows.append([label, speed, *("-" if v is None else f"{v:.6g}" for v in fidelity)])
+    return ["rollout engines, same prompts and seed:", *_table(rows)]
+
+
 def terminal_lines(
     results: Sequence[BaselineComparison],
     findings: Sequence[Finding] = (),
@@ -158,7 +177,7 @@ def terminal_lines(
     run: RunRecord | None = None,
 ) -> list[str]:
     """The whole summary as lines of text (no trailing newlines); ``run`` names its framework."""
-    lines = framework_lines(run)
+    lines = framework_lines(run) + panel_lines(run)
     for result in results:
         lines += comparison_lines(result, verbose)
     lines += finding_lines(findings, verbose)

@@ -119,19 +119,32 @@ class GRPOTrainer:
 
     def generate_sequences(self, prompts: PromptBatch) -> Batch:
         """Sample rollout.n responses per prompt; prompts are split evenly over the workers."""
-        uids = list(range(len(prompts)))  # a GRPO group per prompt of this batch
-        parts = even_split(len(prompts), self.workers.world_size)
-        args = [
+        shards = self.workers.each("generate", self._generate_args(prompts), phase="generate_sequences")
+        return concat_batches([s for s in shards if s.size])
+
+    def generate_with(self, engine: str, prompts: PromptBatch) -> Batch:
+        """``generate_sequences`` by another registered rollout engine (the rollout panel, see
+        docs/fidelity.md): the same prompts, split the same way, with the same uids and seed. Each
+        worker builds that engine once over its actor and syncs it from the actor's current weights
+        (its reshard) before generating; the session's engine is left as it was."""
+        args = [(engine, *part) for part in self._generate_args(prompts)]
+        shards = self.workers.each("generate_with", args, phase=f"generate_sequences ({engine})")
+        return concat_batches([s for s in shards if s.size])
+
+    def _generate_args(self, prompts: PromptBatch) -> list[tuple[list[list[int]], list[int], list[str], int]]:
+        """Each worker's (prompt ids, uids, ground truths, seed): prompts split evenly, a GRPO group per
+        prompt of this batch, one seed per step for every worker."""
+        uids = list(range(len(prompts)))
+        seed = self._rollout_seed()
+        return [
             (
                 [prompts.input_ids[i] for i in rows],
                 [uids[i] for i in rows],
                 [prompts.ground_truths[i] for i in rows],
-                self._rollout_seed(),
+                seed,
             )
-            for rows in parts
+            for rows in even_split(len(prompts), self.workers.world_size)
         ]
-        shards = self.workers.each("generate", args, phase="generate_sequences")
-        return concat_batches([s for s in shards if s.size])
 
     def batch_tokens(self, batch: Batch) -> BatchTokens:
         """The work in ``batch`` (a generate_sequences result): tokens, lengths and decode steps."""

@@ -11,6 +11,7 @@ the CPU or disk.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from typing import Any
@@ -19,7 +20,7 @@ import ray
 import torch
 
 from trainer.batch import Batch
-from trainer.config import Config
+from trainer.config import Config, RolloutConfig
 from trainer.models.liger import apply_liger
 from trainer.models.presets import build_model, load_tokenizer, resolve_dtype
 from trainer.rollout import make_engine
@@ -98,7 +99,9 @@ class TrainWorker:
             ref.requires_grad_(False).eval()
             self.ref = self._wrap(PolicyModel(ref), ref_fsdp.param_offload)
         self.tokenizer = load_tokenizer(path)
-        self.engine = self._make_engine(path, dtype)
+        self.actor_dtype = dtype
+        self.engine = self._make_engine(arr.rollout)
+        self.panel_engines: dict[str, Any] = {}  # name -> engine of the rollout panel (generate_with)
         return {
             "rank": self.rank,
             "host": socket.gethostname(),
@@ -117,20 +120,19 @@ class TrainWorker:
             raise ValueError("fsdp_config.param_offload=True needs actor_rollout_ref.actor.strategy=fsdp2")
         return policy
 
-    def _make_engine(self, path: str, actor_dtype: torch.dtype):
-        """The rollout engine, holding its own full copy of the weights unless it can share the actor's.
+    def _make_engine(self, rollout: RolloutConfig):
+        """A rollout engine, holding its own full copy of the weights unless it can share the actor's.
 
         The fast engine always keeps its own (fused, fixed-address) buffers. The transformers-based
         engines share the actor's module on dp; under FSDP they get a replica of their own, since
         every forward of a sharded module is a collective that the workers' rollouts cannot keep in step.
         """
-        rollout = self.cfg.actor_rollout_ref.rollout
         if rollout.name == "fast" or self.strategy == "dp":
             engine = make_engine(rollout.name, self.actor.lm, self.tokenizer, rollout)
         else:
-            replica = build_model(
-                path, dtype=compute_dtype(actor_dtype, self.device.type), device=self.device, seed=self.cfg.trainer.seed
-            )
+            dtype = compute_dtype(self.actor_dtype, self.device.type)
+            path = self.cfg.actor_rollout_ref.model.path
+            replica = build_model(path, dtype=dtype, device=self.device, seed=self.cfg.trainer.seed)
             replica.requires_grad_(False)
             engine = make_engine(rollout.name, replica, self.tokenizer, rollout, share_weights=False)
         engine.sync_from(self.actor.lm)
@@ -144,13 +146,30 @@ class TrainWorker:
             torch.cuda.synchronize()
 
     def generate(self, prompts: list[list[int]], uids: list[int], ground_truths: list[str], seed: int) -> Batch:
+        return self._generate(self.engine, prompts, uids, ground_truths, seed)
+
+    def generate_with(
+        self, name: str, prompts: list[list[int]], uids: list[int], ground_truths: list[str], seed: int
+    ) -> Batch:
+        """``generate`` by another registered engine (the rollout panel): the same prompts, uids and
+        seed, from the actor's current weights. The engine is built on first use, as the session's
+        own is (its own instance even when ``name`` is the session's kind), and kept."""
+        engine = self.panel_engines.get(name)
+        if engine is None:
+            rollout = dataclasses.replace(self.cfg.actor_rollout_ref.rollout, name=name)
+            engine = self.panel_engines[name] = self._make_engine(rollout)
+        else:
+            engine.sync_from(self.actor.lm)  # this engine's reshard: the actor may have moved on
+        return self._generate(engine, prompts, uids, ground_truths, seed)
+
+    def _generate(
+        self, engine: Any, prompts: list[list[int]], uids: list[int], ground_truths: list[str], seed: int
+    ) -> Batch:
         rollout = self.cfg.actor_rollout_ref.rollout
         sampling = SamplingParams(
             temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p, do_sample=rollout.do_sample
         )
-        batch = self.engine.generate(
-            prompts, uids, ground_truths, rollout.n, self.cfg.data.max_response_length, sampling, seed
-        )
+        batch = engine.generate(prompts, uids, ground_truths, rollout.n, self.cfg.data.max_response_length, sampling, seed)
         return batch.to("cpu")
 
     def _log_probs(self, model: torch.nn.Module, batch: Batch, micro: int, dynamic: bool, max_tokens: int) -> torch.Tensor:

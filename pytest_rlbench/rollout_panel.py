@@ -1,0 +1,130 @@
+"""The rollout panel: each --rl-rollout engine timed and judged on the same prompts, seed and weights.
+
+The first engine is the session's (it trains, and the ``gen`` phase's figures are its); each further
+one is built beside it in every worker (``GRPOTrainer.generate_with``). A panel round is VERL's gen
+for that engine: the actor's weights into it, then rollout.n responses to the session's first prompts,
+timed with ``trainer.timing.device_clock`` as every phase is. Each engine's figures are recorded as
+the run's metrics under ids of their own, never over the ``gen`` phase:
+
+    rollout_panel/<engine>/tokens_per_s           response tokens per second over all workers, per round
+    rollout_panel/<engine>/<fidelity figure>      trainer/algorithms/fidelity.py's figures, from the
+                                                  trainer's old_log_prob of that engine's responses
+
+and the record's ``config.settings["rollout_panel"]`` lists the engines in the order they ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from pytest_rlbench.metrics import STEP_METRICS
+from pytest_rlbench.progress import Progress, round_label
+
+if TYPE_CHECKING:
+    from pytest_rlbench.record import RunRecord
+    from pytest_rlbench.recorder import BenchRecorder
+    from trainer.batch import Batch
+    from trainer.config import Config
+    from trainer.data.loader import PromptBatch
+    from trainer.driver.grpo_trainer import GRPOTrainer
+
+PANEL = "rollout_panel"
+TOKENS_PER_S = "tokens_per_s"
+# A panel figure's unit and direction: the throughput, then each step fidelity figure by its own name.
+PANEL_FIGURES: dict[str, tuple[str, bool]] = {
+    TOKENS_PER_S: ("tokens/s", True),
+    **{name.partition("/")[2]: kind for name, kind in STEP_METRICS.items()},
+}
+
+
+def panel_metric(engine: str, figure: str) -> str:
+    """The run metric id of one engine's figure: rollout_panel/<engine>/<figure>."""
+    return f"{PANEL}/{engine}/{figure}"
+
+
+def panel_engines(run: RunRecord) -> list[str]:
+    """The engines the run's panel measured, in the order they ran (empty without a panel)."""
+    return list(run.config.settings.get(PANEL, []))
+
+
+def panel_figure(run: RunRecord, engine: str, figure: str) -> float | None:
+    """One engine's figure at its median, or None when the run has none."""
+    metric = run.metrics.get(panel_metric(engine, figure))
+    return statistics.median(metric.value) if metric is not None and metric.value else None
+
+
+def time_rounds(fn: Callable[[], Any], warmup: int, rounds: int, progress: Progress, name: str) -> tuple[list[float], Any]:
+    """Each timed round's seconds on the device-drained clock, after ``warmup`` untimed rounds, and the
+    last round's result."""
+    from trainer.timing import device_clock
+
+    samples: list[float] = []
+    result = None
+    with progress.stage(name, warmup + rounds) as stage:
+        for index in range(warmup + rounds):
+            stage.step(round_label(index, warmup, rounds))
+            start = device_clock()
+            result = fn()
+            if index >= warmup:
+                samples.append(device_clock() - start)
+            stage.done()
+    return samples, result
+
+
+def engine_round(trainer: GRPOTrainer, engine: str, prompts: PromptBatch) -> Callable[[], Batch]:
+    """One panel round of ``engine``: the session's own reshard and generate_sequences when it is the
+    session's engine, else ``generate_with`` (which syncs that engine from the actor first)."""
+    cfg = trainer.cfg
+    if engine == cfg.actor_rollout_ref.rollout.name:
+
+        def session_gen() -> Batch:
+            trainer.reshard()
+            return trainer.generate_sequences(prompts)
+
+        return session_gen
+    check_panel_engine(cfg, engine)
+    return lambda: trainer.generate_with(engine, prompts)
+
+
+def check_panel_engine(cfg: Config, engine: str) -> None:
+    """The engine's own start-up checks (``check_config``, e.g. vLLM installed), as the session's engine
+    had at start-up, on the config with ``engine`` in its place; raises ConfigError naming the problem."""
+    from trainer.rollout import engine_class
+
+    check = getattr(engine_class(engine), "check_config", None)
+    if check is not None:
+        arr = cfg.actor_rollout_ref
+        rollout = dataclasses.replace(arr.rollout, name=engine)
+        check(dataclasses.replace(cfg, actor_rollout_ref=dataclasses.replace(arr, rollout=rollout)))
+
+
+def batch_fidelity(trainer: GRPOTrainer, batch: Batch) -> dict[str, float]:
+    """The rollout_fidelity/* figures of ``batch`` against the trainer's old_log_prob of it, by the
+    step's own path (trainer/driver/step_figures.py), keyed by the figure's name without its prefix."""
+    from trainer.algorithms.fidelity import rollout_fidelity
+
+    if batch.rollout_log_probs is None:
+        return {}
+    old = trainer.compute_old_log_prob(batch)
+    figures = rollout_fidelity(old, batch.rollout_log_probs, batch.response_mask)
+    return {name.partition("/")[2]: value for name, value in figures.items()}
+
+
+def record_panel_engine(
+    recorder: BenchRecorder, engine: str, seconds: list[float], response_tokens: int, fidelity: Mapping[str, float]
+) -> dict[str, float]:
+    """Record one engine's rounds (tokens/s per round) and fidelity figures as the run's metrics, and
+    the engine in the run config's panel list; returns the figures recorded (median tokens/s)."""
+    if recorder.context.config is None:
+        raise RuntimeError("the run's config was never described: the rl_trainer fixture did not run")
+    figures = {TOKENS_PER_S: [response_tokens / s for s in seconds], **{k: [v] for k, v in fidelity.items()}}
+    for figure, values in figures.items():
+        unit, higher_is_better = PANEL_FIGURES.get(figure, ("", False))
+        recorder.add_metric(panel_metric(engine, figure), values, unit, higher_is_better)
+    listed = recorder.context.config.settings.setdefault(PANEL, [])
+    if engine not in listed:
+        listed.append(engine)
+    return {TOKENS_PER_S: statistics.median(figures[TOKENS_PER_S]), **fidelity}
