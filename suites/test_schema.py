@@ -4,7 +4,8 @@
     pytest suites/test_schema.py --rl-dataset my.parquet  # your own VERL-schema file
 
 The dataset tests read ``--rl-dataset`` when the plugin provides that option; without it they check a
-synthetic set. The properties (hypothesis) hold for any valid rows: they survive a parquet round
+synthetic set. With the plugin, the set is also loaded as the suites load it (the run's tokenizer and
+data.* limits). The properties (hypothesis) hold for any valid rows: they survive a parquet round
 trip, every kind of corruption is caught at its field path, truncation keeps at most
 max_prompt_length tokens from the right end, and filtering drops exactly the overlong prompts.
 """
@@ -177,6 +178,23 @@ def test_dataset_has_what_the_trainer_reads(dataset_path: Path) -> None:
 def test_dataset_fits_the_full_verl_schema(dataset_path: Path) -> None:
     problems = validate_parquet(dataset_path, strict=True)
     assert not problems, format_problems(str(dataset_path), problems, shown=20)
+
+
+def test_dataset_fits_the_limits_the_suites_apply(request: pytest.FixtureRequest) -> None:
+    """The prompts the suites would train on, loaded as the session loads them: the run's tokenizer,
+    chat template, data.max_prompt_length and its truncation / filtering keys, and enough prompts for
+    one batch. (A file that breaks these ends the session at start-up, naming the file and the key.)"""
+    manager = request.config.pluginmanager
+    if not (manager.hasplugin("rlbench") or manager.hasplugin("pytest_rlbench.plugin")):
+        pytest.skip("the pytest-rlbench plugin is not loaded: no run configuration to check against")
+    dataset = request.getfixturevalue("rl_dataset")
+    data = request.getfixturevalue("rl_config").data
+    longest = max(len(p.input_ids) for p in dataset.prompts)
+    assert longest <= data.max_prompt_length, f"a prompt of {longest} tokens > data.max_prompt_length"
+    assert len(dataset) >= data.train_batch_size, (
+        f"{dataset.path}: {len(dataset)} prompts after filtering, fewer than data.train_batch_size "
+        f"({data.train_batch_size})"
+    )
 
 
 @PROPERTY
