@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_suites.sh OUT_DIR step16x8     # 16 prompts x 8, prompt 256 + response 1024, fast engine
 #   bash benchmarks/gpu_suites.sh OUT_DIR step16x8-liger  # the training phases and step with use_liger=True
 #   bash benchmarks/gpu_suites.sh OUT_DIR hf16x8       # the same prompts through the hf engine (generation only)
+#   bash benchmarks/gpu_suites.sh OUT_DIR panel16x8    # fast, hf and static side by side (tokens/s, fidelity)
 #   bash benchmarks/gpu_suites.sh OUT_DIR gen128x14k   # 128 responses of 14,336 tokens: generation only
 #   bash benchmarks/gpu_suites.sh OUT_DIR memory       # gradient checkpointing, optimizer offload, param offload
 #   bash benchmarks/gpu_suites.sh OUT_DIR replay-gen replay-gen-uniform replay-step replay-phases
@@ -41,6 +42,10 @@ for shape in "$@"; do
             --rl-config actor_rollout_ref.model.use_liger=True \
             suites/test_phases.py suites/test_step.py -k "not save_checkpoint and not generate and not test_gen" \
             --rl-rollout fast --rl-rounds 2 --rl-warmup-rounds 1 --rl-report "$out/step16x8-liger.json" ;;
+    panel16x8)  # the rollout panel: fast (trains), hf and static on the same prompts, seed and weights
+        python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
+            suites/test_rollout_panel.py --rl-rollout fast --rl-rollout hf --rl-rollout static \
+            --rl-rounds 1 --rl-warmup-rounds 1 --rl-report "$out/panel16x8.json" ;;
     hf16x8)
         python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
             suites/test_phases.py -k test_generate_sequences \
