@@ -146,7 +146,8 @@ class BenchRecorder:
 
     @property
     def measured_anything(self) -> bool:
-        return bool(self.phases)
+        """A phase timed or a metric recorded (a session of the rollout panel alone records metrics only)."""
+        return bool(self.phases or self.metrics)
 
     @property
     def described(self) -> bool:
@@ -233,9 +234,10 @@ class BenchRecorder:
             if update_report is not None:  # a hook may add sections to the report
                 update_report(report)
             _write(outcome, "the JSON report", report_path, lambda p: write_text_atomic(p, dumps_report(report)))
-            chart = chart_path_for(report_path)
-            draw = lambda t: write_chart(t, run, baselines, results=results, step_breakdown=self.step_breakdown)  # noqa: E731
-            _write(outcome, "the chart", chart, lambda p: write_atomic(p, draw))
+            if self.phases:  # the chart is the step's time by phase: nothing to draw without a timed phase
+                chart = chart_path_for(report_path)
+                draw = lambda t: write_chart(t, run, baselines, results=results, step_breakdown=self.step_breakdown)  # noqa: E731
+                _write(outcome, "the chart", chart, lambda p: write_atomic(p, draw))
         return outcome
 
 

@@ -69,3 +69,15 @@ def test_step_breakdown_rounds_are_kept_as_seconds(tmp_path: Path) -> None:
     recorder.add_step_breakdown([{"gen": 1.5, "step": 3.0}])
     assert recorder.step_breakdown == [{"gen": 1.0, "step": 2.5}, {"gen": 1.5, "step": 3.0}]
     assert all(isinstance(v, float) for r in recorder.step_breakdown for v in r.values())
+
+
+def test_a_session_of_metrics_alone_writes_its_report_without_a_chart(tmp_path: Path) -> None:
+    # the rollout panel records metrics and times no phase: its figures must still be reported
+    recorder = described(tmp_path)
+    assert not recorder.measured_anything
+    recorder.add_metric("rollout_panel/hf/tokens_per_s", [100.0, 110.0], "tokens/s", True)
+    assert recorder.measured_anything
+    outcome = recorder.finish([], 0.1, tmp_path / "r.json", None)
+    assert outcome.problems == []
+    assert (tmp_path / "r.json").exists() and not (tmp_path / "r.png").exists()
+    assert "rollout_panel/hf/tokens_per_s" in (tmp_path / "r.json").read_text()
