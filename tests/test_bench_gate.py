@@ -52,7 +52,7 @@ def test_a_run_within_tolerance_passes_and_a_slower_one_fails(pytester: pytest.P
     assert slower.ret == pytest.ExitCode.TESTS_FAILED
     # A regression is a failed test: pytest's summary counts it, and the session summary lists it too.
     slower.assert_outcomes(failed=2)
-    assert re.search(r"=+ 2 failed in ", slower.stdout.lines[-1]), slower.stdout.lines[-1]
+    assert re.search(r"=+ 2 failed(, \d+ warnings?)? in ", slower.stdout.lines[-1]), slower.stdout.lines[-1]
     out = slower.stdout.str()
     assert "2 regression(s)" in out
     # The test's failure is the verdict's message: phase, metric, baseline, ratio and the rank test.
