@@ -27,7 +27,7 @@ from pytest_rlbench.config_path import (
     user_overrides,
 )
 from pytest_rlbench.frameworks import OURS
-from pytest_rlbench.metrics import DEFAULT_TOLERANCE
+from pytest_rlbench.metrics import DEFAULT_TOLERANCE, default_tolerance
 from pytest_rlbench.option_checks import (
     DEFAULT_MODEL,
     check_baseline,
@@ -240,7 +240,7 @@ def parse_options(
         overrides=(*option_overrides(owned, sources), *(o for o in user[ini_count:] if o.key not in folded)),
         baselines=baselines,
         workload=workload,
-        tolerance=values.tolerance(r) if (r := get("rl_tolerance")) else DEFAULT_TOLERANCE,
+        tolerance=values.tolerance(r) if (r := get("rl_tolerance")) else default_tolerance(gpu),
         max_mismatch=values.mismatch_limit(r) if (r := get("rl_max_mismatch")) else None,
         rounds=values.positive_int(r, "rounds") if (r := get("rl_rounds")) else DEFAULT_ROUNDS,
         warmup_rounds=(

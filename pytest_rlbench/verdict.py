@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pytest_rlbench.derived import Figure
-from pytest_rlbench.metrics import FAMILIES, TIMING, family_of, format_value, metric_label, value_floor
+from pytest_rlbench.metrics import (
+    FAMILIES,
+    PHASE_FLOORS,
+    TIMING,
+    family_of,
+    format_value,
+    metric_label,
+    value_floor,
+)
 from pytest_rlbench.rank_test import p_greater, rounds_needed, smallest_p
 from pytest_rlbench.record import RunRecord
 
@@ -95,7 +103,8 @@ def gate_verdict(
         return "pass", "within tolerance", ""
     family = FAMILIES.get(base_fig.family)
     if family is not None and family.noise_floor is not None and run_time is not None and measured and base:
-        floor = family.noise_floor.for_device(device)
+        phase = base_fig.metric.partition("/")[2]
+        floor = PHASE_FLOORS.get(phase, family.noise_floor).for_device(device)
         gap = time_gap_s(run_time, measured / base, base_fig.higher_is_better)
         if gap <= floor:
             where = "GPU" if device == "gpu" else "CPU"

@@ -147,6 +147,12 @@ def local_ray() -> Iterator[None]:
         yield
 
 
+def test_embedded_ray_runs_its_workers_at_the_driver_s_priority(local_ray, tmp_path: Path) -> None:
+    # Ray's default nice 15 let its own background processes preempt the timed phases
+    with two_workers(tmp_path) as (_, pids):
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [os.getpriority(os.PRIO_PROCESS, 0)] * 2
+
+
 @contextmanager
 def two_workers(tmp_path: Path) -> Iterator[tuple[Any, list[int]]]:
     """A trainer with 2 CPU workers and their pids; every worker still running is killed after."""
