@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trainer.driver.ray_local import use_loopback
+from trainer.driver.ray_local import init_local_ray, use_loopback
 from trainer.driver.ray_probe import DEFAULT_CONNECT_TIMEOUT_S, wait_for_ray
 from trainer.driver.ray_processes import ray_descendants, stop_ray
 
@@ -262,14 +262,8 @@ class RayConnection:
         quiet: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.ERROR, namespace=NAMESPACE)
         spare = tuple(ray_descendants())
         try:
-            if address is None:
-                ray.init(
-                    address="local",  # always a new instance; never attach to a leftover one
-                    num_cpus=num_cpus,
-                    include_dashboard=False,
-                    _node_ip_address="127.0.0.1",
-                    **quiet,
-                )
+            if address is None:  # always a new instance on 127.0.0.1, its workers at our priority
+                init_local_ray(num_cpus=num_cpus, **quiet)
             else:
                 wait_for_ray(address, timeout_s, timeout_source)
                 ray.init(address=address, **quiet)

@@ -283,3 +283,22 @@ def test_plain_tests_never_start_ray_or_import_torch(pytester: pytest.Pytester, 
     )
     result = pytester.runpytest_subprocess("--rl-nodes=4", timeout=RUN_TIMEOUT)  # nothing checks 4 nodes
     result.assert_outcomes(passed=1)
+
+
+def test_the_embedded_ray_runs_workers_at_the_session_s_priority() -> None:
+    # Ray's default nice 15 put the timed phases below Ray's own background processes
+    import os
+
+    import ray
+
+    from pytest_rlbench.cluster import RayConnection
+
+    connection = RayConnection.open(None, num_cpus=1)
+    try:
+        @ray.remote
+        def priority() -> int:
+            return os.getpriority(os.PRIO_PROCESS, 0)
+
+        assert ray.get(priority.remote()) == os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        connection.close()
