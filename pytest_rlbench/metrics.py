@@ -67,6 +67,12 @@ PHASE_TIME_FLOOR = NoiseFloor(cpu_s=0.010, gpu_s=0.001)
 PHASE_FLOORS: dict[str, NoiseFloor] = {"save_checkpoint": NoiseFloor(cpu_s=0.050, gpu_s=0.050)}
 
 
+def phase_floor(phase: str, device: str) -> float:
+    """The smallest change in ``phase``'s time (seconds) a gate tells from noise on ``device``
+    ("gpu" or "cpu"); every built-in figure family is timed by a phase and shares it."""
+    return PHASE_FLOORS.get(phase, PHASE_TIME_FLOOR).for_device(device)
+
+
 @dataclass(frozen=True)
 class MetricFamily:
     """What a family's figures are and how a comparison treats them."""
@@ -79,7 +85,6 @@ class MetricFamily:
     counts_tokens: bool  # divides by (or into) the tokens of TOKEN_BASIS[phase]
     gated: bool  # judged pass/fail when run and baseline did the same work on the same hardware
     in_reference: bool  # listed side by side when they did not
-    noise_floor: NoiseFloor | None = PHASE_TIME_FLOOR  # every built-in family is timed by a phase
 
 
 FAMILIES: dict[str, MetricFamily] = {

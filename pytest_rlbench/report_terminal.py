@@ -45,8 +45,10 @@ def _verdict_cell(c: Comparison) -> str:
         return f"FAIL ({c.reason})"
     if c.verdict == "pass":
         return "pass" if c.reason == "within tolerance" else f"pass ({c.reason})"
-    if c.verdict in ("inconclusive", "not run"):
-        return c.verdict if c.verdict == "not run" else f"inconclusive ({c.reason})"
+    if c.verdict == "not run":
+        return "not run"
+    if c.verdict == "inconclusive":
+        return f"inconclusive ({c.reason})"
     return "missing" if c.reason == "missing" else "reference"
 
 
@@ -61,10 +63,10 @@ def _gate_status(result: BaselineComparison) -> str:
     return f"gate, {status}" + (f", {unsure} inconclusive" if unsure else "") + phases
 
 
-def _row(c: Comparison, gate: bool) -> list[str]:
+def _gate_row(c: Comparison) -> list[str]:
     ratio = f"{c.ratio:.2f}" if c.ratio is not None else "-"
     cells = [c.phase or "-", family_label(c.metric), format_value(c.measured, c.unit), format_value(c.baseline, c.unit), ratio]
-    return cells + ([f"{c.tolerance:.2f}"] if gate else []) + [_verdict_cell(c)]
+    return cells + [f"{c.tolerance:.2f}", _verdict_cell(c)]
 
 
 def _differences_in_words(mismatches: Sequence[str]) -> str:
@@ -126,7 +128,7 @@ def comparison_lines(result: BaselineComparison, verbose: bool = False) -> list[
     if not result.comparisons:
         return lines + ["  (no metric in common)"]
     header = ["phase", "metric", "measured", "baseline", "ratio", "tol", "verdict"]
-    return lines + _table([header] + [_row(c, True) for c in result.comparisons])
+    return lines + _table([header] + [_gate_row(c) for c in result.comparisons])
 
 
 def finding_lines(findings: Sequence[Finding], verbose: bool = False) -> list[str]:

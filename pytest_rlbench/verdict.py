@@ -4,8 +4,8 @@ row listed beside without a verdict of its own.
 In a gate, a figure is a regression only when both
 1. its median is past the tolerance: a time (or any lower-is-better figure) above baseline x (1 +
    tolerance), a throughput (any higher-is-better figure) below baseline x (1 - tolerance); and
-2. the difference is above the noise floor of its family (``metrics.FAMILIES[...].noise_floor``, per
-   device kind): for a figure derived from a phase's time, the difference in seconds it stands for
+2. the difference is above the noise floor of its phase (``metrics.phase_floor``, per device
+   kind): for a figure derived from a phase's time, the difference in seconds it stands for
    (the run's time x (1 - ratio) or x (1 - 1 / ratio)) must exceed the floor; and
 3. the difference is statistically real: the one-sided Mann-Whitney U test of the run's rounds
    against the baseline's (``rank_test``) gives p < ``ALPHA`` (0.01). Where the two sides' round
@@ -29,11 +29,11 @@ from typing import Literal
 from pytest_rlbench.derived import Figure
 from pytest_rlbench.metrics import (
     FAMILIES,
-    PHASE_FLOORS,
     TIMING,
     family_of,
     format_value,
     metric_label,
+    phase_floor,
     value_floor,
 )
 from pytest_rlbench.rank_test import p_greater, rounds_needed, smallest_p
@@ -101,10 +101,8 @@ def gate_verdict(
         beyond = measured > base * (1 + tolerance)
     if not beyond:
         return "pass", "within tolerance", ""
-    family = FAMILIES.get(base_fig.family)
-    if family is not None and family.noise_floor is not None and run_time is not None and measured and base:
-        phase = base_fig.metric.partition("/")[2]
-        floor = PHASE_FLOORS.get(phase, family.noise_floor).for_device(device)
+    if base_fig.family in FAMILIES and base_fig.phase and run_time is not None and measured and base:
+        floor = phase_floor(base_fig.phase, device)
         gap = time_gap_s(run_time, measured / base, base_fig.higher_is_better)
         if gap <= floor:
             where = "GPU" if device == "gpu" else "CPU"

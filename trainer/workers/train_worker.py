@@ -77,9 +77,7 @@ class TrainWorker:
         fsdp = arr.actor.fsdp_config
         dtype = resolve_dtype(fsdp.model_dtype, cfg.trainer.device)
         # Every rank builds the same seeded weights, so the replicas (or the shards) start identical.
-        lm = build_model(path, dtype=dtype, device=self.device, seed=cfg.trainer.seed)
-        if arr.model.use_liger:
-            apply_liger(lm)
+        lm = self._build_trained_model(path, dtype)
         if arr.model.enable_gradient_checkpointing:
             # non-reentrant checkpointing is the kind that composes with FSDP2's hooks
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -93,9 +91,7 @@ class TrainWorker:
         if cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
             ref_fsdp = arr.ref.fsdp_config
             ref_dtype = resolve_dtype(ref_fsdp.model_dtype, cfg.trainer.device)
-            ref = build_model(path, dtype=ref_dtype, device=self.device, seed=cfg.trainer.seed)
-            if arr.model.use_liger:
-                apply_liger(ref)
+            ref = self._build_trained_model(path, ref_dtype)
             ref.requires_grad_(False).eval()
             self.ref = self._wrap(PolicyModel(ref), ref_fsdp.param_offload)
         self.tokenizer = load_tokenizer(path)
@@ -112,6 +108,14 @@ class TrainWorker:
             "threads": torch.get_num_threads(),
             "strategy": self.strategy,
         }
+
+    def _build_trained_model(self, path: str, dtype: torch.dtype) -> torch.nn.Module:
+        """The actor's or ref's model: the session's seeded weights (every rank builds the same), with
+        liger-kernel's layers when use_liger. The rollout's replica stays plain: it only samples."""
+        lm = build_model(path, dtype=dtype, device=self.device, seed=self.cfg.trainer.seed)
+        if self.cfg.actor_rollout_ref.model.use_liger:
+            apply_liger(lm)
+        return lm
 
     def _wrap(self, policy: PolicyModel, param_offload: bool) -> PolicyModel:
         if self.strategy == "fsdp2":
