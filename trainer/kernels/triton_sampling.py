@@ -63,9 +63,8 @@ def _keyed_race_kernel(
     h_row = _mix32((h_row ^ ((step * 0x85EBCA6B + 0x165667B1) & 0xFFFFFFFF)) & 0xFFFFFFFF)
     best = tl.full([BLOCK_V], float("-inf"), tl.float32)
     best_idx = tl.full([BLOCK_V], 0, tl.int32)
-    row_max = tl.full([BLOCK_V], float("-inf"), tl.float32)
-    lane_max = tl.full([BLOCK_V], float("-inf"), tl.float32)  # running log-sum-exp of z / T, per lane
-    lane_sum = tl.zeros([BLOCK_V], tl.float32)
+    lane_max = tl.full([BLOCK_V], float("-inf"), tl.float32)  # of z / T, NaN left out, per lane
+    lane_sum = tl.zeros([BLOCK_V], tl.float32)  # sum of exp(z / T - lane_max): the running log-sum-exp
     bad = tl.full([BLOCK_V], 0, tl.int32)
     base = logits_ptr + row.to(tl.int64) * stride_row
     for start in range(0, vocab, BLOCK_V):
@@ -83,18 +82,17 @@ def _keyed_race_kernel(
         best = tl.where(take, score, best)
         best_idx = tl.where(take, offs, best_idx)
         zt_finite = tl.where(is_nan, float("-inf"), zt)
-        row_max = tl.maximum(row_max, zt_finite)
+        new_max = tl.maximum(lane_max, zt_finite)
         if WRITE_LOG_PROBS:
-            new_max = tl.maximum(lane_max, zt_finite)
             live = new_max != float("-inf")  # a lane that has seen only -inf keeps a zero sum
             safe = tl.where(live, new_max, 0.0)
             lane_sum = tl.where(live, lane_sum * tl.exp(lane_max - safe) + tl.exp(zt_finite - safe), 0.0)
-            lane_max = new_max
+        lane_max = new_max
     top = tl.max(best, axis=0)
     # the smallest token id among ties, as torch.argmax takes the first
     token = tl.min(tl.where(best == top, best_idx, vocab), axis=0)
     token = tl.where(token == vocab, 0, token)  # a row of -inf only: any id, it is flagged bad
-    all_neg_inf = tl.max(row_max, axis=0) == float("-inf")
+    all_neg_inf = tl.max(lane_max, axis=0) == float("-inf")
     tl.store(tokens_ptr + row, token.to(tl.int64))
     tl.store(bad_ptr + row, (tl.max(bad, axis=0) > 0) | all_neg_inf)
     if WRITE_LOG_PROBS:

@@ -83,6 +83,12 @@ def mix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
+def row_hash(row_keys: torch.Tensor, seed: int | torch.Tensor) -> torch.Tensor:
+    """Each row's 32-bit hash of (seed, row key) [B] int64: where its keyed noise starts (and the
+    vllm engine's per-row seed)."""
+    return mix32((row_keys.long() * 0x9E3779B1 + (seed & M32)) & M32)
+
+
 def keyed_exponential(
     row_keys: torch.Tensor, step: torch.Tensor | int, vocab: int, seed: int | torch.Tensor
 ) -> torch.Tensor:
@@ -95,8 +101,7 @@ def keyed_exponential(
     """
     keys = row_keys.long()
     step_t = torch.as_tensor(step, dtype=torch.long, device=keys.device)
-    row = mix32((keys * 0x9E3779B1 + (seed & M32)) & M32)
-    row = mix32((row ^ ((step_t * 0x85EBCA6B + 0x165667B1) & M32)) & M32)
+    row = mix32((row_hash(keys, seed) ^ ((step_t * 0x85EBCA6B + 0x165667B1) & M32)) & M32)
     token = torch.arange(vocab, dtype=torch.long, device=keys.device) * 0x27D4EB2F
     h = mix32((row.unsqueeze(-1) + token) & M32)
     return -torch.log(hash_to_uniform(h))

@@ -14,7 +14,7 @@ How the engine maps the trainer's rollout onto vLLM:
   Only tensor_model_parallel_size 1 runs (config validation refuses more, through ``check_config``).
 - Decoding: the whole batch is one ``LLM.generate`` call, since vLLM schedules its own batches
   (rollout.micro_batch_size is not used). Each row is its own request with ``n=1`` and its own seed,
-  derived from the step's seed and the row key u * n + j (``row_seed``), so a row samples the same
+  derived from the step's seed and the row key u * n + j (``sampling.row_hash``), so a row samples the same
   tokens whichever worker or batch it is in. Prompts are token ids; vLLM's tokenizer is never loaded.
 - Stopping: the tokenizer's EOS ids end a row unless rollout.ignore_eos or rollout.target_lengths
   (then each row decodes exactly its target: ``max_tokens`` = target, EOS ignored).
@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from trainer.rollout.base import GeneratedRows, RolloutEngine, RowsRequest, SamplingParams
-from trainer.rollout.sampling import M32, mix32
+from trainer.rollout.sampling import row_hash
 from trainer.workers.fsdp import full_tensor
 
 if TYPE_CHECKING:
@@ -64,12 +64,6 @@ def require_vllm() -> Any:
             f"{EXTRA_HINT}"
         ) from exc
     return vllm
-
-
-def row_seed(seed: int, key: int) -> int:
-    """The seed of row ``key`` (u * n + j) at a step seeded ``seed``: a 32-bit hash of both."""
-    mixed = mix32(torch.tensor((key * 0x9E3779B1 + (seed & M32)) & M32, dtype=torch.long))
-    return int(mixed)
 
 
 def logprobs_mode(sampling: SamplingParams) -> str:
@@ -179,6 +173,8 @@ class VLLMRolloutEngine(RolloutEngine):
         sampling = request.sampling
         stops = list(self.stop_token_ids)
         keys = request.row_keys.tolist()
+        # row u * n + j's seed: a 32-bit hash of the step seed and its key (sampling.row_hash)
+        seeds = row_hash(request.row_keys.cpu(), request.seed).tolist()
         targets = request.targets.tolist() if request.targets is not None else [request.max_new_tokens] * len(keys)
         return [
             VLLMSamplingParams(
@@ -186,14 +182,14 @@ class VLLMRolloutEngine(RolloutEngine):
                 temperature=sampling.temperature if sampling.do_sample else 0.0,
                 top_k=sampling.top_k_or_zero if sampling.do_sample else 0,
                 top_p=sampling.top_p if sampling.do_sample else 1.0,
-                seed=row_seed(request.seed, key),
+                seed=seed,
                 max_tokens=int(target),
                 ignore_eos=not stops,
                 stop_token_ids=stops or None,
                 logprobs=0,
                 detokenize=False,
             )
-            for key, target in zip(keys, targets, strict=True)
+            for seed, target in zip(seeds, targets, strict=True)
         ]
 
     def _generate_rows(self, request: RowsRequest) -> GeneratedRows:
