@@ -220,7 +220,12 @@ def test_graph_replay_stops_rows_at_their_targets_and_reuses_the_graphs(tok, pro
     assert graphs.response_mask.sum(dim=1).tolist() == expected
     _, eager = run(SEED, eager=True)
     assert torch.equal(graphs.response_ids, eager.response_ids)
-    again = fast.generate(prompts, uids, [], N, cap, SamplingParams(), SEED + 1)  # other targets, same graphs
-    assert fast._graphs == captured
+    again = fast.generate(prompts, uids, [], N, cap, SamplingParams(), SEED + 1)  # other targets
+    # the graphs are kept; other targets may compact at other steps and so meet new (slots, bucket) keys
+    assert all(fast._graphs[key] is graph for key, graph in captured.items())
     other = draw_targets("lognormal", 80.0, 0.8, row_keys(uids), SEED + 1, cap).tolist()
     assert again.response_mask.sum(dim=1).tolist() == other
+    seen = dict(fast._graphs)
+    repeat = fast.generate(prompts, uids, [], N, cap, SamplingParams(), SEED + 1)  # the same path again
+    assert fast._graphs == seen, "a repeated call should replay its graphs, not capture new ones"
+    assert torch.equal(repeat.response_ids, again.response_ids)

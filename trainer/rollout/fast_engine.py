@@ -11,8 +11,13 @@ What makes it fast, and why each piece is there:
   captured in a CUDA graph and replayed (transformers' forward with its StaticCache did not
   capture when tried, see static_engine.py).
 - Attention over a bucket of slots: a step attends over the first ``attn_len`` cache slots, rounded
-  up to a bucket, with one graph per bucket; the host knows the step count, so it picks the graph
-  without reading the device.
+  up to a bucket, with one graph per (decoded slots, bucket), captured when first met; the host
+  knows the step count, so it picks the graph without reading the device.
+- Row compaction (decode_buffers.py): at a check, once at most half the decoded slots still run,
+  the running rows and their caches move to the front and later steps decode only those slots, so
+  ragged lengths do not keep paying for rows that have ended.
+- Decode attention on GPU split over the cache (trainer/kernels/triton_decode_attention.py): one
+  program per (row, KV head, chunk of slots), so a few long rows still keep every SM reading.
 - Sampling in one fused kernel on GPU (trainer/kernels/triton_sampling.py): the keyed exponential
   race of ``sampling.sample_keyed`` (a row's draw does not depend on its batch), with temperature,
   and top-k / top-p through ``sampling.process_logits`` when they are on. The same pass flags
@@ -20,7 +25,7 @@ What makes it fast, and why each piece is there:
   (base.GeneratedRows) from a running log-sum-exp; with filters it is one logsumexp and one gather
   over the step's raw logits in float32. Either way it happens inside the captured step. The loop
   (decode_loop.py, shared with the static engine) reads the host every ``check_every`` steps to stop
-  once every row has ended (EOS) and to raise NonFiniteLogitsError, never a device assert.
+  once every row has ended (EOS), to compact, and to raise NonFiniteLogitsError, never a device assert.
 - Target lengths (rollout.target_lengths): each row's target sits in a device buffer that the
   captured step reads to mark the row finished; the buffers keep max_new_tokens as their shape (so
   the graphs are reused from step to step) and the loop stops at the longest target.
@@ -43,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.rollout.base import GeneratedRows, RolloutEngine, RowsRequest, SamplingParams
+from trainer.rollout.decode_buffers import PROMPT_ALIGN, DecodeBuffers, compacted_size, round_up
 from trainer.rollout.decode_loop import decode_until_done
 from trainer.rollout.lean_decoder import LeanWeights, decode_logits, lean_shape, prefill_logits
 from trainer.rollout.sampling import (
@@ -57,80 +63,7 @@ from trainer.workers.fsdp import compute_dtype
 if TYPE_CHECKING:
     from trainer.config import RolloutConfig
 
-PROMPT_ALIGN = 128  # prompt width and cache length are rounded up to this: stable shapes across steps
 PREFILL_TOKENS = 32768  # rows per prefill chunk are chosen so that a chunk holds about this many tokens
-
-
-# ----------------------------------------------------------------------------- decode buffers
-def _round_up(n: int, multiple: int) -> int:
-    return (n + multiple - 1) // multiple * multiple
-
-
-class DecodeBuffers:
-    """The KV cache and every piece of decode state for one (batch, prompt width, max_new) shape.
-
-    Allocated once per shape and reused across generate calls (and by the CUDA graphs captured over
-    them); ``reset`` fills them for a new micro-batch.
-    """
-
-    def __init__(
-        self, w: LeanWeights, batch: int, prompt_width: int, max_new: int, stop_ids: tuple[int, ...], pad_id: int
-    ) -> None:
-        s, dev = w.shape, w.device
-        self.batch, self.prompt_width, self.max_new = batch, prompt_width, max_new
-        self.slots = _round_up(prompt_width + max_new, PROMPT_ALIGN)
-        # zeros, not empty: a slot not yet written is masked by -inf, and 0 x NaN garbage would be NaN
-        cache = (s.num_layers, batch, s.num_kv_heads, self.slots, s.head_dim)
-        self.cache_k = torch.zeros(cache, dtype=w.dtype, device=dev)
-        self.cache_v = torch.zeros(cache, dtype=w.dtype, device=dev)
-        self.attn_bias = torch.full((batch, self.slots), float("-inf"), dtype=w.dtype, device=dev)
-        self.tokens = torch.full((batch, max_new), pad_id, dtype=torch.long, device=dev)
-        self.log_probs = torch.zeros((batch, max_new), dtype=torch.float32, device=dev)  # base.GeneratedRows
-        self.last = torch.zeros(batch, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(batch, dtype=torch.long, device=dev)
-        self.write_slot = torch.zeros((), dtype=torch.long, device=dev)
-        self.step = torch.zeros((), dtype=torch.long, device=dev)
-        self.seed = torch.zeros((), dtype=torch.long, device=dev)
-        self.finished = torch.zeros(batch, dtype=torch.bool, device=dev)
-        # each row's target length, read inside the captured step (max_new without target lengths)
-        self.targets = torch.full((batch,), max_new, dtype=torch.long, device=dev)
-        self.first_bad = torch.full((batch,), -1, dtype=torch.long, device=dev)
-        self.row_keys = torch.zeros(batch, dtype=torch.long, device=dev)
-        self.stop_ids = torch.tensor(list(stop_ids), dtype=torch.long, device=dev)
-        self.sampled = torch.zeros(batch, dtype=torch.long, device=dev)
-        self.sampled_log_probs = torch.zeros(batch, dtype=torch.float32, device=dev)
-        self.bad = torch.zeros(batch, dtype=torch.bool, device=dev)
-        self.pad_id = pad_id
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.cache_k.numel() * self.cache_k.element_size()
-
-    def reset(
-        self, prompt_mask: torch.Tensor, row_keys: torch.Tensor, seed: int, targets: torch.Tensor | None = None
-    ) -> None:
-        width = self.prompt_width
-        self.attn_bias.fill_(float("-inf"))
-        self.attn_bias[:, :width].masked_fill_(prompt_mask.bool(), 0.0)
-        self.tokens.fill_(self.pad_id)
-        self.log_probs.zero_()
-        self.last.fill_(self.pad_id)
-        self.positions.copy_(prompt_mask.sum(dim=1))  # the first generated token follows the prompt
-        self.write_slot.fill_(width)
-        self.step.zero_()
-        self.seed.fill_(seed & 0xFFFFFFFF)
-        self.finished.zero_()
-        if targets is None:
-            self.targets.fill_(self.max_new)
-        else:
-            self.targets.copy_(targets)
-        self.first_bad.fill_(-1)
-        self.row_keys.copy_(row_keys)
-
-    def attn_len(self, decode_index: int, bucket: int) -> int:
-        """Slots the ``decode_index``-th decode step (from 1) attends over: its token sits at slot
-        P + decode_index - 1, so P + decode_index slots, rounded up to the bucket."""
-        return min(_round_up(self.prompt_width + decode_index, bucket), self.slots)
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -145,11 +78,14 @@ class FastRolloutEngine(RolloutEngine):
         share_weights: bool = False,  # accepted for the registry's signature; this engine always copies
         check_every: int = 32,
         use_cuda_graphs: bool | None = None,
+        compact_rows: bool = True,
+        split_attention: bool = True,
     ) -> None:
         super().__init__(model, tokenizer, config, share_weights=False)
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.check_every = check_every
+        self.compact_rows = compact_rows  # see decode_buffers.py: decode only the rows still running
         self.shape = lean_shape(model.config)
         source = next(model.parameters())
         device = source.device
@@ -164,12 +100,18 @@ class FastRolloutEngine(RolloutEngine):
         self.free_cache = bool(config.free_cache_engine) if config is not None else False
         self._buffers: DecodeBuffers | None = None
         self._buffers_key: tuple[Any, ...] | None = None
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (slots, attention length) -> graph
+        self._warmed: set[tuple[int, int]] = set()  # keys whose step ran once eagerly (see _step)
+        self._capture_stream: torch.cuda.Stream | None = None
+        self._pool: tuple[int, int] | None = None
         self._race: Callable[..., None] | None = None
+        self._attend: Callable[..., torch.Tensor] | None = None  # None: SDPA
         if device.type == "cuda":
+            from trainer.kernels.triton_decode_attention import decode_attention
             from trainer.kernels.triton_sampling import keyed_race
 
             self._race = keyed_race
+            self._attend = decode_attention if split_attention else None
         self.stats: dict[str, float] = {}
 
     @property
@@ -187,7 +129,7 @@ class FastRolloutEngine(RolloutEngine):
     # ------------------------------------------------------------------ decoding
     def _bucket(self, slots: int) -> int:
         """Slots per attention bucket: 128, or coarser for long contexts (at most 32 graphs)."""
-        return max(PROMPT_ALIGN, _round_up(math.ceil(slots / 32), PROMPT_ALIGN))
+        return max(PROMPT_ALIGN, round_up(math.ceil(slots / 32), PROMPT_ALIGN))
 
     def _sample(self, buf: DecodeBuffers, logits: torch.Tensor, sampling: SamplingParams) -> None:
         """Pick token ``buf.step`` for every row from logits [b, V] and advance the state; no host reads."""
@@ -208,10 +150,12 @@ class FastRolloutEngine(RolloutEngine):
             token, bad = greedy(logits), nonfinite_rows_mask(logits)
         if log_prob is None:
             log_prob = token_log_probs(logits, token, sampling.temperature if sampling.do_sample else 1.0)
-        buf.log_probs.index_copy_(1, buf.step.view(1), log_prob.view(-1, 1))
+        # outputs are indexed by the slot's row (``rows``): compaction moves rows between slots
+        at = (buf.rows, buf.step.expand(buf.batch))
+        buf.log_probs.index_put_(at, log_prob.float())
         buf.first_bad.copy_(torch.where(bad & (buf.first_bad < 0), buf.step, buf.first_bad))
         token = token.masked_fill(buf.finished, buf.pad_id)  # finished rows emit padding
-        buf.tokens.index_copy_(1, buf.step.view(1), token.view(-1, 1))
+        buf.tokens.index_put_(at, token)
         if buf.stop_ids.numel():
             buf.finished.logical_or_((token.unsqueeze(1) == buf.stop_ids).any(dim=1))
         buf.finished.logical_or_(buf.step + 1 >= buf.targets)  # token ``step`` was the row's last
@@ -222,63 +166,71 @@ class FastRolloutEngine(RolloutEngine):
         """One decode step: the graph-captured body."""
         buf.attn_bias.index_fill_(1, buf.write_slot.view(1), 0.0)  # the slot written now becomes visible
         logits = decode_logits(
-            self.weights, buf.cache_k, buf.cache_v, buf.last, buf.positions, buf.write_slot, buf.attn_bias, attn_len
+            self.weights, buf.cache_k, buf.cache_v, buf.last, buf.positions, buf.write_slot, buf.attn_bias, attn_len,
+            self._attend,
         )
         buf.write_slot.add_(1)
         buf.positions.add_(1)
         self._sample(buf, logits, sampling)
 
     def _prepare(self, batch: int, width: int, max_new: int, sampling: SamplingParams) -> DecodeBuffers:
-        """Buffers (and graphs) for this shape: reused when the shape repeats, else built anew."""
+        """Buffers for this shape: reused (with their graphs) when the shape repeats, else built anew."""
         key = (batch, width, max_new, sampling, self.stop_token_ids)
         if self._buffers is not None and self._buffers_key == key:
             return self._buffers
         self.release()
         buf = DecodeBuffers(self.weights, batch, width, max_new, self.stop_token_ids, self.pad_token_id)
         self._buffers, self._buffers_key = buf, key
-        if self.use_cuda_graphs and max_new > 1:
-            self._capture(buf, sampling)
         return buf
 
-    def _capture(self, buf: DecodeBuffers, sampling: SamplingParams) -> None:
-        """One CUDA graph of the decode step per attention bucket, sharing one memory pool.
+    def _step(self, view: DecodeBuffers, attn_len: int, sampling: SamplingParams) -> None:
+        """One decode step over ``view``'s slots: a graph replay when one is captured for its
+        (slots, attention length), else eager.
 
-        Each bucket's step runs once eagerly first (on a side stream: kernel selection, Triton
-        compilation and workspaces happen outside capture); the state those runs leave is reset
-        before every generate call.
+        Graphs are captured lazily, one per (slots, attention bucket) met, sharing one memory pool:
+        the first time a key is met its step runs eagerly on the capture stream (kernel selection,
+        Triton compilation and workspaces happen outside capture), the second time it is captured
+        (capture records, it does not run) and replayed. The keys a generate call meets form a path
+        (attention grows, slots shrink), so a call meets at most buckets + log2(batch) of them.
         """
-        import time
+        if not self.use_cuda_graphs:
+            self._decode_step(view, attn_len, sampling)
+            return
+        key = (view.batch, attn_len)
+        graph = self._graphs.get(key)
+        if graph is None:
+            import time
 
-        start = time.perf_counter()
-        bucket = self._bucket(buf.slots)
-        lengths = sorted({buf.attn_len(i, bucket) for i in range(1, buf.max_new)})
-        buf.reset(torch.ones(buf.batch, buf.prompt_width, device=self.device), buf.row_keys, 0)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for n in lengths:
-                self._decode_step(buf, n, sampling)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        torch.cuda.synchronize(self.device)
-        pool = torch.cuda.graph_pool_handle()
-        for n in lengths:
+            start = time.perf_counter()
+            if self._capture_stream is None:
+                self._capture_stream = torch.cuda.Stream(self.device)
+                self._pool = torch.cuda.graph_pool_handle()
+            stream, current = self._capture_stream, torch.cuda.current_stream(self.device)
+            if key not in self._warmed:
+                self._warmed.add(key)
+                stream.wait_stream(current)
+                with torch.cuda.stream(stream):
+                    self._decode_step(view, attn_len, sampling)
+                current.wait_stream(stream)
+                return
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._decode_step(buf, n, sampling)
-            self._graphs[n] = graph
-        torch.cuda.synchronize(self.device)
-        self.stats["capture_s"] = time.perf_counter() - start
-        self.stats["graphs"] = float(len(lengths))
+            with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+                self._decode_step(view, attn_len, sampling)
+            self._graphs[key] = graph
+            self.stats["capture_s"] = self.stats.get("capture_s", 0.0) + time.perf_counter() - start
+            self.stats["graphs"] = float(len(self._graphs))
+        graph.replay()
 
     def release(self) -> None:
         """Drop the KV cache, decode state and graphs (VERL's free_cache_engine)."""
         self._graphs.clear()
+        self._warmed.clear()
         self._buffers, self._buffers_key = None, None
 
     def _generate_rows(self, request: RowsRequest) -> GeneratedRows:
         prompt_ids, prompt_mask, sampling = request.prompt_ids, request.prompt_mask, request.sampling
         b, width = prompt_ids.shape
-        padded = _round_up(width, PROMPT_ALIGN)
+        padded = round_up(width, PROMPT_ALIGN)
         if padded > width:  # more left padding: the cache's shape stays the same from step to step
             prompt_ids = F.pad(prompt_ids, (padded - width, 0), value=self.pad_token_id)
             prompt_mask = F.pad(prompt_mask, (padded - width, 0), value=0)
@@ -294,16 +246,20 @@ class FastRolloutEngine(RolloutEngine):
         self._sample(buf, logits, sampling)
         del logits
         bucket = self._bucket(buf.slots)
+        view = buf  # the slots decoded now: all, then the running rows' after each compaction
 
         def step(decode_index: int) -> None:
-            attn_len = buf.attn_len(decode_index, bucket)
-            graph = self._graphs.get(attn_len)
-            if graph is not None:
-                graph.replay()
-            else:
-                self._decode_step(buf, attn_len, sampling)
+            self._step(view, buf.attn_len(decode_index, bucket), sampling)
 
-        steps = decode_until_done(step, buf.first_bad, buf.finished, request, self.check_every, self.name)
+        def compact(running: int, steps: int) -> None:
+            nonlocal view
+            size = compacted_size(running, view.batch) if self.compact_rows else view.batch
+            if size < view.batch:
+                view = buf.compact(size, written_slots=buf.prompt_width + steps - 1)
+
+        steps = decode_until_done(
+            step, buf.first_bad, buf.finished, request, self.check_every, self.name, on_check=compact, rows=buf.rows
+        )
         out = GeneratedRows(buf.tokens[:, :steps].clone(), buf.log_probs[:, :steps].clone())
         if self.free_cache:
             self.release()

@@ -16,7 +16,7 @@ The decode state and the loop that drives this forward are the engine's (fast_en
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,10 +225,15 @@ def decode_logits(
     write_slot: torch.Tensor,
     attn_bias: torch.Tensor,
     attn_len: int,
+    attend: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One token per row through the decoder: [b] -> logits [b, V]; writes this token's K and V at
     ``write_slot`` and attends over cache slots [0, attn_len) (the bias is 0 on visible slots, -inf
-    elsewhere). Static shapes, no host reads."""
+    elsewhere). Static shapes, no host reads.
+
+    ``attend(q [b, KV heads, group, d], k_cache [b, KV heads, slots, d], v_cache, bias [b, slots],
+    attn_len)``, when given, replaces SDPA (the GPU's split-cache kernel,
+    trainer/kernels/triton_decode_attention.py)."""
     s = w.shape
     b = last.shape[0]
     q_size, kv_size, d = s.q_size, s.kv_size, s.head_dim
@@ -248,12 +253,13 @@ def decode_logits(
         cache_v[layer].index_copy_(2, slot, v.unsqueeze(2))
         # Grouped-query attention without repeating K/V: the query heads that share a KV head are
         # that head's "query positions" (transformers' repeat_kv maps query head i to KV head i // group).
-        attn = F.scaled_dot_product_attention(
-            q.reshape(b, s.num_kv_heads, s.group, d),
-            cache_k[layer, :, :, :attn_len],
-            cache_v[layer, :, :, :attn_len],
-            attn_mask=bias,
-        )
+        grouped = q.reshape(b, s.num_kv_heads, s.group, d)
+        if attend is not None:
+            attn = attend(grouped, cache_k[layer], cache_v[layer], attn_bias, attn_len)
+        else:
+            attn = F.scaled_dot_product_attention(
+                grouped, cache_k[layer, :, :, :attn_len], cache_v[layer, :, :, :attn_len], attn_mask=bias
+            )
         h = h + F.linear(attn.reshape(b, q_size), w.o[layer])
         h = _mlp(w, layer, h)
     return F.linear(rms_norm(h, w.norm, s.rms_eps), w.lm_head)

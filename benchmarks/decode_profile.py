@@ -1,0 +1,136 @@
+"""Where a fast-engine decode step's time goes, by batch rows and context length (issue 15's profile).
+
+    python benchmarks/decode_profile.py OUT_DIR [--model r1-distill-qwen-1.5b] [--rows 64 16 4 1]
+                                                [--context 1024 8192 16384 27648] [--trace-rows 64 1]
+                                                [--attention split sdpa]
+
+For each (rows, context) it times the engine's captured decode step (CUDA graph replays, device
+synchronised, median of 20 after 5 warm-up) over a cache whose first ``context`` slots are visible,
+with random weights of the model preset, and writes the bandwidth the step would need at the roofline
+(weights + the rows' K and V read once), once per attention kernel (``split``: the engine's
+split-cache Triton kernel; ``sdpa``: torch's scaled_dot_product_attention). With ``--trace-rows`` it also profiles one eager step per
+row count at the longest context (torch.profiler) and writes the time per kernel family (matmul,
+attention, sampling, the rest). GPU only. Results: OUT_DIR/decode_profile.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from trainer.models.presets import build_model, load_tokenizer
+from trainer.rollout import FastRolloutEngine, SamplingParams
+from trainer.rollout.decode_buffers import DecodeBuffers
+
+HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}
+
+
+def roofline_bytes(engine: FastRolloutEngine, rows: int, context: int) -> int:
+    w = engine.weights
+    weight_bytes = sum(
+        t.numel() * t.element_size() for t in (w.qkv, w.o, w.gate_up, w.down, w.lm_head)
+    )
+    s = engine.shape
+    kv_bytes = 2 * s.num_layers * rows * s.num_kv_heads * context * s.head_dim * w.qkv.element_size()
+    return weight_bytes + kv_bytes
+
+
+def kernel_family(name: str) -> str:
+    n = name.lower()
+    if "attention" in n or "fmha" in n or "flash" in n or "sdpa" in n or "attn" in n or "partial" in n or "merge" in n:
+        return "attention"
+    if "gemm" in n or "gemv" in n or "cutlass" in n or "nvjet" in n or "cublas" in n:
+        return "matmul"
+    if "race" in n or "keyed" in n:
+        return "sampling"
+    return "other"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--model", default="r1-distill-qwen-1.5b")
+    ap.add_argument("--rows", type=int, nargs="+", default=[64, 16, 4, 1])
+    ap.add_argument("--context", type=int, nargs="+", default=[1024, 8192, 16384, 27648])
+    ap.add_argument("--trace-rows", type=int, nargs="*", default=[64, 1])
+    ap.add_argument("--attention", nargs="+", default=["split", "sdpa"], choices=["split", "sdpa"])
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda")
+    gpu = torch.cuda.get_device_name()
+    peak = next((v for k, v in HBM_BYTES_PER_S.items() if k in gpu), None)
+    model = build_model(args.model, seed=0).to(device, torch.bfloat16)
+    tokenizer = load_tokenizer(args.model)
+    sampling = SamplingParams(temperature=0.6)
+    results, traces = [], {}
+    for attention in args.attention:
+        engine = FastRolloutEngine(model, tokenizer, split_attention=attention == "split")
+        profile_engine(engine, attention, args, sampling, peak, results, traces)
+        del engine
+        torch.cuda.empty_cache()
+    (out / "decode_profile.json").write_text(json.dumps({"gpu": gpu, "model": args.model, "steps": results,
+                                                          "traces": traces}, indent=1))
+
+
+def profile_engine(engine, attention, args, sampling, peak, results, traces) -> None:
+    device = engine.device
+    width = 128
+    max_new = max(args.context)
+    for rows in sorted(args.rows, reverse=True):
+        buf = DecodeBuffers(engine.weights, rows, width, max_new, engine.stop_token_ids, engine.pad_token_id)
+        buf.reset(torch.ones(rows, width, device=device), torch.arange(rows, device=device), 0)
+        for context in args.context:
+            buf.attn_bias[:, :context] = 0.0
+            buf.write_slot.fill_(context - 1)
+            attn_len = min(buf.slots, -(-context // 128) * 128)
+            for _ in range(5):
+                engine._step(buf, attn_len, sampling)  # eager once, then captured
+                buf.step.zero_()
+                buf.write_slot.fill_(context - 1)
+            times = []
+            for _ in range(20):
+                buf.step.zero_()
+                buf.write_slot.fill_(context - 1)
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                engine._step(buf, attn_len, sampling)
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - start)
+            seconds = statistics.median(times)
+            need = roofline_bytes(engine, rows, context)
+            row = {"attention": attention, "rows": rows, "context": context, "step_ms": seconds * 1e3, "bytes": need,
+                   "bandwidth_use": (need / seconds / peak) if peak else None}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+        if rows in args.trace_rows:
+            from torch.profiler import ProfilerActivity, profile
+
+            context = max(args.context)
+            attn_len = min(buf.slots, -(-context // 128) * 128)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                engine._decode_step(buf, attn_len, sampling)
+                torch.cuda.synchronize()
+            families: dict[str, float] = {}
+            for evt in prof.key_averages():
+                us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+                if us and evt.device_type.name == "CUDA":
+                    families[kernel_family(evt.key)] = families.get(kernel_family(evt.key), 0.0) + us / 1e3
+            top = sorted(
+                ((e.key, (getattr(e, "device_time_total", None) or 0.0) / 1e3) for e in prof.key_averages()),
+                key=lambda kv: -kv[1],
+            )[:12]
+            traces[f"{attention}-{rows}"] = {"context": context, "ms_by_family": families, "top_kernels_ms": top}
+            print(json.dumps(traces[f"{attention}-{rows}"]), flush=True)
+        engine.release()
+        del buf
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

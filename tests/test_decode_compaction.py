@@ -1,0 +1,90 @@
+"""The fast engine's row compaction (trainer/rollout/decode_buffers.py): once at most half the decoded
+slots still run, the running rows and their caches move to the front and only those slots decode.
+
+On CPU the step runs eagerly, so compacted and uncompacted decoding must give the same tokens and
+log-probs, row for row, whatever slot a row moved to.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.config import RolloutConfig
+from trainer.config.schema import TargetLengthsConfig
+from trainer.models.presets import build_model
+from trainer.rollout import FastRolloutEngine, SamplingParams
+from trainer.rollout.decode_buffers import DecodeBuffers, compacted_size
+from trainer.rollout.lean_decoder import LeanWeights, lean_shape
+from trainer.rollout.target_lengths import draw_targets
+
+N = 4  # responses per prompt
+CAP = 40
+SEED = 11
+SPREAD = TargetLengthsConfig(distribution="lognormal", mean=12.0, sigma=1.0)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def model(liven) -> torch.nn.Module:
+    return liven(build_model("tiny", seed=0))
+
+
+def test_compacted_size_halves_at_least_or_keeps_the_slots():
+    assert compacted_size(running=32, size=32) == 32
+    assert compacted_size(running=17, size=32) == 32  # 32 slots for 17 rows: not worth it
+    assert compacted_size(running=16, size=32) == 16
+    assert compacted_size(running=5, size=32) == 8
+    assert compacted_size(running=1, size=32) == 1
+    assert compacted_size(running=3, size=5) == 5  # 4 slots would not halve 5
+    assert compacted_size(running=2, size=5) == 2
+    assert compacted_size(running=0, size=8) == 8
+
+
+def decode(model, tok, prompts, compact: bool, sampling: SamplingParams, targets=SPREAD, check_every: int = 2):
+    config = RolloutConfig(name="fast", target_lengths=targets)
+    engine = FastRolloutEngine(model, tok, config, check_every=check_every, compact_rows=compact)
+    batch = engine.generate(prompts, list(range(len(prompts))), [], N, CAP, sampling, SEED)
+    return engine, batch
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(do_sample=False)], ids=["sampled", "greedy"])
+def test_compaction_gives_the_uncompacted_tokens_and_log_probs(model, tok, prompts, sampling):
+    plain_engine, plain = decode(model, tok, prompts, compact=False, sampling=sampling)
+    engine, compacted = decode(model, tok, prompts, compact=True, sampling=sampling)
+    assert plain_engine._buffers.live == N * len(prompts)
+    assert engine._buffers.live < N * len(prompts) // 2, "the ragged targets should have compacted the slots"
+    assert torch.equal(compacted.response_ids, plain.response_ids)
+    assert torch.equal(compacted.response_mask, plain.response_mask)
+    torch.testing.assert_close(compacted.rollout_log_probs, plain.rollout_log_probs, rtol=0, atol=1e-5)
+    expected = draw_targets("lognormal", 12.0, 1.0, torch.arange(N * len(prompts)), SEED, CAP)
+    assert compacted.response_mask.sum(dim=1).tolist() == expected.tolist()
+
+
+def test_compaction_stops_rows_that_end_with_eos(model, tok, prompts):
+    """Without targets rows end at EOS only: the slots still shrink, and the tokens do not change."""
+    _, plain = decode(model, tok, prompts, compact=False, sampling=SamplingParams(), targets=TargetLengthsConfig())
+    engine, compacted = decode(model, tok, prompts, compact=True, sampling=SamplingParams(), targets=TargetLengthsConfig())
+    lengths = plain.response_mask.sum(dim=1)
+    assert lengths.min() < lengths.max(), "the set-up should give responses of different lengths"
+    assert torch.equal(compacted.response_ids, plain.response_ids)
+    assert engine._buffers.live <= engine._buffers.batch
+
+
+def test_compact_moves_running_rows_and_their_cache_to_the_front(model):
+    weights = LeanWeights(lean_shape(model.config), torch.float32, torch.device("cpu"))
+    buf = DecodeBuffers(weights, batch=6, prompt_width=4, max_new=8, stop_ids=(1,), pad_id=0)
+    buf.reset(torch.ones(6, 4), torch.arange(100, 106), seed=0)
+    for row in range(6):
+        buf.cache_k[:, row] = row
+        buf.cache_v[:, row] = -row
+    buf.finished.copy_(torch.tensor([True, False, True, True, False, True]))
+    view = buf.compact(2, written_slots=5)
+    assert view.batch == 2 and buf.live == 2
+    assert view.rows.tolist() == [1, 4] and view.row_keys.tolist() == [101, 104]
+    assert view.finished.tolist() == [False, False]
+    assert buf.finished.all() == torch.tensor(False) and buf.finished[2:].all()
+    assert (view.cache_k[:, 0, :, :5] == 1).all() and (view.cache_v[:, 1, :, :5] == -4).all()
+    view.last.fill_(7)  # a view: writes reach the buffers
+    assert buf.last[:2].tolist() == [7, 7]

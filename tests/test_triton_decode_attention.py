@@ -1,0 +1,68 @@
+"""The split-cache decode attention kernel (trainer/kernels/triton_decode_attention.py) against
+``F.scaled_dot_product_attention`` with the fast engine's masks: left padding, unwritten slots, one
+row or many, one chunk or many.
+
+Runs on a GPU (skipped elsewhere). On a CPU machine the same check runs in Triton's interpreter
+(Triton 3.6 needs numpy < 2.3 there):
+    TRITON_INTERPRET=1 python -c "import torch, tests.test_triton_decode_attention as t; t.check('cpu', torch.float32, programs=16)"
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+CUDA = torch.cuda.is_available()
+
+
+def case(rows: int, kv_heads: int, group: int, d: int, slots: int, attn_len: int, dtype, device, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, kv_heads, group, d, generator=gen).to(device, dtype)
+    k = torch.randn(rows, kv_heads, slots, d, generator=gen).to(device, dtype)
+    v = torch.randn(rows, kv_heads, slots, d, generator=gen).to(device, dtype)
+    bias = torch.full((rows, slots), float("-inf"))
+    for r in range(rows):
+        pad = (7 * r) % 40  # left padding: the first ``pad`` slots never visible
+        bias[r, pad:attn_len] = 0.0
+    return q, k, v, bias.to(device, dtype)
+
+
+def reference(q, k, v, bias, attn_len):
+    out = F.scaled_dot_product_attention(
+        q.float(), k[:, :, :attn_len].float(), v[:, :, :attn_len].float(), attn_mask=bias[:, None, None, :attn_len].float()
+    )
+    return out
+
+
+def check(device: str, dtype, programs=None) -> None:
+    from trainer.kernels.triton_decode_attention import decode_attention, split_count
+
+    assert split_count(rows=1, kv_heads=2, attn_len=27648, programs=264) == 108
+    assert split_count(rows=64, kv_heads=2, attn_len=27648, programs=264) == 3
+    assert split_count(rows=64, kv_heads=2, attn_len=128, programs=264) == 1
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    for rows, kv_heads, group, d, slots, attn_len in [
+        (1, 2, 6, 64, 1024, 700),   # one row: many chunks
+        (3, 2, 7, 32, 512, 512),    # a group of 7 (the 7B's), every slot visible
+        (5, 1, 4, 16, 384, 130),    # a chunk boundary inside a tile
+    ]:
+        q, k, v, bias = case(rows, kv_heads, group, d, slots, attn_len, dtype, device)
+        got = decode_attention(q, k, v, bias, attn_len, programs=programs)
+        assert got.shape == q.shape and got.dtype == dtype
+        torch.testing.assert_close(got.float(), reference(q, k, v, bias, attn_len), rtol=tol, atol=tol)
+    # strided views, as the engine passes them: one layer of a [layers, batch, heads, slots, d] cache
+    q, k, v, bias = case(4, 2, 6, 64, 512, 300, dtype, device, seed=1)
+    cache_k = torch.stack([k, k]).contiguous()[1, :3]
+    cache_v = torch.stack([v, v]).contiguous()[1, :3]
+    got = decode_attention(q[:3], cache_k, cache_v, bias[:3], 300, programs=programs)
+    torch.testing.assert_close(got.float(), reference(q[:3], k[:3], v[:3], bias[:3], 300), rtol=tol, atol=tol)
+
+
+@pytest.mark.skipif(not (CUDA and HAS_TRITON), reason="needs a GPU with Triton")
+def test_matches_sdpa_on_gpu_in_bf16():
+    check("cuda", torch.bfloat16)
+    check("cuda", torch.float32)
