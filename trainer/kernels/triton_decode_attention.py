@@ -17,7 +17,8 @@ KV head i // group), padded to 16 rows for the tensor-core dot.
 [0, attn_len), as ``F.scaled_dot_product_attention(q, k[..., :attn_len, :], v[..., :attn_len, :],
 attn_mask=bias[:, None, None, :attn_len])`` does for the fast engine's [b, KV heads, group, d]
 queries. Scores and the softmax sums are float32; the probabilities are cast to V's dtype for the
-second product, as flash attention does. Only imported where Triton exists.
+second product, as flash attention does (float32 inputs multiply in full float32). Only imported
+where Triton exists.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def _partial_kernel(
     sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sbias_b,
     attn_len, tiles_per_split, scale,
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -58,7 +60,7 @@ def _partial_kernel(
         n = start + tile * BLOCK + tl.arange(0, BLOCK)
         inside = n < end
         k = tl.load(k_ptr + b * sk_b + h * sk_h + n[:, None] * sk_s + d[None, :], mask=inside[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * scale  # [GROUP_PAD, BLOCK] float32
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, BLOCK] float32
         bias = tl.load(bias_ptr + b * sbias_b + n, mask=inside, other=float("-inf")).to(tl.float32)
         scores = scores + bias[None, :]
         new_max = tl.maximum(running_max, tl.max(scores, axis=1))
@@ -66,7 +68,7 @@ def _partial_kernel(
         p = tl.exp(scores - new_max[:, None])
         running_sum = running_sum * rescale + tl.sum(p, axis=1)
         v = tl.load(v_ptr + b * sv_b + h * sv_h + n[:, None] * sv_s + d[None, :], mask=inside[:, None], other=0.0)
-        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         running_max = new_max
     part = bh * splits + split
     tl.store(acc_ptr + part * GROUP_PAD * D + g[:, None] * D + d[None, :], acc)
@@ -77,26 +79,31 @@ def _partial_kernel(
 @triton.jit
 def _merge_kernel(
     acc_ptr, max_ptr, sum_ptr, out_ptr, so_b, so_h, so_g, splits,
-    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+    KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
 ):
+    # one program per (row, KV head, query head of its group): the chunks are read SPLIT_BLOCK at a time
     bh = tl.program_id(0)
+    g = tl.program_id(1)
     b = bh // KV_HEADS
     h = bh % KV_HEADS
-    g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D)
-    overall = tl.full([GROUP_PAD], -1.0e30, tl.float32)
-    for split in range(splits):
-        overall = tl.maximum(overall, tl.load(max_ptr + (bh * splits + split) * GROUP_PAD + g))
-    total = tl.zeros([GROUP_PAD], tl.float32)
-    out = tl.zeros([GROUP_PAD, D], tl.float32)
-    for split in range(splits):
-        part = bh * splits + split
-        weight = tl.exp(tl.load(max_ptr + part * GROUP_PAD + g) - overall)
-        total += weight * tl.load(sum_ptr + part * GROUP_PAD + g)
-        out += weight[:, None] * tl.load(acc_ptr + part * GROUP_PAD * D + g[:, None] * D + d[None, :])
-    out = out / total[:, None]
-    ptrs = out_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :]
-    tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=g[:, None] < GROUP)
+    base = bh * splits
+    overall = tl.full([SPLIT_BLOCK], -1.0e30, tl.float32)
+    for first in range(0, splits, SPLIT_BLOCK):
+        part = first + tl.arange(0, SPLIT_BLOCK)
+        overall = tl.maximum(overall, tl.load(max_ptr + (base + part) * GROUP_PAD + g, mask=part < splits, other=-1.0e30))
+    top = tl.max(overall, axis=0)
+    total = tl.zeros([SPLIT_BLOCK], tl.float32)
+    out = tl.zeros([SPLIT_BLOCK, D], tl.float32)
+    for first in range(0, splits, SPLIT_BLOCK):
+        part = first + tl.arange(0, SPLIT_BLOCK)
+        inside = part < splits
+        weight = tl.exp(tl.load(max_ptr + (base + part) * GROUP_PAD + g, mask=inside, other=-1.0e30) - top)
+        total += weight * tl.load(sum_ptr + (base + part) * GROUP_PAD + g, mask=inside, other=0.0)
+        acc = tl.load(acc_ptr + ((base + part[:, None]) * GROUP_PAD + g) * D + d[None, :], mask=inside[:, None], other=0.0)
+        out += weight[:, None] * acc
+    merged = tl.sum(out, axis=0) / tl.sum(total, axis=0)
+    tl.store(out_ptr + b * so_b + h * so_h + g * so_g + d, merged.to(out_ptr.dtype.element_ty))
 
 
 def split_count(rows: int, kv_heads: int, attn_len: int, programs: int) -> int:
@@ -132,10 +139,11 @@ def decode_attention(
         v.stride(0), v.stride(1), v.stride(2), bias.stride(0),
         attn_len, tiles_per_split, 1.0 / math.sqrt(d),
         KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d, BLOCK=BLOCK_N,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # no TF32 rounding of float32 inputs
     )
     out = torch.empty_like(q)
-    _merge_kernel[(b * kv_heads,)](
+    _merge_kernel[(b * kv_heads, group)](
         acc, maxes, sums, out, out.stride(0), out.stride(1), out.stride(2), splits,
-        KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d,
+        KV_HEADS=kv_heads, GROUP_PAD=group_pad, D=d, SPLIT_BLOCK=16,
     )
     return out
