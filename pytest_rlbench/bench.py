@@ -114,6 +114,8 @@ def describe_config(cfg: Config) -> RunConfig:
             "param_offload": arr.actor.fsdp_config.param_offload,
             "optimizer_offload": arr.actor.fsdp_config.optimizer_offload,
             "dataset": dataset_label(cfg),
+            # what sizes vLLM's engine (on CPU a fraction of host memory; a session default there)
+            **({"gpu_memory_utilization": arr.rollout.gpu_memory_utilization} if arr.rollout.name == "vllm" else {}),
         },
     )
 

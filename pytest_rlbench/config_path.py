@@ -3,7 +3,8 @@
 A dedicated option is sugar for one override (``--rl-nodes 2`` is ``trainer.nnodes=2``, see
 ``OPTION_KEYS``). The session's trainer config is built once, by ``trainer.config.build_config``, from
 
-    the session's defaults  (synthetic data file, checkpoint dir in the session's temp dir, GPU count)
+    the session's defaults  (synthetic data file, checkpoint dir in the session's temp dir, GPU count;
+                             with vLLM on CPU a model and memory fraction it can run: VLLM_CPU_DEFAULTS)
     the ini file's rl_config (the suites' default work)
     a replayed workload     (--rl-workload: a baseline's work per GPU, see pytest_rlbench.replay)
     the options' overrides  (--rl-nodes, --rl-model, ..., each with where it came from)
@@ -48,6 +49,14 @@ OPTION_KEYS: dict[str, str] = {
     "rl_phase_timeout": "trainer.phase_timeout_s",
 }
 SESSION_DEFAULT = "the session's default"
+VLLM_ON_CPU = "the session's default for vLLM on CPU"
+# What a session sets when vLLM rolls out on CPU (the trainer's engine or a panel one) and the user
+# does not set the key: vLLM's CPU attention refuses the tiny preset's head_dim 16, and there
+# gpu_memory_utilization is the fraction of *host* memory each worker's engine reserves (README, "vLLM").
+VLLM_CPU_DEFAULTS: dict[str, Any] = {
+    "actor_rollout_ref.model.path": "tiny-hd64",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.1,
+}
 SYNTHETIC_FILE = "synthetic_math.parquet"  # in the session's temp dir when --rl-dataset is not given
 
 
@@ -115,7 +124,8 @@ def session_defaults(
     opts: RLBenchOptions, workdir: Path | None = None, gpus_per_node: int | None = None
 ) -> list[Override]:
     """What the session sets unless the user does: on GPU the cluster's GPUs per node (1 stands in
-    until it is known); with ``workdir``, the synthetic data file and the checkpoint directory there."""
+    until it is known); with ``workdir``, the synthetic data file and the checkpoint directory there;
+    with vLLM on CPU, ``vllm_cpu_defaults``."""
     out = []
     if opts.gpu and opts.gpus_per_node is None:
         out.append(Override("trainer.n_gpus_per_node", gpus_per_node or 1, SESSION_DEFAULT))
@@ -124,7 +134,15 @@ def session_defaults(
             out.append(Override("data.train_files", [str(workdir / SYNTHETIC_FILE)], SESSION_DEFAULT))
         # Checkpoints of a benchmark go to the session's temp dir, not the working directory.
         out.append(Override("trainer.default_local_dir", str(workdir / "checkpoints"), SESSION_DEFAULT))
-    return out
+    return [*out, *vllm_cpu_defaults(opts)]
+
+
+def vllm_cpu_defaults(opts: RLBenchOptions) -> list[Override]:
+    """VLLM_CPU_DEFAULTS' keys that the user leaves unset, when vLLM rolls out on CPU (else none)."""
+    if opts.gpu or "vllm" not in (opts.rollout, *opts.rollout_panel):
+        return []
+    given = {o.key for o in (*opts.ini_overrides, *opts.overrides)}  # a replay's, applied later, wins too
+    return [Override(key, value, VLLM_ON_CPU) for key, value in VLLM_CPU_DEFAULTS.items() if key not in given]
 
 
 def build_trainer_config(

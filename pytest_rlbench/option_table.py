@@ -68,7 +68,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "--rl-model",
         "str",
-        "Model preset (tiny, r1-distill-qwen-1.5b, r1-distill-qwen-7b) or a local HF model directory (default tiny).",
+        "Model preset (tiny, tiny-hd64, r1-distill-qwen-1.5b, r1-distill-qwen-7b) or a local HF model directory "
+        "(default tiny; tiny-hd64 when vLLM rolls out on CPU).",
         "NAME|PATH",
     ),
     OptionSpec(

@@ -45,6 +45,7 @@ from pytest_rlbench.bench import (  # noqa: F401  (fixtures are found as attribu
     rl_prompts,
     rl_trainer,
 )
+from pytest_rlbench.config_path import OPTION_KEYS, VLLM_ON_CPU, vllm_cpu_defaults
 from pytest_rlbench.faults import FaultHandling
 from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attributes of the plugin)
     FIXTURE_NEEDS,
@@ -179,10 +180,15 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     o = session.opts
     ray = f"{o.ray_address} (from {o.ray_address_source})" if o.ray_address else "embedded local Ray"
     gpus = f"gpu, {o.gpus_per_node or 'all'} per node" if o.gpu else "cpu"
-    return [
-        f"rlbench: model {o.model}, rollout {o.rollout}, {o.nodes} node(s), {gpus}, ray {ray}, "
-        f"data {o.dataset or 'synthetic'}, tolerance {o.tolerance:g}"
+    defaults = {d.key: d.value for d in vllm_cpu_defaults(o)}
+    lines = [
+        f"rlbench: model {defaults.get(OPTION_KEYS['rl_model'], o.model)}, rollout {o.rollout}, {o.nodes} node(s), "
+        f"{gpus}, ray {ray}, data {o.dataset or 'synthetic'}, tolerance {o.tolerance:g}"
     ]
+    if defaults:
+        shown = ", ".join(f"{key}={value}" for key, value in defaults.items())
+        lines.append(f"rlbench: {VLLM_ON_CPU} (set the key to change it): {shown}")
+    return lines
 
 
 # ----------------------------------------------------------------------------- markers

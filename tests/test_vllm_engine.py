@@ -2,8 +2,9 @@
 
 The engine tests need vLLM; CI installs the CPU build into a venv of its own and runs this file there
 (README, "vLLM"). Without vLLM they are skipped, and the tests of what a base install does run instead.
-vLLM's CPU attention refuses the tiny preset's head_dim 16, so the model here is a tiny Qwen2 with
-head_dim 64. One engine serves the module (vLLM start-up takes ~10-20 s on 2 cores).
+vLLM's CPU attention refuses the tiny preset's head_dim 16, so the model here is the tiny-hd64 preset
+(heads of 64). One engine serves the module (vLLM start-up takes ~10-20 s on 2 cores). The suites
+with --rl-rollout vllm: tests/test_vllm_suites.py.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import time
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import Qwen2Config
 
-from trainer.batch import Batch, left_pad
+from trainer.batch import Batch, left_pad, right_pad
 from trainer.config import (
     ConfigError,
     RolloutConfig,
@@ -25,8 +26,9 @@ from trainer.config import (
     UnsupportedConfigError,
     build_config,
 )
-from trainer.models.presets import load_tokenizer
+from trainer.models.presets import build_model, load_tokenizer
 from trainer.rollout import RowsRequest, SamplingParams, engine_class, finalize_responses, make_engine
+from trainer.rollout.vllm_engine import PROCESSED, RAW, actor_weights, check_sampling, fitting_logprobs_modes
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason='vLLM is not installed (pip install -e ".[vllm]", README "vLLM")')
@@ -37,29 +39,9 @@ MAX_NEW = 16
 LOGPROB_ATOL = 1e-4
 
 
-def tiny_config(tok) -> Qwen2Config:
-    """A tiny Qwen2 that vLLM's CPU attention accepts: head_dim 64 (the tiny preset's 16 is refused)."""
-    return Qwen2Config(
-        vocab_size=128,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-        bos_token_id=None,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-
-
-def tiny_model(tok, seed: int, liven) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return liven(AutoModelForCausalLM.from_config(tiny_config(tok), dtype=torch.float32)).eval()
+def tiny_model(seed: int, liven) -> torch.nn.Module:
+    """The preset vLLM runs on CPU (tiny-hd64: heads of 64; the tiny preset's 16 is refused)."""
+    return liven(build_model("tiny-hd64", seed=seed)).eval()
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +50,8 @@ def vtok():
 
 
 @pytest.fixture(scope="module")
-def vmodel(vtok, liven) -> torch.nn.Module:
-    return tiny_model(vtok, 0, liven)
+def vmodel(liven) -> torch.nn.Module:
+    return tiny_model(0, liven)
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +181,7 @@ def test_log_probs_match_an_fp32_forward_of_the_same_weights(vengine, vmodel, vt
 @needs_vllm
 def test_reshard_makes_the_engine_sample_from_the_new_weights(vengine, vmodel, vtok, prompts, liven):
     before = generate(vengine, prompts, list(range(8)))
-    updated = tiny_model(vtok, 1, liven)
+    updated = tiny_model(1, liven)
     copied = vengine.sync_from(updated)
     assert copied == sum(p.numel() * p.element_size() for p in updated.parameters())
     after = generate(vengine, prompts, list(range(8)))
@@ -229,7 +211,90 @@ def test_more_than_one_engine_per_worker_is_refused_at_validation():
 
 @needs_vllm
 def test_with_vllm_installed_the_vllm_config_is_valid():
-    assert vllm_config("actor_rollout_ref.rollout.gpu_memory_utilization=0.1")
+    assert vllm_config("actor_rollout_ref.rollout.gpu_memory_utilization=0.1", "actor_rollout_ref.model.path=tiny-hd64")
+
+
+@needs_vllm
+def test_on_cpu_a_head_dim_vllm_refuses_is_refused_at_start_up_naming_presets_that_fit():
+    """vLLM's CPU attention fails inside each worker ("Unsupported CPU attention configuration")."""
+    with pytest.raises(UnsupportedConfigError, match=r"path='tiny' has head_dim 16, which vLLM's CPU attention.*64.*tiny-hd64"):
+        vllm_config()
+
+
+@needs_vllm
+def test_a_qwen2_whose_head_dim_is_not_hidden_over_heads_is_refused(tmp_path):
+    """vLLM's Qwen2 derives head_dim from hidden_size and would build another model."""
+    Qwen2Config(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64,
+    ).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedConfigError, match=r"head_dim 64 x 4 heads is not hidden_size 64"):
+        vllm_config(f"actor_rollout_ref.model.path={tmp_path}")
+
+
+# ----------------------------------------------------------------------------- log-prob modes
+@pytest.mark.parametrize(
+    "sampling, modes",
+    [
+        (SamplingParams(temperature=0.7), (PROCESSED,)),
+        (SamplingParams(), (PROCESSED, RAW)),
+        (SamplingParams(top_k=5), (RAW,)),
+        (SamplingParams(top_p=0.9), (RAW,)),
+        (SamplingParams(temperature=0.7, top_k=5), ()),
+        (SamplingParams(temperature=0.7, top_p=0.9, do_sample=False), (PROCESSED, RAW)),
+    ],
+)
+def test_the_modes_whose_log_prob_is_log_softmax_of_logits_over_t(sampling, modes):
+    assert fitting_logprobs_modes(sampling) == modes
+
+
+def test_top_k_or_top_p_at_another_temperature_is_refused_at_start_up():
+    """vLLM's log-probs there are renormalised over the kept tokens: another quantity than the trainer's."""
+    expected = r"top_k / top_p / temperature with rollout.name=vllm.*use temperature 1.0, or top_k -1 and top_p 1.0"
+    with pytest.raises(UnsupportedConfigError, match=expected):
+        vllm_config("actor_rollout_ref.rollout.top_k=5", "actor_rollout_ref.rollout.temperature=0.7")
+    with pytest.raises(UnsupportedConfigError, match=expected):
+        vllm_config("actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.rollout.temperature=1.2")
+
+
+def test_sampling_that_needs_another_mode_than_the_engine_started_with_is_an_error():
+    assert check_sampling(SamplingParams(top_k=5)) == RAW and check_sampling(SamplingParams(temperature=0.5)) == PROCESSED
+    assert check_sampling(SamplingParams(), started_with=RAW) == RAW
+    with pytest.raises(ValueError, match=r"started with logprobs_mode='processed_logprobs' \(fixed at start-up\).*needs raw_logprobs"):
+        check_sampling(SamplingParams(top_k=5), started_with=PROCESSED)
+
+
+@needs_vllm
+def test_the_engine_refuses_a_request_its_logprobs_mode_does_not_fit(vengine, prompts):
+    """The engine started at temperature 0.7 ("processed_logprobs"); top-k at temperature 1 needs "raw"."""
+    with pytest.raises(ValueError, match="fixed at start-up"):
+        generate(vengine, prompts, list(range(8)), sampling=SamplingParams(top_k=5))
+
+
+# ----------------------------------------------------------------------------- weights and padding
+def test_a_tied_head_is_neither_gathered_nor_sent_twice():
+    """Under FSDP2 the embedding and the tied head are two sharded parameters whose gathers are two
+    tensors; a copy of the head stands for that gather here. It must be left out by name."""
+    model = build_model("tiny-hd64")
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    assert model.config.tie_word_embeddings
+    sent = dict(actor_weights(model, torch.device("cpu")))
+    assert "lm_head.weight" not in sent and "model.embed_tokens.weight" in sent
+    expected = {n: p for n, p in model.named_parameters() if n != "lm_head.weight"}
+    assert sent.keys() == expected.keys()
+    model.config.tie_word_embeddings = False  # untied: the head is a weight of its own
+    assert "lm_head.weight" in dict(actor_weights(model, torch.device("cpu")))
+
+
+def test_right_pad_pads_values_on_the_right_with_a_mask():
+    ids, mask = right_pad([[5, 6, 7], [], [8]], 0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 0], [8, 0, 0]] and mask.tolist() == [[1, 1, 1], [0, 0, 0], [1, 0, 0]]
+    assert ids.dtype == mask.dtype == torch.long
+    values, mask = right_pad([[-0.5], [-1.0, -2.0]], 0.0, width=3, dtype=torch.float32)
+    assert values.dtype == torch.float32 and values.tolist() == [[-0.5, 0.0, 0.0], [-1.0, -2.0, 0.0]]
+    assert mask.tolist() == [[1, 0, 0], [1, 1, 0]]
+    with pytest.raises(ValueError, match="more than the width 1"):
+        right_pad([[1, 2]], 0, width=1)
 
 
 @pytest.mark.skipif(HAVE_VLLM, reason="tests the base install, without vLLM")

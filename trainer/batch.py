@@ -8,6 +8,7 @@ ends a response included, and excludes padding after it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -97,16 +98,31 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def left_pad(sequences: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists to ``width`` (default: the longest); returns (ids, mask)."""
+    return _pad_rows(sequences, pad_id, width, torch.long, left=True)
+
+
+def right_pad(
+    sequences: Sequence[Sequence[float]], pad: float, width: int | None = None, dtype: torch.dtype = torch.long
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad value lists (token ids by default; any ``dtype``) to ``width`` (default: the longest);
+    returns (values, mask), the mask long as left_pad's."""
+    return _pad_rows(sequences, pad, width, dtype, left=False)
+
+
+def _pad_rows(
+    sequences: Sequence[Sequence[float]], pad: float, width: int | None, dtype: torch.dtype, left: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     width = max((len(s) for s in sequences), default=0) if width is None else width
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    values = torch.full((len(sequences), width), pad, dtype=dtype)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
         if len(seq) > width:
             raise ValueError(f"sequence {row} has {len(seq)} tokens, more than the width {width}")
         if seq:
-            ids[row, width - len(seq):] = torch.as_tensor(seq, dtype=torch.long)
-            mask[row, width - len(seq):] = 1
-    return ids, mask
+            span = slice(width - len(seq), width) if left else slice(0, len(seq))
+            values[row, span] = torch.as_tensor(list(seq), dtype=dtype)
+            mask[row, span] = 1
+    return values, mask
 
 
 def concat_batches(parts: list[Batch]) -> Batch:

@@ -1,9 +1,9 @@
 """Model presets (real architectures with random weights) and local model directories.
 
 Presets build the architecture from a config, so nothing is downloaded: ``tiny`` trains in seconds on
-a CPU; ``r1-distill-qwen-1.5b`` and ``r1-distill-qwen-7b`` are the DeepSeek-R1-Distill-Qwen-1.5B
-and -7B architectures (Qwen2, from their Hugging Face config.json). A path loads through
-transformers' ``from_pretrained``.
+a CPU (``tiny-hd64``: a little wider, with heads of 64 for vLLM's CPU attention); ``r1-distill-qwen-1.5b``
+and ``r1-distill-qwen-7b`` are the DeepSeek-R1-Distill-Qwen-1.5B and -7B architectures (Qwen2, from
+their Hugging Face config.json). A path loads through transformers' ``from_pretrained``.
 """
 
 from __future__ import annotations
@@ -42,10 +42,14 @@ ARCH_FIELDS: tuple[str, ...] = (
 )
 # The 1.5B and 7B rows are the config.json of the Hugging Face model cards
 # deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B and deepseek-ai/DeepSeek-R1-Distill-Qwen-7B
-# (head_dim there is hidden_size / num_attention_heads). tiny is ours: a CPU-sized Qwen2.
+# (head_dim there is hidden_size / num_attention_heads). tiny is ours: a CPU-sized Qwen2. tiny-hd64 is
+# the plugin's default model when vLLM rolls out on CPU (pytest_rlbench/config_path.py): vLLM's CPU
+# attention refuses head_dim 16 and takes 64, and vLLM's Qwen2 derives head_dim as hidden_size /
+# num_attention_heads (vllm/model_executor/models/qwen2.py), so the width is 2 heads of 64.
 PRESET_ARCHITECTURES: dict[str, tuple[int | bool, ...]] = {
     # vocab, hidden, ffn, layers, heads, kv heads, head_dim, max positions, tied embeddings
     "tiny": (_round_up(VOCAB_SIZE, 64), 64, 192, 2, 4, 2, 16, 4096, True),
+    "tiny-hd64": (_round_up(VOCAB_SIZE, 64), 128, 256, 2, 2, 1, 64, 4096, True),
     "r1-distill-qwen-1.5b": (151936, 1536, 8960, 28, 12, 2, 128, 131072, False),
     "r1-distill-qwen-7b": (152064, 3584, 18944, 28, 28, 4, 128, 131072, False),
 }

@@ -19,10 +19,13 @@ How the engine maps the trainer's rollout onto vLLM:
 - Stopping: the tokenizer's EOS ids end a row unless rollout.ignore_eos or rollout.target_lengths
   (then each row decodes exactly its target: ``max_tokens`` = target, EOS ignored).
 - Log-probs (``GeneratedRows.log_probs``): ``logprobs=0`` returns the sampled token's log-prob, and
-  vLLM's ``logprobs_mode`` says which: see ``logprobs_mode``.
+  vLLM's ``logprobs_mode``, fixed when the engine starts, says which: see ``fitting_logprobs_modes``.
+  top-k/top-p with a temperature other than 1 is refused (no mode gives the contract), and a request
+  whose sampling needs another mode than the engine started with is an error, never a silent mix.
 - Reshard: vLLM's own in-place weight reload (``Worker.reload_weights`` with a weights iterator, vLLM
   0.32 vllm/v1/worker/gpu_worker.py), called through ``LLM.collective_rpc`` with (name, tensor) pairs
-  of the actor's state dict. The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
+  of the actor's state dict (``lm_head.weight`` left out when tied: vLLM ties it to the embedding, and
+  under FSDP it would be gathered and sent a second time). The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
   set by the engine), so the tensors are handed over by reference: no disk, and on a GPU no trip
   through the host. vLLM's CPU back end then takes over this process's torch.set_num_threads.
 """
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from trainer.batch import right_pad
 from trainer.rollout.base import GeneratedRows, RolloutEngine, RowsRequest, SamplingParams
 from trainer.rollout.sampling import row_hash
 from trainer.workers.fsdp import full_tensor
@@ -51,6 +55,7 @@ EXTRA_HINT = 'pip install -e ".[vllm]" (on a GPU, a vLLM built for your torch; R
 # process, vLLM 0.32 refuses to send ``collective_rpc`` a function ("Object of type <class 'function'>
 # is not serializable") unless VLLM_ALLOW_INSECURE_SERIALIZATION opens pickle to it.
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+TIED_HEAD = "lm_head.weight"  # the output head's checkpoint name in Qwen2/Llama (tied: the embedding)
 _TORCH_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -66,17 +71,45 @@ def require_vllm() -> Any:
     return vllm
 
 
-def logprobs_mode(sampling: SamplingParams) -> str:
-    """vLLM's ``logprobs_mode`` whose value is log softmax(logits / temperature), before top-k/top-p.
+RAW, PROCESSED = "raw_logprobs", "processed_logprobs"
+
+
+def fitting_logprobs_modes(sampling: SamplingParams) -> tuple[str, ...]:
+    """vLLM's ``logprobs_mode`` values whose log-prob is log softmax(logits / temperature), before
+    top-k/top-p (the contract of ``GeneratedRows.log_probs``, docs/fidelity.md), preferred first.
 
     In vLLM 0.32 (vllm/v1/sample/sampler.py) "raw_logprobs" is log softmax(logits) before any
-    processing, and "processed_logprobs" is taken after temperature *and* top-k/top-p. So: without
-    top-k/top-p, "processed_logprobs" is exactly the contract; with them at temperature 1,
-    "raw_logprobs" is; with both, no mode is, and "processed_logprobs" (renormalised over the kept
-    tokens) is the closer one. Greedy decoding returns log softmax(logits) in either mode.
+    processing, and "processed_logprobs" is taken after temperature *and* top-k/top-p. So: greedy, or
+    neither filter at temperature 1, either; no filter, "processed_logprobs"; a filter at temperature
+    1, "raw_logprobs"; a filter at another temperature, none (empty: ``check_sampling`` refuses it).
     """
     filtered = sampling.top_k_or_zero > 0 or sampling.top_p < 1.0
-    return "raw_logprobs" if filtered and sampling.temperature == 1.0 else "processed_logprobs"
+    if not sampling.do_sample or (not filtered and sampling.temperature == 1.0):
+        return (PROCESSED, RAW)
+    if not filtered:
+        return (PROCESSED,)
+    return (RAW,) if sampling.temperature == 1.0 else ()
+
+
+def check_sampling(sampling: SamplingParams, started_with: str | None = None) -> str:
+    """The ``logprobs_mode`` for ``sampling`` (``started_with`` when it fits); raises ValueError when no
+    mode fits, or when the engine's mode, fixed at its start, does not."""
+    modes = fitting_logprobs_modes(sampling)
+    if not modes:
+        raise ValueError(
+            f"vllm rollout: top_k={sampling.top_k} / top_p={sampling.top_p} with temperature={sampling.temperature} "
+            "is not supported: vLLM returns log-probs either before temperature or renormalised over the tokens "
+            "top-k/top-p keep, never log softmax(logits / temperature), so the rollout fidelity figures would "
+            "compare another quantity; use temperature 1.0, or top_k -1 and top_p 1.0"
+        )
+    if started_with is None:
+        return modes[0]
+    if started_with not in modes:
+        raise ValueError(
+            f"vllm rollout: this engine started with logprobs_mode={started_with!r} (fixed at start-up), but "
+            f"sampling {sampling} needs {' or '.join(modes)}: build the engine with this sampling"
+        )
+    return started_with
 
 
 def _reload_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -101,6 +134,64 @@ def _repack_cpu_weights(model: nn.Module) -> None:
             method.process_weights_after_loading(module)
 
 
+def cpu_head_dims() -> list[int] | None:
+    """The head sizes vLLM's CPU attention takes (vllm/v1/attention/backends/cpu_attn.py in 0.32), or
+    None where that back end cannot be imported (then vLLM itself refuses a bad size when it starts)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        return list(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):
+        return None
+
+
+def check_head_dim(model_path: str, on_cpu: bool) -> None:
+    """Raise UnsupportedConfigError for a head width vLLM would get wrong or refuse: vLLM 0.32's Qwen2
+    takes head_dim = hidden_size / num_attention_heads whatever config.json says
+    (vllm/model_executor/models/qwen2.py), and on CPU its attention refuses some sizes (it fails later,
+    inside each worker, with "Unsupported CPU attention configuration")."""
+    from trainer.config.schema import UnsupportedConfigError
+    from trainer.models.presets import PRESETS, ModelError, model_spec
+
+    try:
+        spec = model_spec(model_path)
+    except ModelError:
+        return  # the session names an unusable model itself, with its own message
+    key = f"actor_rollout_ref.model.path={model_path!r}"
+    arch = spec.arch
+    if spec.model_type == "qwen2" and arch.head_dim * arch.num_heads != arch.hidden_size:
+        raise UnsupportedConfigError(
+            f"{key}: head_dim {arch.head_dim} x {arch.num_heads} heads is not hidden_size {arch.hidden_size}; "
+            "vLLM's Qwen2 derives head_dim as hidden_size / num_attention_heads (rollout.name=vllm)"
+        )
+    sizes = cpu_head_dims() if on_cpu else None
+    if sizes is not None and arch.head_dim not in sizes:
+        fits = [name for name, fields in PRESETS.items() if fields["head_dim"] in sizes]
+        raise UnsupportedConfigError(
+            f"{key} has head_dim {arch.head_dim}, which vLLM's CPU attention does not support with "
+            f"rollout.name=vllm (head_dim: {', '.join(map(str, sizes))}); give a model with one of those, "
+            f"e.g. a preset: {', '.join(fits)}"
+        )
+
+
+def actor_weights(actor_model: nn.Module, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    """The actor's (name, full tensor) pairs for vLLM's reload, each gathered whole on ``device`` (an
+    FSDP2 shard: a collective, in the same order on every worker). A tied output head is left out
+    before its gather, as the fast engine's ``LeanWeights.load`` does: vLLM ties it to the embedding
+    itself, and under FSDP the head and the embedding are two sharded parameters whose gathers are two
+    tensors (one data_ptr check after the gather cannot see the tie)."""
+    tied = bool(getattr(getattr(actor_model, "config", None), "tie_word_embeddings", False))
+    seen: set[int] = set()
+    for name, tensor in actor_model.state_dict().items():
+        if tied and name == TIED_HEAD:
+            continue
+        full = full_tensor(tensor, device).detach()
+        if full.data_ptr() in seen:  # another tensor under two names (unsharded): hand it over once
+            continue
+        seen.add(full.data_ptr())
+        yield name, full
+
+
 class VLLMRolloutEngine(RolloutEngine):
     name = "vllm"
 
@@ -115,7 +206,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if tp != 1:
             raise ValueError(f"vllm rollout: tensor_model_parallel_size must be 1 (one engine per worker), got {tp}")
         self.sampling = SamplingParams.from_config(config) if config is not None else SamplingParams()
-        self.logprobs_mode = logprobs_mode(self.sampling)
+        self.logprobs_mode = check_sampling(self.sampling)  # vLLM fixes it for the engine's life
         dtype = next(model.parameters()).dtype
         if dtype not in _TORCH_DTYPES:
             raise ValueError(f"vllm rollout: model dtype {dtype} is not one of {', '.join(_TORCH_DTYPES.values())}")
@@ -146,7 +237,9 @@ class VLLMRolloutEngine(RolloutEngine):
     @staticmethod
     def check_config(cfg: Config) -> None:
         """Start-up checks (config validation calls them through the registry): vLLM installed, one
-        engine per worker, a memory fraction in (0, 1]. Raises ConfigError naming what to change."""
+        engine per worker, a memory fraction in (0, 1], sampling whose log-probs vLLM can return
+        (``check_sampling``), and on CPU a head_dim vLLM's CPU attention takes. Raises ConfigError
+        naming the key and what it may be."""
         from trainer.config.schema import ConfigError, UnsupportedConfigError
 
         rollout = cfg.actor_rollout_ref.rollout
@@ -161,9 +254,15 @@ class VLLMRolloutEngine(RolloutEngine):
                 f"(on vLLM's CPU back end: the fraction of host memory), got {rollout.gpu_memory_utilization}"
             )
         try:
+            check_sampling(SamplingParams.from_config(rollout))
+        except ValueError as exc:
+            keys = "actor_rollout_ref.rollout.top_k / top_p / temperature"
+            raise UnsupportedConfigError(f"{keys} with rollout.name=vllm: {exc}") from None
+        try:
             require_vllm()
         except ImportError as exc:
             raise UnsupportedConfigError(str(exc)) from None
+        check_head_dim(cfg.actor_rollout_ref.model.path, on_cpu=cfg.trainer.device == "cpu")
 
     # ------------------------------------------------------------------ decoding
     def sampling_params(self, request: RowsRequest) -> list[Any]:
@@ -171,6 +270,7 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm import SamplingParams as VLLMSamplingParams
 
         sampling = request.sampling
+        check_sampling(sampling, started_with=self.logprobs_mode)
         stops = list(self.stop_token_ids)
         keys = request.row_keys.tolist()
         # row u * n + j's seed: a 32-bit hash of the step seed and its key (sampling.row_hash)
@@ -208,12 +308,12 @@ class VLLMRolloutEngine(RolloutEngine):
     def _to_rows(self, token_lists: Sequence[Sequence[int]], logprob_lists: Sequence[Any], device: torch.device) -> GeneratedRows:
         """Right-padded tokens and their log-probs [b, longest] from vLLM's per-row lists."""
         width = max(1, max(len(t) for t in token_lists))
-        tokens = torch.full((len(token_lists), width), self.pad_token_id, dtype=torch.long)
-        log_probs = torch.zeros((len(token_lists), width), dtype=torch.float32)
-        for row, (ids, per_position) in enumerate(zip(token_lists, logprob_lists, strict=True)):
-            tokens[row, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
-            values = [position[token].logprob for token, position in zip(ids, per_position, strict=True)]
-            log_probs[row, : len(values)] = torch.as_tensor(values, dtype=torch.float32)
+        values = [
+            [position[token].logprob for token, position in zip(ids, per_position, strict=True)]
+            for ids, per_position in zip(token_lists, logprob_lists, strict=True)
+        ]
+        tokens, _ = right_pad(token_lists, self.pad_token_id, width)
+        log_probs, _ = right_pad(values, 0.0, width, dtype=torch.float32)
         return GeneratedRows(tokens=tokens.to(device), log_probs=log_probs.to(device))
 
     # ------------------------------------------------------------------ reshard
@@ -224,20 +324,10 @@ class VLLMRolloutEngine(RolloutEngine):
         (FSDP2) parameter is gathered whole first, a collective in the same order on every worker.
         """
         self.model = actor_model
-        weights = list(self._full_weights(actor_model))
+        weights = list(actor_weights(actor_model, self.device))
         self.llm.collective_rpc(_reload_weights, args=(weights,))
         self.llm.reset_prefix_cache()  # cached KV of the old weights must not be reused
         return sum(t.numel() * t.element_size() for _, t in weights)
-
-    def _full_weights(self, actor_model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-        device = self.device
-        seen: set[int] = set()
-        for name, tensor in actor_model.state_dict().items():
-            full = full_tensor(tensor, device).detach()
-            if full.data_ptr() in seen:  # a tied tensor under a second name: vLLM ties it itself
-                continue
-            seen.add(full.data_ptr())
-            yield name, full
 
     def load_weights(self, weights: Any) -> int:
         raise NotImplementedError("vllm rollout: weights are loaded with sync_from(actor_model)")
