@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu_suites.sh OUT_DIR step16x8-liger  # the training phases and step with use_liger=True
 #   bash benchmarks/gpu_suites.sh OUT_DIR hf16x8       # the same prompts through the hf engine (generation only)
 #   bash benchmarks/gpu_suites.sh OUT_DIR panel16x8    # fast, hf and static side by side (tokens/s, fidelity)
+#   bash benchmarks/gpu_suites.sh OUT_DIR trl16x8      # the step16x8 step by ours and by TRL's GRPOTrainer, in one
+#                                                      # session, side by side (needs trl: the [trl] extra)
 #   bash benchmarks/gpu_suites.sh OUT_DIR gen128x14k   # 128 responses of 14,336 tokens: generation only
 #   bash benchmarks/gpu_suites.sh OUT_DIR memory       # gradient checkpointing, optimizer offload, param offload
 #   bash benchmarks/gpu_suites.sh OUT_DIR replay-gen replay-gen-uniform replay-step replay-phases
@@ -46,6 +48,14 @@ for shape in "$@"; do
         python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
             suites/test_rollout_panel.py --rl-rollout fast --rl-rollout hf --rl-rollout static \
             --rl-rounds 1 --rl-warmup-rounds 1 --rl-report "$out/panel16x8.json" ;;
+    trl16x8)  # issue 17: both frameworks' whole step, beta 0.001 (kl_loss_coef's default), bf16, phase by
+        # phase from each step's own timing; TRL's step is ~150 s, so 1 warm-up + 1 timed round each and
+        # no phase benchmarks (each would replay TRL's generation). Offline: the model is a preset's
+        # config with random weights, saved locally for TRL; nothing is fetched from the Hub.
+        HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+        python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
+            suites/test_step.py --rl-trainer ours --rl-trainer trl --rl-rollout fast --rl-gpus-per-node 1 \
+            --rl-rounds 1 --rl-warmup-rounds 1 --rl-report "$out/trl16x8.json" ;;
     hf16x8)
         python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
             suites/test_phases.py -k test_generate_sequences \

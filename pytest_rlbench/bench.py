@@ -1,4 +1,5 @@
-"""The benchmark fixtures: the trainer under test, a warmed-up batch, and ``rl_bench``.
+"""The benchmark fixtures: a warmed-up batch and ``rl_bench`` (the trainer under test is
+``pytest_rlbench/frameworks/fixture.py``'s ``rl_trainer``), and how a run is described.
 
 ``rl_bench`` is pytest-benchmark's ``benchmark`` in pedantic mode (fixed rounds after warm-up
 rounds, one call per round) whose timer is ``trainer.timing.device_clock``: the device is drained
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +22,7 @@ import pytest
 
 from pytest_rlbench.cluster import ClusterInfo
 from pytest_rlbench.compare import phase_failures
-from pytest_rlbench.fixtures import RLBenchSession, RLDataset, RLModel, get_session
-from pytest_rlbench.frameworks import OURS_LABEL
+from pytest_rlbench.fixtures import RLBenchSession, RLModel, get_session
 from pytest_rlbench.progress import Progress, round_label
 from pytest_rlbench.record import Hardware, ModelArch, RunConfig, RunRecord, TokenCounts
 from pytest_rlbench.recorder import BenchRecorder, local_hardware, mismatch_failure
@@ -140,35 +140,7 @@ def complete_context(recorder: BenchRecorder, state: RLBenchSession) -> None:
 
 
 # ----------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="session")
-def rl_trainer(
-    pytestconfig: pytest.Config,
-    rl_cluster: ClusterInfo,
-    rl_config: Config,
-    rl_model: RLModel,
-    rl_dataset: RLDataset,
-) -> Iterator[GRPOTrainer]:
-    """The GRPO trainer under test, its workers placed on the cluster (or what a plugin's
-    ``pytest_rlbench_make_trainer`` returns instead). Shut down at the end of the session."""
-    cfg = rl_config  # checkpoints go to the session's temp dir unless the user set the directory
-    trainer = pytestconfig.hook.pytest_rlbench_make_trainer(config=pytestconfig, rl_config=cfg, cluster=rl_cluster)
-    if trainer is None:
-        from trainer.build import build_trainer
-
-        with get_session(pytestconfig).progress().stage("set-up: starting the trainer's workers"):
-            trainer = build_trainer(cfg, get_session(pytestconfig).workdir(), dataset=rl_dataset.prompts)
-    recorder = get_recorder(pytestconfig)
-    recorder.context.framework = getattr(trainer, "framework", OURS_LABEL)  # an adapter names its own
-    recorder.context.differences = list(getattr(trainer, "differences", []))
-    workers = getattr(getattr(trainer, "workers", None), "info", [])
-    recorder.context.hardware = describe_hardware(rl_cluster, cfg, workers)
-    recorder.context.model = describe_model(rl_model, cfg)
-    recorder.context.config = describe_config(cfg)
-    recorder.context.workload = describe_workload(cfg, recorder.context.model)
-    try:
-        yield trainer
-    finally:
-        trainer.shutdown()
+# rl_trainer, one framework at a time, is pytest_rlbench/frameworks/fixture.py's.
 
 
 @dataclass

@@ -4,7 +4,9 @@ a side-by-side reference otherwise.
 Gate or reference (``gate_mismatches``): the work-defining keys must match exactly: the model's
 architecture and dtype, the algorithm, train_batch_size, rollout_n, max prompt and response lengths,
 ppo_epochs; and so must the hardware kind: device, GPU model (or CPU model and cores), GPUs per node,
-nodes and world size. A value the baseline does not state never matches. GPU model names are
+nodes and world size; and a baseline saved from a run of the other framework the suites run
+(``--rl-trainer``: ours or trl) is a reference, never a gate (``frameworks.framework_mismatch``).
+A value the baseline does not state never matches. GPU model names are
 compared as written (case and an "NVIDIA " prefix aside): "H100" and "NVIDIA H100 80GB HBM3" differ,
 because the first may be a PCIe part.
 
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_rlbench.derived import Figure, derive
+from pytest_rlbench.frameworks import framework_mismatch
 from pytest_rlbench.gate_basis import (
     BASIS_FAMILIES,
     SAME_MACHINE,
@@ -142,7 +145,12 @@ def gate_mismatches(run: RunRecord, baseline: RunRecord) -> list[str]:
     Hardware first, then the step's work, then the model (one entry naming the differing fields).
     """
     out = _diff(_hardware_keys(run), _hardware_keys(baseline)) + _diff(_work_keys(run), _work_keys(baseline))
-    return out + model_differences(run.model, baseline.model)
+    return out + model_differences(run.model, baseline.model) + _framework_mismatch(run, baseline)
+
+
+def _framework_mismatch(run: RunRecord, baseline: RunRecord) -> list[str]:
+    """A saved run of the other framework (pytest_rlbench.frameworks): a reference, never a gate."""
+    return framework_mismatch(run.provenance.framework, baseline.provenance.framework)
 
 
 # --- A run against a baseline. ----------------------------------------------------------------------
@@ -209,7 +217,8 @@ def compare(run: RunRecord, baseline: RunRecord, tolerance: float = DEFAULT_TOLE
     """Compare ``run`` with ``baseline``: a gate on the same machine, a per-GPU gate on the same per-GPU
     work, else a reference; one Comparison per metric."""
     mismatches = gate_mismatches(run, baseline)
-    if mismatches and run.workload is not None and baseline.workload is not None:
+    other_framework = _framework_mismatch(run, baseline)
+    if mismatches and not other_framework and run.workload is not None and baseline.workload is not None:
         basis, mismatches = per_gpu_gate(run, baseline)
         if basis is not None:
             return _per_gpu_compare(run, baseline, basis, tolerance)

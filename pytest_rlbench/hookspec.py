@@ -64,10 +64,13 @@ def pytest_rlbench_update_config(config: pytest.Config, rl_config: Config) -> No
 
 
 @hookspec(firstresult=True)
-def pytest_rlbench_make_trainer(config: pytest.Config, rl_config: Config, cluster: ClusterInfo) -> Any | None:
+def pytest_rlbench_make_trainer(
+    config: pytest.Config, rl_config: Config, cluster: ClusterInfo, rl_framework: str
+) -> Any | None:
     """Make the trainer under test, replacing the bundled GRPO trainer.
 
-    Called by the ``rl_trainer`` fixture, once per session, when a test first asks for the trainer;
+    Called by the ``rl_trainer`` fixture, once per session and framework (``--rl-trainer``; once
+    for each when several are given), when a test first asks for the trainer;
     Ray is connected and the cluster has passed the start-up checks. Stops at the first
     implementation that returns something other than None (``firstresult``); that object is the
     trainer the phase benchmarks drive, so it must offer the bundled trainer's phase methods. Return
@@ -77,11 +80,13 @@ def pytest_rlbench_make_trainer(config: pytest.Config, rl_config: Config, cluste
 
     Optional attributes of the trainer: ``framework`` (the record's ``provenance.framework``, e.g.
     "trl 1.16.0"), ``differences`` (settings it could not take as configured, listed in the record and
-    the report), and ``absent_phases`` (phase key -> reason: those benchmarks are skipped with it).
+    the report), and ``absent_phases`` (phase key -> reason: those benchmarks are skipped with it and
+    the report says "absent"; pytest_rlbench/frameworks/phase_skips.py).
 
     :param config: The pytest config object.
     :param rl_config: The trainer config built from the options.
     :param cluster: What the cluster has (address, nodes, GPUs).
+    :param rl_framework: The ``--rl-trainer`` name being built ("ours", "trl").
 
     Use it in a conftest.py to benchmark your own trainer against the same baselines::
 
@@ -94,7 +99,7 @@ def pytest_rlbench_make_trainer(config: pytest.Config, rl_config: Config, cluste
 def pytest_rlbench_update_run_record(config: pytest.Config, record: dict[str, Any]) -> None:
     """Add to a run's record before it is saved as a baseline or compared.
 
-    Called once per session, after the last benchmark, with the record of this run (the baseline
+    Called once per session and framework (``--rl-trainer``), after the last benchmark, with the record of this run (the baseline
     file's format: provenance, hardware, model, configuration, per-phase measurements). Change
     ``record`` in place, for example to add provenance the plugin cannot know; the return value is
     ignored. The record is then compared with the baselines and, with ``--rl-save-baseline``, saved.

@@ -98,22 +98,18 @@ def check_baseline(raw: RawValue, text: str) -> str:
     return str(path) if path.is_file() else text
 
 
-def check_trainer(given: list[str], source: str) -> str:
-    """The one framework --rl-trainer names, known and installed (found, not imported: cheap)."""
-    names = list(dict.fromkeys(str(v).strip() for v in given))
-    if len(names) > 1:
-        raise OptionError(
-            f"{source}: {' and '.join(names)} in one session is not supported yet; run one session per "
-            "framework (--rl-save-baseline in one, --rl-baseline in the other)"
-        )
-    name = names[0]
-    if name not in FRAMEWORKS:
-        raise OptionError(
-            f"{source}={name!r} is not a framework the suites can run; "
-            f"expected one of {', '.join(FRAMEWORKS)}"
-        )
-    if name == TRL and importlib.util.find_spec("trl") is None:
-        raise OptionError(
-            f"{source}={name!r} needs TRL, which is not installed: pip install 'pytest-rlbench[trl]'"
-        )
-    return name
+def check_trainers(given: list[str], source: str) -> tuple[str, ...]:
+    """The frameworks --rl-trainer names, in the order given (repeats dropped), each known and
+    installed (found, not imported: cheap). Several run in one session, one after the other."""
+    names = tuple(dict.fromkeys(str(v).strip() for v in given))
+    for name in names:
+        if name not in FRAMEWORKS:
+            raise OptionError(
+                f"{source}={name!r} is not a framework the suites can run; "
+                f"expected one of {', '.join(FRAMEWORKS)}"
+            )
+        if name == TRL and importlib.util.find_spec("trl") is None:
+            raise OptionError(
+                f"{source}={name!r} needs TRL, which is not installed: pip install 'pytest-rlbench[trl]'"
+            )
+    return names

@@ -137,7 +137,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--rl-trainer",
         "multi",
         "Framework whose trainer the suites run: ours (the bundled GRPO trainer) or trl (TRL's "
-        "GRPOTrainer on the same model, data, reward and batch; pip install 'pytest-rlbench[trl]') (default ours).",
+        "GRPOTrainer on the same model, data, reward and batch; pip install 'pytest-rlbench[trl]') (default ours); "
+        "repeat it to run each in turn in one session, reported side by side.",
         "ours|trl",
     ),
     OptionSpec("--rl-report", "str", "Write the benchmark report as JSON to this file.", "PATH"),

@@ -34,7 +34,7 @@ from pytest_rlbench.option_checks import (
     check_dataset,
     check_model,
     check_rollouts,
-    check_trainer,
+    check_trainers,
 )
 from pytest_rlbench.option_table import (
     DEFAULT_ROLLOUT,
@@ -80,9 +80,17 @@ class RLBenchOptions:
     save_baseline: Path | None = None
     ray_timeout: float = DEFAULT_TIMEOUT_S
     phase_timeout: float = TrainerSection.phase_timeout_s
-    trainer: str = OURS  # the framework whose trainer the suites run (--rl-trainer)
+    # The frameworks whose trainers the suites run (--rl-trainer, in order): with several, every test
+    # that uses the trainer runs once per framework (ids [ours], [trl]) and each has its own record.
+    trainers: tuple[str, ...] = (OURS,)
     progress: str = PROGRESS_MODES[0]  # --rl-progress: auto, on, off
     sources: Mapping[str, str] = field(default_factory=dict)  # dest -> where the value came from
+
+    @property
+    def trainer(self) -> str:
+        """The first framework: the one whose record is the report's top level and keeps the
+        --rl-save-baseline path as given."""
+        return self.trainers[0]
 
     @property
     def embedded(self) -> bool:
@@ -112,6 +120,7 @@ class RLBenchOptions:
             "report": str(self.report) if self.report else None,
             "save_baseline": str(self.save_baseline) if self.save_baseline else None,
             "trainer": self.trainer,
+            "trainers": list(self.trainers),
         }
 
 
@@ -250,7 +259,7 @@ def parse_options(
         save_baseline=values.output_path(r) if (r := get("rl_save_baseline")) else None,
         ray_timeout=values.seconds(r, "a timeout") if (r := get("rl_ray_timeout")) else DEFAULT_TIMEOUT_S,
         phase_timeout=phase_timeout,
-        trainer=check_trainer(r.value, r.source) if (r := get("rl_trainer")) else OURS,
+        trainers=check_trainers(r.value, r.source) if (r := get("rl_trainer")) else (OURS,),
         progress=values.progress_mode(r) if (r := get("rl_progress")) else PROGRESS_MODES[0],
         sources=sources,
     )

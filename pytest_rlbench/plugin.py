@@ -8,19 +8,23 @@ Loaded through the ``pytest11`` entry point. The order of a session:
 4. ``pytest_collection_finish``: if any selected test uses an rl_* fixture, the resources those tests
    need (model, data set, trainer config, Ray cluster) are built and checked before the first test
    runs; a failure ends the session at once (exit 4) with a message naming what is wrong.
-5. the tests: ``rl_bench`` records each phase's timed rounds and judges that phase against every
+5. the tests (once per framework when ``--rl-trainer`` names several, ids ``[ours]``/``[trl]``; a
+   phase the trainer cannot time is skipped with the reason, ``frameworks/phase_skips.py``):
+   ``rl_bench`` records each phase's timed rounds and judges that phase against every
    baseline at once (pytest_rlbench/bench.py): a regression fails the test that timed the phase, so
    pytest counts it as failed and ``-x`` and ``--lf`` see it; phases the baselines have but the
    session did not run (``-k``) are "not run", neither pass nor fail.
 6. ``pytest_sessionfinish`` (last: after the session fixtures' teardown stopped the trainer's
-   workers): the run record is built and compared with every baseline; the JSON report, its chart
-   and the saved baseline are written, each on its own (pytest_rlbench/outputs.py); the baseline only
+   workers): the run record (one per ``--rl-trainer`` framework) is built and compared with every
+   baseline; the JSON report, its chart and the saved baseline are written, each on its own
+   (pytest_rlbench/outputs.py, pytest_rlbench/frameworks/session.py); the baseline only
    when every selected test passed and the session was not interrupted. A regression (of a phase,
    already a failed test, or of a custom metric, judged only here) or an output that could not be
    written makes the exit status 1. Then Ray is stopped, every process of an
    embedded Ray included (an atexit guard covers harder exits).
-7. ``pytest_terminal_summary``: the comparison table, consistency findings, files written and files
-   not written (one line each, with the reason).
+7. ``pytest_terminal_summary``: the comparison table (with several frameworks, first a table of them
+   side by side, phase by phase), consistency findings, files written and files not written (one
+   line each, with the reason).
 
 Signals and dead workers are handled by ``pytest_rlbench.faults`` (registered in pytest_configure).
 """
@@ -38,12 +42,10 @@ from pytest_rlbench.baselines import load_baseline
 from pytest_rlbench.bench import (  # noqa: F401  (fixtures are found as attributes of the plugin)
     BASELINES_KEY,
     RECORDER_KEY,
-    complete_context,
     get_recorder,
     rl_batch,
     rl_bench,
     rl_prompts,
-    rl_trainer,
 )
 from pytest_rlbench.config_path import OPTION_KEYS, VLLM_ON_CPU, vllm_cpu_defaults
 from pytest_rlbench.faults import FaultHandling
@@ -59,13 +61,16 @@ from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attr
     rl_options,
 )
 from pytest_rlbench.frameworks import hooks as framework_hooks
+from pytest_rlbench.frameworks.fixture import rl_framework, rl_trainer  # noqa: F401  (fixtures, as above)
+from pytest_rlbench.frameworks.phase_skips import absent_phases
+from pytest_rlbench.frameworks.session import extra_outputs, finish_frameworks, install_recorders
+from pytest_rlbench.frameworks.side_by_side import session_lines
 from pytest_rlbench.option_table import OPTIONS
 from pytest_rlbench.options import OptionError, RawValue, parse_options
 from pytest_rlbench.outputs import clashing_outputs
 from pytest_rlbench.record import BaselineError, RunRecord, record_from_dict
-from pytest_rlbench.recorder import BenchRecorder, SessionOutcome
+from pytest_rlbench.recorder import SessionOutcome
 from pytest_rlbench.report_chart import chart_path_for
-from pytest_rlbench.report_terminal import terminal_lines
 from trainer.phases import PHASE_KEYS
 
 # Compared with when no --rl-baseline is given: VERL's and RLinf's published runs, as references.
@@ -141,6 +146,7 @@ def pytest_configure(config: pytest.Config) -> None:
             opts.source_of("rl_report"): opts.report,
             "the report's chart": chart_path_for(opts.report) if opts.report else None,
             opts.source_of("rl_save_baseline"): opts.save_baseline,
+            **extra_outputs(opts),  # each further --rl-trainer framework's baseline file
         }
     )
     if clash:
@@ -150,8 +156,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(FaultHandling(config), FaultHandling.NAME)
     config.pluginmanager.register(framework_hooks, framework_hooks.NAME)  # --rl-trainer
     config.stash[BASELINES_KEY] = load_baselines(session)
-    name = opts.save_baseline.stem if opts.save_baseline else "this-run"
-    config.stash[RECORDER_KEY] = BenchRecorder(name, config.rootpath)
+    install_recorders(config, opts)  # one per --rl-trainer framework
 
 
 def load_baselines(session: RLBenchSession) -> list[RunRecord]:
@@ -242,6 +247,16 @@ def pytest_pycollect_makeitem(
     return result
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    # One rule (frameworks/phase_skips.py) for the phases a trainer cannot time: skipped with its reason.
+    phase = phase_of(item)
+    trainer = getattr(item, "funcargs", {}).get("rl_trainer")
+    reason = absent_phases(trainer).get(phase) if phase is not None and trainer is not None else None
+    if reason:
+        pytest.skip(reason)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     session = item.config.stash.get(SESSION_KEY, None)
     if item.get_closest_marker(GPU_MARKER) is not None and not (session and session.opts.gpu):
@@ -277,10 +292,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = config.stash.get(SESSION_KEY, None)
     if state is None:
         return
-    recorder = config.stash.get(RECORDER_KEY, None)
     try:
-        if recorder is not None and recorder.measured_anything:
-            outcome = finish_run(config, state, recorder, incomplete_reason(session))
+        # each --rl-trainer framework's run compared, reported and saved (frameworks/session.py)
+        outcome = finish_frameworks(config, state, incomplete_reason(session)) if RECORDER_KEY in config.stash else None
+        if outcome is not None:
             config.stash[OUTCOME_KEY] = outcome
             failed = outcome.regressions or outcome.write_failed
             if failed and session.exitstatus == pytest.ExitCode.OK:
@@ -301,23 +316,6 @@ def incomplete_reason(session: pytest.Session) -> str | None:
     return None
 
 
-def finish_run(
-    config: pytest.Config, state: RLBenchSession, recorder: BenchRecorder, incomplete: str | None = None
-) -> SessionOutcome:
-    """Describe what the trainer fixtures did not (a run of rl_bench alone), then compare and report."""
-    complete_context(recorder, state)
-    opts = state.opts
-    return recorder.finish(
-        config.stash[BASELINES_KEY],
-        opts.tolerance,
-        opts.report,
-        opts.save_baseline,
-        update_record=lambda record: config.hook.pytest_rlbench_update_run_record(config=config, record=record),
-        update_report=lambda report: config.hook.pytest_rlbench_update_report(config=config, report=report),
-        incomplete=incomplete,
-    )
-
-
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     outcome = config.stash.get(OUTCOME_KEY, None)
     if outcome is None:
@@ -326,7 +324,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     session = config.stash.get(SESSION_KEY, None)
     for note in session.replay_notes if session is not None else []:
         terminalreporter.write_line(note)
-    for line in terminal_lines(outcome.results, outcome.findings, config.option.verbose > 0, outcome.run):
+    for line in session_lines(outcome, config.option.verbose > 0):  # several frameworks side by side
         terminalreporter.write_line(line)
     for path in outcome.written:
         terminalreporter.write_line(f"wrote {path}")

@@ -76,6 +76,9 @@ class Provenance:
     notes: list[str] = field(default_factory=list)
     # Settings the framework could not be given as the suites' config has them (an adapter's list).
     differences: list[str] | None = field(default=None, metadata={"omit_default": True})
+    # Phase key -> why the run has no time of its own for it (pytest_rlbench.frameworks.phase_skips):
+    # reported as absent, never as "not run".
+    absent_phases: dict[str, str] | None = field(default=None, metadata={"omit_default": True})
 
 
 @dataclass
@@ -220,6 +223,10 @@ def _check_record(rec: RunRecord, problems: list[str]) -> None:
     _check_tokens(rec.tokens, "$.tokens", problems)
     if rec.workload is not None:
         check_workload(rec.workload, hw.world_size, "$.workload", problems)
+    for key in rec.provenance.absent_phases or {}:
+        if key not in PHASE_KEYS or key in rec.phases:
+            why = "a timed phase" if key in PHASE_KEYS else "not a phase key"
+            problems.append(f"$.provenance.absent_phases.{key}: expected an untimed phase key, found {why}")
     for key, phase in rec.phases.items():
         if key not in PHASE_KEYS:
             problems.append(f"$.phases.{key}: unknown phase key; expected one of: {', '.join(PHASE_KEYS)}")

@@ -59,6 +59,7 @@ class RunContext:
     workload: Workload | None = None  # what the run was configured to do (pytest_rlbench.workload)
     framework: str = OURS_LABEL  # whose trainer ran: "pytest-rlbench", "trl 1.16.0"
     differences: list[str] = field(default_factory=list)  # settings its adapter could not make equal
+    absent_phases: dict[str, str] = field(default_factory=dict)  # phase -> why the trainer cannot time it
 
 
 @dataclass
@@ -69,10 +70,12 @@ class SessionOutcome:
     written: list[Path] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # outputs not written, one line each
     write_failed: bool = False  # an output could not be written (the exit status says so)
+    step_breakdown: list[dict[str, float]] = field(default_factory=list)  # whole-step rounds' own timing
+    others: list[SessionOutcome] = field(default_factory=list)  # the further --rl-trainer frameworks'
 
     @property
     def regressions(self) -> list[str]:
-        return [c.message for r in self.results for c in r.failures]
+        return [c.message for r in self.results for c in r.failures] + [m for o in self.others for m in o.regressions]
 
 
 def git_commit(cwd: Path) -> str | None:
@@ -181,6 +184,7 @@ class BenchRecorder:
                 notes=notes,
                 framework=ctx.framework,
                 differences=ctx.differences or None,
+                absent_phases={k: v for k, v in ctx.absent_phases.items() if k not in self.phases} or None,
             ),
             hardware=ctx.hardware,
             model=ctx.model,
@@ -222,7 +226,7 @@ class BenchRecorder:
             run = record_from_dict(data, source="the run record after pytest_rlbench_update_run_record")
         results = compare_all(run, baselines, tolerance)
         findings = [f for b in baselines for f in check_record(b)]
-        outcome = SessionOutcome(run, results, findings)
+        outcome = SessionOutcome(run, results, findings, step_breakdown=list(self.step_breakdown))
         if save_path is not None and incomplete is not None:
             outcome.problems.append(f"baseline not saved to {str(save_path)!r}: {incomplete}")
         elif save_path is not None:

@@ -12,7 +12,10 @@ with each baseline, and the consistency findings.
      "consistency": [{"record", "figure", "label", "published", "unit", "verdict", "detail",
                       "interpretations": [...]}]}
 
-Every phase key (trainer.phases.PHASE_KEYS) is present under "phases", with "seconds": null where the run did not time it.
+Every phase key (trainer.phases.PHASE_KEYS) is present under "phases", with "seconds": null where the run did not time it,
+and "absent": the reason where its trainer cannot time it (a phase its framework does not separate).
+A session of several frameworks (--rl-trainer ours --rl-trainer trl) adds "frameworks": each
+framework's own report of this shape (pytest_rlbench.frameworks.session), the first one's also at the top.
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ def _figure_json(fig: Figure) -> dict[str, Any]:
     return {"value": fig.value, "unit": fig.unit, "basis": fig.basis, "reason": fig.reason}
 
 
-def phases_json(figures: dict[str, Figure]) -> dict[str, Any]:
-    """Each phase key: its seconds (null when not timed) and its derived figures by family."""
+def phases_json(figures: dict[str, Figure], absent: dict[str, str] | None = None) -> dict[str, Any]:
+    """Each phase key: its seconds (null when not timed) and its derived figures by family; a phase
+    the trainer cannot time (``absent``: the record's provenance.absent_phases) says why under "absent"."""
     out: dict[str, Any] = {}
     for key in PHASE_KEYS:
         timed = figures.get(f"{TIMING}/{key}")
@@ -48,6 +52,8 @@ def phases_json(figures: dict[str, Figure]) -> dict[str, Any]:
             seconds = {"median": timed.value, "min": min(timed.samples), "max": max(timed.samples), "samples": list(timed.samples)}
         derived = {f.family: _figure_json(f) for f in figures.values() if f.phase == key and f.family != TIMING}
         out[key] = {"seconds": seconds, "figures": derived}
+        if absent and key in absent:
+            out[key]["absent"] = absent[key]
     return out
 
 
@@ -64,7 +70,7 @@ def build_report(
         "format_version": REPORT_FORMAT_VERSION,
         "passed": all(r.passed for r in results),
         "run": {k: record[k] for k in RUN_SECTIONS if k in record},
-        "phases": phases_json(figures),
+        "phases": phases_json(figures, run.provenance.absent_phases),
         "metrics": {
             name: {"value": figures[name].value, "unit": m.unit, "samples": m.value} for name, m in run.metrics.items()
         },

@@ -1,6 +1,8 @@
 """One benchmark per phase of a GRPO step, each timed on the batch that a warm-up step produced.
 
-Run on the embedded default with ``pytest suites/``; every test's rounds are compared with the
+Run on the embedded default with ``pytest suites/``; a phase the trainer cannot time (no reference
+model, or a phase another framework does not separate) is skipped by the plugin with the reason
+(pytest_rlbench/frameworks/phase_skips.py). Every test's rounds are compared with the
 baselines at the end of the session (``--rl-baseline``; default: VERL's and RLinf's published runs as
 references). The work comes from the trainer's configuration: ``--rl-config data.train_batch_size=...``,
 ``actor_rollout_ref.rollout.n=...``, ``data.max_response_length=...`` and the other VERL keys.
@@ -51,8 +53,7 @@ def test_old_log_prob(rl_trainer, rl_batch, rl_bench):
 
 @pytest.mark.rl_phase("ref")
 def test_ref(rl_trainer, rl_batch, rl_bench):
-    if not rl_trainer.uses_ref:
-        pytest.skip("no reference model in this configuration: set actor_rollout_ref.actor.use_kl_loss=True")
+    """The reference model's log-probs (skipped by the plugin without one: set use_kl_loss=True)."""
     logp = rl_bench(lambda: rl_trainer.compute_ref_log_prob(rl_batch.batch), tokens=rl_batch.tokens)
     assert logp.shape == rl_batch.batch.response_ids.shape
 

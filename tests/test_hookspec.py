@@ -94,7 +94,9 @@ def test_hooks(request, rl_config):
     from conftest import inline_baseline
 
     assert get_session(config).baselines() == ["verl-7b", "verl-v0.5.0-1.5b", inline_baseline()]
-    trainer = config.hook.pytest_rlbench_make_trainer(config=config, rl_config=rl_config, cluster="the-cluster")
+    trainer = config.hook.pytest_rlbench_make_trainer(
+        config=config, rl_config=rl_config, cluster="the-cluster", rl_framework="ours"
+    )
     assert type(trainer).__name__ == "Trainer" and trainer.cluster == "the-cluster"
     record = {}
     config.hook.pytest_rlbench_update_run_record(config=config, record=record)

@@ -1,8 +1,8 @@
 """The plugin's own hook implementations for other frameworks (registered in pytest_configure).
 
 ``pytest_rlbench_make_trainer`` builds the adapter that ``--rl-trainer`` names; it runs last, so a
-conftest.py's own trainer still wins. ``pytest_runtest_call`` skips a phase benchmark whose trainer
-lists the phase in ``absent_phases`` (a phase the framework does not separate is never invented).
+conftest.py's own trainer still wins. ``pytest_generate_tests`` runs every test that uses the
+trainer once per framework when ``--rl-trainer`` names several (``fixture.rl_framework``).
 """
 
 from __future__ import annotations
@@ -21,23 +21,23 @@ NAME = "rlbench-frameworks"
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_rlbench_make_trainer(config: pytest.Config, rl_config: Config, cluster: ClusterInfo) -> Any | None:
-    from pytest_rlbench.fixtures import get_session
-
-    session = get_session(config)
-    if session.opts.trainer != TRL:
+def pytest_rlbench_make_trainer(
+    config: pytest.Config, rl_config: Config, cluster: ClusterInfo, rl_framework: str
+) -> Any | None:
+    if rl_framework != TRL:
         return None
+    from pytest_rlbench.fixtures import get_session
     from pytest_rlbench.frameworks.trl_adapter import TRLAdapter
 
+    session = get_session(config)
     return TRLAdapter(rl_config, session.dataset().prompts, session.workdir())
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item: pytest.Item) -> None:
-    mark = item.get_closest_marker("rl_phase")
-    trainer = getattr(item, "funcargs", {}).get("rl_trainer")
-    if mark is None or trainer is None:
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "rl_framework" not in metafunc.fixturenames:
         return
-    reason = getattr(trainer, "absent_phases", {}).get(mark.args[0])
-    if reason:
-        pytest.skip(reason)
+    from pytest_rlbench.fixtures import get_session
+
+    frameworks = get_session(metafunc.config).opts.trainers
+    if len(frameworks) > 1:  # session scope: pytest groups the tests by framework, one trainer at a time
+        metafunc.parametrize("rl_framework", frameworks, indirect=True, ids=frameworks, scope="session")

@@ -17,7 +17,8 @@ TRL is reimplemented: its own methods are wrapped on the instance and timed with
 
 The phase benchmarks call the same TRL methods again on what the last step captured (the suites
 time our phases on the warm-up step's batch the same way). Phases TRL does not separate are in
-``absent_phases``, with the reason the suites skip them for.
+``absent_phases``, with the reason; the plugin skips them and reports them as absent
+(``pytest_rlbench/frameworks/phase_skips.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import torch
 from pytest_rlbench.frameworks.trl_settings import TRLPlan, trl_plan
 from trainer.config import Config
 from trainer.data.loader import PromptBatch, PromptDataset, PromptRow
-from trainer.data.validate import read_valid_rows
 from trainer.driver.grpo_trainer import StepResult
 from trainer.driver.reward import score_batch, scores_to_token_rewards
 from trainer.driver.step_figures import BatchTokens, tokens_from_lengths
@@ -105,7 +105,6 @@ class TRLAdapter:
                 "tokenizes the whole conversation"
             )
         self.tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
-        self._conversations = self._read_conversations(dataset)
         rows = [self._row(p) for p in dataset.prompts]
         self.trl = trl.GRPOTrainer(
             model=self._model_dir(workdir),
@@ -131,12 +130,6 @@ class TRLAdapter:
         if not is_preset(path):
             return path
         return str(save_preset(path, workdir / f"trl-model-{path}", seed=self.cfg.trainer.seed))
-
-    def _read_conversations(self, dataset: PromptDataset) -> dict[int, list[dict[str, str]]]:
-        """Each prompt's chat messages from the parquet file (TRL applies the chat template itself)."""
-        rows = read_valid_rows(Path(self.cfg.data.train_files[0]))
-        key = self.cfg.data.prompt_key
-        return {p.row: [dict(m) for m in rows[p.row][key]] for p in dataset.prompts}
 
     def _instrument(self) -> None:
         t = self.trl
@@ -216,22 +209,34 @@ class TRLAdapter:
         inputs = self._inputs(prompts)
         timer = PhaseTimer()
         self._timer, self._captured = timer, {}
-        t, plan = self.trl, self.plan
-        t.current_gradient_accumulation_steps = plan.grad_accum
-        norms = []
+        t = self.trl
+        t.current_gradient_accumulation_steps = self.plan.grad_accum
         try:
             with timer.phase("step"):
-                for i in range(plan.micro_steps * t.num_iterations):
-                    t.training_step(t.model, inputs, None)
-                    if (i + 1) % plan.grad_accum == 0:
-                        norms.append(self._optimizer_step())
+                count = self.plan.micro_steps * t.num_iterations
+                norms = self._accumulate(lambda _: t.training_step(t.model, inputs, None), count)
         finally:
             self._timer = None
         self.global_step += 1
         self.last_batch = self._rollout(self._captured["generate"][2], inputs)
-        scores = self._captured["reward"][2].nansum(dim=1)
+        scores = self._weighted_scores(self._captured["reward"][2])
         metrics = {"actor/grad_norm": norms[-1], "critic/score/mean": float(scores.mean())}
         return StepResult(self.global_step, dict(timer.seconds), metrics, self.batch_tokens(self.last_batch))
+
+    def _accumulate(self, micro_step: Callable[[int], Any], count: int) -> list[float]:
+        """``count`` micro-batches (``micro_step(i)`` each), the optimizer stepped after every
+        ``gradient_accumulation_steps`` of them; the gradient norm of each optimizer step."""
+        norms = []
+        for i in range(count):
+            micro_step(i)
+            if (i + 1) % self.plan.grad_accum == 0:
+                norms.append(self._optimizer_step())
+        return norms
+
+    def _weighted_scores(self, per_func: torch.Tensor) -> torch.Tensor:
+        """Each response's reward as TRL's _generate_and_score_completions sums it: every reward
+        function's column times its ``reward_weights`` entry, NaN (no score) counting as 0."""
+        return (per_func * self.trl.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1).float().cpu()
 
     def _optimizer_step(self) -> float:
         """transformers' Trainer._run_epoch after the accumulated micro-batches: clip, step, zero."""
@@ -254,8 +259,9 @@ class TRLAdapter:
         return [row for row in rows for _ in range(n)]
 
     def _row(self, prompt: PromptRow) -> dict[str, Any]:
-        """A data set row as TRL reads it: the conversation, and the reward's ground truth column."""
-        return {"prompt": self._conversations[prompt.row], "ground_truth": prompt.ground_truth}
+        """A data set row as TRL reads it: the conversation (the messages our loader templated, from
+        whichever train file the prompt came), and the reward's ground truth column."""
+        return {"prompt": [dict(m) for m in prompt.messages], "ground_truth": prompt.ground_truth}
 
     def _rollout(self, out: tuple[Any, ...], inputs: list[dict[str, Any]]) -> TRLRollout:
         """The suites' view of what ``_generate`` returned for ``inputs``."""
@@ -283,8 +289,7 @@ class TRLAdapter:
         per_func = self.trl._calculate_rewards(
             batch.inputs, batch.prompts, batch.completions, batch.completion_ids
         )
-        scores = (per_func * self.trl.reward_weights.to(per_func.device)).nansum(dim=1).float().cpu()
-        batch.token_level_scores = scores_to_token_rewards(scores, batch.response_mask)
+        batch.token_level_scores = scores_to_token_rewards(self._weighted_scores(per_func), batch.response_mask)
         return batch
 
     def _replay_log_probs(self, key: str) -> torch.Tensor:
@@ -303,17 +308,16 @@ class TRLAdapter:
         """TRL's update on the last step's micro-batches: what training_step does after its
         _prepare_inputs (compute_loss, the loss scaled for accumulation, backward), then the
         optimizer steps."""
-        t, plan = self.trl, self.plan
+        t = self.trl
         t.model.train()
-        norms = []
         micro_batches = list(t._buffered_inputs) * t.num_iterations
-        for i, inputs in enumerate(micro_batches):
+
+        def loss_backward(i: int) -> None:
             with t.compute_loss_context_manager():
-                loss = t.compute_loss(t.model, inputs)
-            t.accelerator.backward(loss / plan.grad_accum)
-            if (i + 1) % plan.grad_accum == 0:
-                norms.append(self._optimizer_step())
-        return {"actor/grad_norm": norms[-1]}
+                loss = t.compute_loss(t.model, micro_batches[i])
+            t.accelerator.backward(loss / self.plan.grad_accum)
+
+        return {"actor/grad_norm": self._accumulate(loss_backward, len(micro_batches))[-1]}
 
     def save_checkpoint(self) -> Path:
         raise NotImplementedError(self.absent_phases["save_checkpoint"])

@@ -34,7 +34,8 @@ class PromptRow:
     """One prompt, ready for rollout.
 
     row: its position in the source; index: extra_info.index (row when absent); uid: the id GRPO
-    groups this prompt's responses by (unique within the data set)."""
+    groups this prompt's responses by (unique within the data set); messages: the chat messages the
+    ids were templated from (for a framework that applies the chat template itself, e.g. TRL)."""
 
     row: int
     index: int
@@ -43,6 +44,7 @@ class PromptRow:
     ground_truth: str
     data_source: str
     truncated: bool = False
+    messages: tuple[dict[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

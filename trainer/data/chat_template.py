@@ -12,8 +12,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-def _messages(prompt: Any) -> list[dict[str, str]]:
-    # Plain dicts with only role and content: parquet and pandas hand back other shapes.
+def prompt_messages(prompt: Any) -> list[dict[str, str]]:
+    """A row's prompt as chat messages: plain dicts with only role and content (parquet and pandas
+    hand back other shapes)."""
     return [{"role": m["role"], "content": m["content"]} for m in prompt]
 
 
@@ -31,7 +32,7 @@ def template_prompts(
     for i, row in enumerate(rows):
         try:
             text = tokenizer.apply_chat_template(
-                _messages(row["prompt"]), add_generation_prompt=True, tokenize=False
+                prompt_messages(row["prompt"]), add_generation_prompt=True, tokenize=False
             )
         except Exception as exc:  # jinja raises its own types, e.g. for roles a template refuses
             problems.append(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainer.data.batches import BatchIterator, LoaderState, PromptBatch, PromptRow, epoch_order
-from trainer.data.chat_template import template_prompts
+from trainer.data.chat_template import prompt_messages, template_prompts
 from trainer.data.truncation import (
     SHOWN_ROWS,
     TRUNCATION_MODES,
@@ -142,6 +142,7 @@ def load_prompts(
                 ground_truth=row["reward_model"]["ground_truth"],
                 data_source=row["data_source"],
                 truncated=len(ids) > max_prompt_length,
+                messages=tuple(prompt_messages(row["prompt"])),
             )
         )
     dataset = PromptDataset(name, max_prompt_length, truncation, prompts, dropped, num_rows=len(rows))
