@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from pytest_rlbench.frameworks.trl_settings import TRLPlan, trl_plan
+from trainer.batch import right_pad
 from trainer.config import Config
 from trainer.data.loader import PromptBatch, PromptDataset, PromptRow
 from trainer.driver.grpo_trainer import StepResult
@@ -67,17 +68,6 @@ class TRLRollout:
     @property
     def size(self) -> int:
         return len(self.completion_ids)
-
-
-def padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids and their mask, as TRL pads completions."""
-    width = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
-    return ids, mask
 
 
 class TRLAdapter:
@@ -266,7 +256,7 @@ class TRLAdapter:
     def _rollout(self, out: tuple[Any, ...], inputs: list[dict[str, Any]]) -> TRLRollout:
         """The suites' view of what ``_generate`` returned for ``inputs``."""
         prompt_ids, completion_ids, _, completions = out[:4]
-        ids, mask = padded(completion_ids, self.tokenizer.pad_token_id)
+        ids, mask = right_pad(completion_ids, self.tokenizer.pad_token_id)  # as TRL pads completions
         prompts = [row["prompt"] for row in inputs]
         return TRLRollout(prompts, inputs, prompt_ids, completion_ids, completions, ids, mask)
 
