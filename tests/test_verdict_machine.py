@@ -70,10 +70,19 @@ def test_a_slower_phase_hidden_by_a_faster_machine_still_fails() -> None:
 def test_contention_beside_the_session_fails_and_is_named_although_the_calibration_slowed_as_much() -> None:
     verdict = row(SLOWER, [c * 1.4 for c in BASE_CAL], other=0.9)
     assert (verdict.verdict, verdict.reason) == ("fail", "slower")
-    assert "other processes used 0.90 cores: CPU contention beside the session" in verdict.message
+    assert "other processes used 0.90 cores: CPU contention" in verdict.message
     assert CONTENTION_CORES < 0.9
     # contention without a slower phase passes
     assert row(BASE_ROUNDS, BASE_CAL, other=0.9).verdict == "pass"
+
+
+def test_a_baseline_saved_under_contention_leaves_plain_seconds_to_decide() -> None:
+    # the baseline's calibration slowed 3x by contention beside its session: relative figures would
+    # read the unchanged phase as 3x slower; the plain seconds pass it and the verdict stays a pass
+    base = cpu_record("local-ci", BASE_ROUNDS, [c * 3 for c in BASE_CAL], other=1.2)
+    result = compare(cpu_record("run", BASE_ROUNDS, BASE_CAL), base, 0.15)
+    assert result.passed and not result.inconclusive
+    assert machine_evidence(cpu_record("run", BASE_ROUNDS, BASE_CAL), base, "update_actor").contended
 
 
 def test_without_the_machine_figures_on_both_sides_plain_seconds_decide() -> None:
