@@ -11,10 +11,23 @@
 
 A run counts as "failed" when any figure failed the gate, else "inconclusive" when any was
 inconclusive, else "passed"; a session that ended otherwise (a crash, ``--timeout``) is an "error".
-The table (scenario, runs, passed, failed, inconclusive, errors) is printed, and written with every
-run's verdict lines (the failed and inconclusive figures' messages) as JSON to ``--out``:
+An inconclusive run does not fail its session (pytest exits 0): for the same-code goal it counts as
+not failed, for the slowdown and contention goals as not caught; the table lists it apart.
+
+Between sessions the harness waits for quiescence (``settle``): until no process of an earlier
+session is left (each session's processes carry ``RUN_MARK`` in their environment, which Ray's
+processes inherit) and the machine's CPU use stays below ``--quiet-cores`` for 2 s, up to
+``--settle-timeout``; what it found (leftover processes, seconds waited) is kept with each run, with
+the CPU the session's machine spent busy and stolen by the hypervisor (/proc/stat), and each gated
+phase's plain ratio, its ratio relative to the machine's speed, and the machine's own slowdown.
+
+The table (scenario, runs, passed, failed, inconclusive, errors) is printed, and written with all of
+that as JSON to ``--out``; every session's JSON report (which holds its run record) is kept in the
+work directory, so ``--rejudge WORKDIR --tolerance T`` recounts the outcomes at another tolerance
+without rerunning:
 
     python benchmarks/gate_error_rates.py --runs 20 --out gate_error_rates.json
+    python benchmarks/gate_error_rates.py --rejudge /tmp/gate-error-rates-XXXX --tolerance 0.20
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,8 +47,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from pytest_rlbench.machine_load import CALIBRATION, OTHER_CORES, STEAL_CORES, cpu_snapshot, machine_metric  # noqa: E402
+from pytest_rlbench.record import FORMAT_VERSION, RunRecord, load_record, record_from_dict  # noqa: E402
+from pytest_rlbench.rollout_panel import PANEL_FIGURES  # noqa: E402
+from pytest_rlbench.verdict import relative_samples  # noqa: E402
+
 SCENARIOS = ("unchanged", "contention", "slowdown")
 BUSY_LOOP = "while True:\n    pass\n"
+RUN_MARK = "GATE_ERROR_RATES_RUN"  # in every session's environment: finds what a session left behind
+TICKS_PER_S = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 
 
 @dataclass
@@ -44,6 +67,9 @@ class RunResult:
     exit_status: int | None
     seconds: float
     verdicts: list[str] = field(default_factory=list)  # "verdict: message" of each figure not passed
+    settle: dict = field(default_factory=dict)  # what the wait before the session found
+    machine: dict = field(default_factory=dict)  # busy and stolen cores over the whole session
+    phases: dict = field(default_factory=dict)  # per gated phase: ratios and the machine's slowdown
 
 
 @dataclass
@@ -68,22 +94,104 @@ def outcome_of(report: dict, baseline_name: str) -> tuple[str, list[str]]:
     return outcome, lines
 
 
-def run_once(index: int, command: list[str], report: Path, env: dict[str, str], timeout: float) -> RunResult:
+def marked_processes(mark: str = RUN_MARK) -> list[str]:
+    """"pid command" of each process whose environment carries ``mark`` (an earlier session's)."""
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if f"{mark}=".encode() not in fh.read():
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                command = fh.read().replace(b"\0", b" ").decode(errors="replace")[:120].strip()
+            found.append(f"{entry} {command}")
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def busy_cores(seconds: float) -> float | None:
+    """The machine's CPU use, in cores, over the next ``seconds`` (None without /proc/stat)."""
+    before = cpu_snapshot()
+    time.sleep(seconds)
+    after = cpu_snapshot()
+    if before is None or after is None:
+        return None
+    return (after.busy_ticks - before.busy_ticks) / ((after.wall_s - before.wall_s) * TICKS_PER_S)
+
+
+def settle(quiet_cores: float, timeout: float) -> dict:
+    """Wait until no earlier session's process is left and the machine is quiet (see the docstring)."""
     start = time.monotonic()
+    leftovers = marked_processes()
+    while marked_processes() and time.monotonic() - start < timeout:
+        time.sleep(0.5)
+    busy = busy_cores(2.0)
+    while busy is not None and busy > quiet_cores and time.monotonic() - start < timeout:
+        busy = busy_cores(2.0)
+    still = marked_processes()
+    return {"leftovers_at_start": leftovers, "left_after_wait": still, "waited_s": time.monotonic() - start,
+            "busy_cores_before": busy}
+
+
+def phase_figures(run: RunRecord, base: RunRecord) -> dict:
+    """Per phase timed by both: the plain ratio of medians, the ratio relative to the machine's speed,
+    the machine's own slowdown (calibration ratio) and the cores used beside the session."""
+    out = {}
+    for phase in sorted(set(run.phases) & set(base.phases)):
+        ours, theirs = run.phases[phase].seconds, base.phases[phase].seconds
+        row = {"ratio": statistics.median(ours) / statistics.median(theirs)}
+        cal = [m.metrics.get(machine_metric(CALIBRATION, phase)) for m in (run, base)]
+        if all(c is not None and c.value for c in cal):
+            rel = [relative_samples(tuple(t), tuple(c.value)) for t, c in zip((ours, theirs), cal, strict=True)]
+            row["relative"] = statistics.median(rel[0]) / statistics.median(rel[1])
+            row["machine"] = statistics.median(cal[0].value) / statistics.median(cal[1].value)
+        for figure in (OTHER_CORES, STEAL_CORES):
+            metric = run.metrics.get(machine_metric(figure, phase))
+            if metric is not None and metric.value:
+                row[figure] = metric.value[0]
+        out[phase] = row
+    return out
+
+
+def record_of_report(report: dict) -> RunRecord:
+    """The run record a session's JSON report holds (pytest_rlbench/report_json.py): its description,
+    each phase's rounds and each metric's samples (a session whose gate failed saves no baseline)."""
+    phases = {
+        phase: {"seconds": row["seconds"]["samples"]} for phase, row in report["phases"].items() if row.get("seconds")
+    }
+    metrics = {
+        name: {"value": m["samples"], "unit": m["unit"],
+               "higher_is_better": PANEL_FIGURES.get(name.rpartition("/")[2], ("", False))[1]}
+        for name, m in report["metrics"].items()
+    }
+    return record_from_dict({**report["run"], "phases": phases, "metrics": metrics, "format_version": FORMAT_VERSION})
+
+
+def run_once(index: int, command: list[str], work: Path, name: str, env: dict[str, str], timeout: float) -> RunResult:
+    report = work / f"{name}.report.json"
+    env = {**env, RUN_MARK: name}
+    before, start = cpu_snapshot(), time.monotonic()
     try:
-        done = subprocess.run(command + [f"--rl-report={report}"], cwd=ROOT, env=env, timeout=timeout,
-                              capture_output=True, text=True)
+        done = subprocess.run(command + [f"--rl-report={report}"], cwd=ROOT,
+                              env=env, timeout=timeout, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
         return RunResult(index, "error", None, time.monotonic() - start, [f"timed out after {timeout:g} s"])
-    seconds = time.monotonic() - start
+    seconds, after = time.monotonic() - start, cpu_snapshot()
+    machine = {}
+    if before is not None and after is not None:
+        elapsed = (after.wall_s - before.wall_s) * TICKS_PER_S
+        machine = {"busy_cores": (after.busy_ticks - before.busy_ticks) / elapsed,
+                   "steal_cores": (after.steal_ticks - before.steal_ticks) / elapsed}
     if done.returncode not in (0, 1) or not report.exists():
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
         return RunResult(index, "error", done.returncode, seconds, [f"exit status {done.returncode}", *tail])
-    outcome, lines = outcome_of(json.loads(report.read_text()), "base")
+    data = json.loads(report.read_text())
+    outcome, lines = outcome_of(data, "base")
     if done.returncode == 1 and outcome == "passed":  # a test failed for another reason than the gate
         outcome, lines = "error", ["exit status 1 with no failed figure", *done.stdout.strip().splitlines()[-5:]]
-    report.unlink()
-    return RunResult(index, outcome, done.returncode, seconds, lines)
+    phases = phase_figures(record_of_report(data), load_record(work / "base.json"))
+    return RunResult(index, outcome, done.returncode, seconds, lines, machine=machine, phases=phases)
 
 
 @contextmanager
@@ -117,17 +225,36 @@ def run_scenario(scenario: str, args: argparse.Namespace, baseline: Path, work: 
     command = pytest_command([*args.pytest_arg, *plugin, f"--rl-baseline={baseline}"])
     result = ScenarioResult(scenario)
     for i in range(1, args.runs + 1):
-        report = work / f"{scenario}-{i}.json"
+        waited = settle(args.quiet_cores, args.settle_timeout)
         if scenario == "contention":
             with cpu_contention(os.cpu_count() or 1):
-                run = run_once(i, command, report, env, args.timeout)
+                run = run_once(i, command, work, f"{scenario}-{i}", env, args.timeout)
         else:
-            run = run_once(i, command, report, env, args.timeout)
+            run = run_once(i, command, work, f"{scenario}-{i}", env, args.timeout)
+        run.settle = waited
         result.runs.append(run)
-        print(f"{scenario} run {i}/{args.runs}: {run.outcome} ({run.seconds:.0f} s)", flush=True)
+        steal = run.machine.get("steal_cores")
+        print(f"{scenario} run {i}/{args.runs}: {run.outcome} ({run.seconds:.0f} s, waited {waited['waited_s']:.0f} s, "
+              f"{len(waited['leftovers_at_start'])} leftover processes, steal {steal if steal is None else round(steal, 3)})",
+              flush=True)
         for line in run.verdicts:
             print(f"    {line}", flush=True)
     return result
+
+
+def rejudge(work: Path, tolerance: float) -> list[str]:
+    """The table recounted from the run records kept in ``work``, judged at ``tolerance``."""
+    from pytest_rlbench.compare import compare
+
+    base = load_record(work / "base.json")
+    results: dict[str, ScenarioResult] = {}
+    runs = [(path, *path.name.split(".")[0].rsplit("-", 1)) for path in work.glob("*-*.report.json")]
+    for path, scenario, index in sorted(runs, key=lambda run: (run[1], int(run[2]))):
+        rows = compare(record_of_report(json.loads(path.read_text())), base, tolerance).comparisons
+        verdicts = {c.verdict for c in rows}
+        outcome = "failed" if "fail" in verdicts else "inconclusive" if "inconclusive" in verdicts else "passed"
+        results.setdefault(scenario, ScenarioResult(scenario)).runs.append(RunResult(int(index), outcome, None, 0.0))
+    return table([results[s] for s in SCENARIOS if s in results])
 
 
 def table(results: Sequence[ScenarioResult]) -> list[str]:
@@ -149,12 +276,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1200, help="seconds one pytest session may take")
     parser.add_argument("--pytest-arg", action="append", default=[], help="passed to every pytest session")
     parser.add_argument("--out", type=Path, default=Path("gate_error_rates.json"), help="the JSON table")
+    parser.add_argument("--quiet-cores", type=float, default=0.3, help="CPU use below which the machine is quiet")
+    parser.add_argument("--settle-timeout", type=float, default=60, help="seconds to wait for quiescence")
+    parser.add_argument("--rejudge", type=Path, help="a work directory to recount (no session is run)")
+    parser.add_argument("--tolerance", type=float, default=None, help="with --rejudge: the tolerance")
     args = parser.parse_args(argv)
+    if args.rejudge is not None:
+        from pytest_rlbench.metrics import default_tolerance
+
+        tolerance = args.tolerance if args.tolerance is not None else default_tolerance(gpu=False)
+        print(f"tolerance {tolerance:g}")
+        print("\n".join(rejudge(args.rejudge, tolerance)))
+        return 0
     work = Path(tempfile.mkdtemp(prefix="gate-error-rates-"))
     baseline = work / "base.json"
-    print(f"saving the baseline to {baseline}", flush=True)
+    print(f"saving the baseline to {baseline} (every session's report is kept in {work})", flush=True)
+    settle(args.quiet_cores, args.settle_timeout)
     saved = subprocess.run(pytest_command([*args.pytest_arg, f"--rl-save-baseline={baseline}"]), cwd=ROOT,
-                           timeout=args.timeout, capture_output=True, text=True)
+                           env={**os.environ, RUN_MARK: "base"}, timeout=args.timeout, capture_output=True,
+                           text=True)
     if saved.returncode != 0 or not baseline.exists():
         print((saved.stdout + saved.stderr)[-3000:], file=sys.stderr)
         print(f"the baseline session failed (exit status {saved.returncode})", file=sys.stderr)
@@ -163,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = table(results)
     print("\n".join(lines))
     settings = {k: v for k, v in vars(args).items() if k != "out"}
-    out = {"settings": settings, "cpus": os.cpu_count(), "table": lines, "scenarios": [asdict(r) for r in results]}
+    out = {"settings": settings, "cpus": os.cpu_count(), "work": str(work), "table": lines,
+           "scenarios": [asdict(r) for r in results]}
     args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"wrote {args.out}")
     return 0

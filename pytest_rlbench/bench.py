@@ -23,9 +23,11 @@ import pytest
 from pytest_rlbench.cluster import ClusterInfo
 from pytest_rlbench.compare import phase_failures
 from pytest_rlbench.fixtures import RLBenchSession, RLModel, get_session
+from pytest_rlbench.machine_load import CALIBRATION, MachineWatch, machine_metric
 from pytest_rlbench.progress import Progress, round_label
 from pytest_rlbench.record import Hardware, ModelArch, RunConfig, RunRecord, TokenCounts
 from pytest_rlbench.recorder import BenchRecorder, local_hardware, mismatch_failure
+from pytest_rlbench.round_timer import time_rounds
 from pytest_rlbench.workload import run_workload
 from pytest_rlbench.workload_format import Workload
 from trainer.phases import PHASE_KEYS
@@ -184,7 +186,9 @@ class PhaseBench:
     breakdown: a function of each timed round's result that returns its seconds by phase key (a whole
     step's ``result.timing_s``); the report keeps one breakdown per round.
     A round that returns a StepResult also hands its figures (``result.metrics``, the rollout_fidelity/*
-    ones among them) to the recorder; one above ``max_mismatch`` (--rl-max-mismatch) fails the test."""
+    ones among them) to the recorder; one above ``max_mismatch`` (--rl-max-mismatch) fails the test.
+    With ``watch_machine`` (CPU workers of the embedded Ray) the machine's own figures are recorded too:
+    a calibration before each round and the CPU used beside the rounds (pytest_rlbench.machine_load)."""
 
     def __init__(
         self,
@@ -196,8 +200,10 @@ class PhaseBench:
         judge: Callable[[str], list[str]] | None = None,
         max_mismatch: float | None = None,
         progress: Progress | None = None,
+        watch_machine: bool = False,
     ) -> None:
         self.max_mismatch = max_mismatch
+        self.watch_machine = watch_machine  # record the machine's figures (pytest_rlbench.machine_load)
         self.benchmark = benchmark
         self.progress = progress or Progress(enabled=False, terminal=False)
         self.recorder = recorder
@@ -226,13 +232,19 @@ class PhaseBench:
         from trainer.timing import device_clock
 
         phase = self.phase
-        results: list[Any] = []
         warmup, rounds = (0, 1) if self.benchmark.disabled else (self.warmup, self.rounds)
+        watch = MachineWatch() if self.watch_machine else None
+        results: list[Any] = []
 
-        def prepare() -> None:
-            stage.step(round_label(len(results), warmup, rounds))  # outside the timed call
+        def before_round() -> None:  # outside the round's time
+            if watch is not None:
+                watch.calibrate()  # the workers are idle: the machine's own speed now
             if setup is not None:
                 setup()
+
+        def prepare() -> None:
+            stage.step(round_label(len(results), warmup, rounds))
+            before_round()
             device_clock()  # drain what setup queued before the round's clock starts
 
         def round_() -> Any:
@@ -240,17 +252,19 @@ class PhaseBench:
             return results[-1]
 
         with self.progress.stage(phase, warmup + rounds) as stage:
-            if self.benchmark.disabled:  # --benchmark-disable: one untimed call by pytest-benchmark; time it here
-                prepare()
-                start = device_clock()
-                result = round_()
-                self.samples = [device_clock() - start]
+            if watch is not None:
+                watch.start()
+            if self.benchmark.disabled:  # --benchmark-disable: pytest-benchmark times nothing; time it here
+                self.samples, results = time_rounds(fn, 0, 1, stage, before_round)
             else:
                 self.benchmark._timer = device_clock  # pytest-benchmark reads the clock around each call
-                result = self.benchmark.pedantic(
+                self.benchmark.pedantic(
                     round_, setup=prepare, teardown=stage.done, rounds=self.rounds, warmup_rounds=self.warmup
                 )
                 self.samples = list(self.benchmark.stats.stats.data)
+            if watch is not None:
+                watch.stop()
+        result = results[-1]
         timed = results[-len(self.samples) :]  # warm-up rounds come first
         if callable(tokens):  # each round's own work: a generation's responses, a step's new batch
             per_round = [token_counts(tokens(r)) for r in timed]
@@ -261,6 +275,10 @@ class PhaseBench:
             self.recorder.record(phase, self.samples, self.item.nodeid, counts)
         if breakdown is not None:
             self.recorder.add_step_breakdown([breakdown(r) for r in timed])
+        if watch is not None:
+            for figure, values in watch.figures(len(self.samples)).items():
+                unit = "s" if figure == CALIBRATION else "cores"
+                self.recorder.add_metric(machine_metric(figure, phase), values, unit, higher_is_better=False)
         step_figures = [r.metrics for r in timed if isinstance(getattr(r, "metrics", None), dict)]
         self.recorder.add_step_metrics(step_figures)
         problem = mismatch_failure(step_figures, self.max_mismatch)
@@ -294,5 +312,6 @@ def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytes
 
     opts = state.opts
     return PhaseBench(
-        benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, judge, opts.max_mismatch, state.progress()
+        benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, judge, opts.max_mismatch,
+        state.progress(), watch_machine=opts.embedded and not opts.gpu,
     )

@@ -18,7 +18,9 @@ threshold alone against a single figure) is ``pytest_rlbench.verdict``'s; a verd
 fail the session). A metric the baseline has and the run lacks fails with reason "missing" when its
 phase ran, and is "not run" (neither pass nor fail) when the session did not run that phase (``-k``).
 The tolerance is the baseline file's ``tolerances`` entry for the metric id ("timing_s/gen"), else for
-its family ("timing_s"), else the default.
+its family ("timing_s"), else the default. A phase's time on CPU workers is judged relative to the
+machine's speed where both records hold the machine's figures (``machine_evidence``; the rules are
+``pytest_rlbench.verdict``'s); those figures (machine/*) are evidence, never judged themselves.
 
 In a reference, the baseline's times, throughputs and efficiency figures, and the run's own
 efficiency figures (MFU, memory-bandwidth use: they carry across hardware), are listed side by side
@@ -51,6 +53,7 @@ from pytest_rlbench.gate_basis import (
     normalise_gpu,
     per_gpu_gate,
 )
+from pytest_rlbench.machine_load import CALIBRATION, MACHINE, OTHER_CORES, STEAL_CORES, machine_metric
 from pytest_rlbench.metrics import (
     DEFAULT_TOLERANCE,
     EFFICIENCY_FAMILIES,
@@ -63,7 +66,7 @@ from pytest_rlbench.metrics import (
 )
 from pytest_rlbench.record import RunRecord
 from pytest_rlbench.verdict import ALPHA as ALPHA  # the rank test's level, for the reports
-from pytest_rlbench.verdict import Comparison, Mode, judge, tolerance_for
+from pytest_rlbench.verdict import Comparison, MachineEvidence, Mode, judge, tolerance_for
 from pytest_rlbench.verdict import Verdict as Verdict
 from pytest_rlbench.workload import MODEL_KEYS as MODEL_KEYS  # the model fields a gate needs alike
 from pytest_rlbench.workload import model_differences
@@ -92,10 +95,6 @@ class BaselineComparison:
     @property
     def inconclusive(self) -> list[Comparison]:
         return [c for c in self.comparisons if c.verdict == "inconclusive"]
-
-    def of_phase(self, phase: str) -> list[Comparison]:
-        """The comparisons of one phase's figures."""
-        return [c for c in self.comparisons if c.phase == phase]
 
     @property
     def passed(self) -> bool:
@@ -173,27 +172,49 @@ def _beside_text(rows: list[Comparison]) -> dict[str | None, str]:
     return {phase: "; " + ", ".join(texts) for phase, texts in out.items()}
 
 
-def _gate_rows(run: RunRecord, baseline: RunRecord, basis: str, tolerance: float, note: str = "") -> list[Comparison]:
-    """Every figure the baseline has that the gate lists: the judged ones with a verdict, the others
-    beside (their text added to the judged row of their phase)."""
+def custom_metrics(run: RunRecord, baseline: RunRecord) -> set[str]:
+    """The records' own metrics that are compared like figures (the machine's figures are evidence
+    for the verdicts of phase times, never judged themselves)."""
+    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) != MACHINE}
+
+
+def machine_evidence(run: RunRecord, baseline: RunRecord, phase: str) -> MachineEvidence | None:
+    """Both sessions' machine figures around ``phase``'s rounds, where both recorded a calibration."""
+    calibration = machine_metric(CALIBRATION, phase)
+    run_cal, base_cal = run.metrics.get(calibration), baseline.metrics.get(calibration)
+    if run_cal is None or base_cal is None or not run_cal.value or not base_cal.value:
+        return None
+    load = [r.metrics.get(machine_metric(f, phase)) for r, f in ((run, OTHER_CORES), (run, STEAL_CORES), (baseline, OTHER_CORES))]
+    other, steal, base_other = (m.value[0] if m is not None and m.value else None for m in load)
+    return MachineEvidence(tuple(run_cal.value), tuple(base_cal.value), other, steal, base_other)
+
+
+def _gate_rows(
+    run: RunRecord, baseline: RunRecord, basis: str, tolerance: float, note: str = "", phase: str | None = None
+) -> list[Comparison]:
+    """Every figure the baseline has that the gate lists (only ``phase``'s, when given): the judged ones
+    with a verdict, the others beside (their text added to the judged row of their phase)."""
     gated, shown = BASIS_FAMILIES[basis]
     read_as = hardware_assumptions(run, baseline, basis)[0] if basis != SAME_MACHINE else baseline
     ours, theirs = derive(run), derive(read_as)
-    custom = set(run.metrics) | set(baseline.metrics) if basis == SAME_MACHINE else set()
+    custom = custom_metrics(run, baseline) if basis == SAME_MACHINE else set()
     rows = []
     for metric in sorted(theirs, key=_order):
         base_fig, family = theirs[metric], family_of(metric)
         if base_fig.value is None or not (metric in custom or family in gated + shown):
             continue
-        phase = base_fig.phase
-        timed = ours.get(f"{TIMING}/{phase}") if phase and metric not in custom else None
+        if phase is not None and base_fig.phase != phase:
+            continue
+        timed = ours.get(f"{TIMING}/{base_fig.phase}") if base_fig.phase and metric not in custom else None
+        same_machine = basis == SAME_MACHINE and family == TIMING and base_fig.phase is not None
         rows.append(
             judge(
                 ours.get(metric), base_fig, baseline.name, tolerance_for(metric, baseline, tolerance), "gate",
                 judged=metric in custom or family in gated,
-                phase_ran=phase is None or metric in custom or phase in run.phases,
+                phase_ran=base_fig.phase is None or metric in custom or base_fig.phase in run.phases,
                 run_time=timed.value if timed is not None else None,
                 device=run.hardware.device,
+                machine=machine_evidence(run, baseline, base_fig.phase) if same_machine else None,
             )
         )
     beside = _beside_text(rows)
@@ -203,35 +224,40 @@ def _gate_rows(run: RunRecord, baseline: RunRecord, basis: str, tolerance: float
     ]
 
 
-def _per_gpu_compare(run: RunRecord, baseline: RunRecord, basis: str, tolerance: float) -> BaselineComparison:
+def _per_gpu_compare(
+    run: RunRecord, baseline: RunRecord, basis: str, tolerance: float, phase: str | None = None
+) -> BaselineComparison:
     """The per-GPU gate: each published phase's gated figure judged, the others listed beside."""
     assumed = tuple(hardware_assumptions(run, baseline, basis)[1] + assumptions(baseline.workload))
     names = ", ".join(dict.fromkeys(line.split(" ", 1)[0].rstrip(":") for line in assumed))
     note = f"; rests on {len(assumed)} assumed value(s): {names}" if assumed else ""
-    rows = [replace(c, assumptions=assumed) for c in _gate_rows(run, baseline, basis, tolerance, note)]
+    rows = [replace(c, assumptions=assumed) for c in _gate_rows(run, baseline, basis, tolerance, note, phase)]
     source = baseline.provenance.source
     return BaselineComparison(baseline.name, source, "gate", (), tuple(rows), basis, assumed)
 
 
-def compare(run: RunRecord, baseline: RunRecord, tolerance: float = DEFAULT_TOLERANCE) -> BaselineComparison:
+def compare(
+    run: RunRecord, baseline: RunRecord, tolerance: float = DEFAULT_TOLERANCE, *, phase: str | None = None
+) -> BaselineComparison:
     """Compare ``run`` with ``baseline``: a gate on the same machine, a per-GPU gate on the same per-GPU
-    work, else a reference; one Comparison per metric."""
+    work, else a reference; one Comparison per metric (of ``phase``'s figures only, when given)."""
     mismatches = gate_mismatches(run, baseline)
     other_framework = _framework_mismatch(run, baseline)
     if mismatches and not other_framework and run.workload is not None and baseline.workload is not None:
         basis, mismatches = per_gpu_gate(run, baseline)
         if basis is not None:
-            return _per_gpu_compare(run, baseline, basis, tolerance)
+            return _per_gpu_compare(run, baseline, basis, tolerance, phase)
     source = baseline.provenance.source
     if not mismatches:
-        rows = _gate_rows(run, baseline, SAME_MACHINE, tolerance)
+        rows = _gate_rows(run, baseline, SAME_MACHINE, tolerance, phase=phase)
         return BaselineComparison(baseline.name, source, "gate", (), tuple(rows), SAME_MACHINE)
     ours, theirs = derive(run), derive(baseline)
-    custom = set(run.metrics) | set(baseline.metrics)
+    custom = custom_metrics(run, baseline)
     # side by side: what the baseline has, and the run's efficiency figures, which carry across
     metrics = [m for m, f in theirs.items() if (m in custom or f.family in REFERENCE_FAMILIES) and f.value is not None]
     efficiency = [m for m, f in ours.items() if f.family in EFFICIENCY_FAMILIES and f.value is not None]
     metrics += [m for m in efficiency if m not in metrics]
+    metrics = [m for m in metrics if phase is None or (theirs.get(m) or ours[m]).phase == phase]
     rows = []
     for metric in sorted(metrics, key=_order):
         base_fig = theirs.get(metric) or _absent(ours[metric])
@@ -254,6 +280,7 @@ def compare_all(
 def phase_failures(
     run: RunRecord, baselines: Sequence[RunRecord], phase: str, tolerance: float = DEFAULT_TOLERANCE
 ) -> list[Comparison]:
-    """The regressions of one phase's figures against every baseline: what fails that phase's test."""
-    return [c for b in baselines for c in compare(run, b, tolerance).of_phase(phase) if c.verdict == "fail"]
+    """The regressions of one phase's figures against every baseline: what fails that phase's test
+    (only that phase's figures are compared)."""
+    return [c for b in baselines for c in compare(run, b, tolerance, phase=phase).failures]
 

@@ -215,6 +215,7 @@ class RLBenchSession:
         --rl-config overrides; then the pytest_rlbench_update_config hook."""
         if self._trainer_config is not None:
             return self._trainer_config
+        from pytest_rlbench.rollout_panel import check_panel_engines
         from trainer.config import ConfigError, validate
 
         opts = self.opts
@@ -228,6 +229,7 @@ class RLBenchSession:
             self.replay_notes = session_replay_notes(opts, cfg)
             self.config.hook.pytest_rlbench_update_config(config=self.config, rl_config=cfg)
             validate(cfg)
+            check_panel_engines(cfg, opts.rollout_panel)  # every --rl-rollout engine, before any work
         except ConfigError as exc:
             raise SetupError(f"the trainer config is invalid: {exc}") from exc
         self._trainer_config = cfg

@@ -14,11 +14,12 @@ from trainer.phases import PHASE_KEYS
 
 # Allowed fraction of slowdown against a baseline when neither the option nor the baseline says.
 DEFAULT_TOLERANCE = 0.10
-# On CPU workers the same code's phase medians move by 15-20% from one session to the next (measured
-# on a 2-core VM, six sessions of the embedded default: old_log_prob 0.097-0.110 s, update_actor
-# 0.263-0.305 s), more than within a session, which a rank test over one session's rounds cannot
-# see: a CPU run's default tolerance is wider.
-DEFAULT_CPU_TOLERANCE = 0.20
+# On CPU workers a gate judges a phase relative to the machine's own speed in each session (a
+# calibration before every round, pytest_rlbench.machine_load): the session-to-session drift of the
+# host (1.2-1.65x on a 2-core VM) is taken out, and what is left is within-session noise of a median
+# of 5 rounds. The tolerance must then sit clearly below the 25% slowdown of one phase that issue 12
+# asks the gate to catch: at 0.20 a true 1.25x lies one or two noise widths above the threshold.
+DEFAULT_CPU_TOLERANCE = 0.15
 
 
 def default_tolerance(gpu: bool) -> float:
@@ -75,7 +76,8 @@ def phase_floor(phase: str, device: str) -> float:
 
 @dataclass(frozen=True)
 class MetricFamily:
-    """What a family's figures are and how a comparison treats them."""
+    """What a family's figures are and how a reference lists them (which families a gate judges, and
+    which it lists beside, is per kind of gate: ``gate_basis.BASIS_FAMILIES``)."""
 
     name: str
     unit: str  # "fraction" values print as percentages
@@ -83,8 +85,7 @@ class MetricFamily:
     label: str  # the reports' column name: "gen seconds", "gen tokens/s per GPU"
     phases: tuple[str, ...]  # the phases that have this figure when timed
     counts_tokens: bool  # divides by (or into) the tokens of TOKEN_BASIS[phase]
-    gated: bool  # judged pass/fail when run and baseline did the same work on the same hardware
-    in_reference: bool  # listed side by side when they did not
+    in_reference: bool  # listed side by side when run and baseline did not do the same work alike
 
 
 FAMILIES: dict[str, MetricFamily] = {
@@ -92,25 +93,25 @@ FAMILIES: dict[str, MetricFamily] = {
     for f in (
         MetricFamily(
             TIMING, "s", higher_is_better=False, label="seconds", phases=PHASE_KEYS,
-            counts_tokens=False, gated=True, in_reference=True,
+            counts_tokens=False, in_reference=True,
         ),
         MetricFamily(
             TIMING_PER_TOKEN, "ms/token", higher_is_better=False, label="ms per token",
             phases=("gen", "old_log_prob", "ref", "adv", "update_actor"),
-            counts_tokens=True, gated=False, in_reference=False,
+            counts_tokens=True, in_reference=False,
         ),
         MetricFamily(
             THROUGHPUT, "tokens/s/GPU", higher_is_better=True, label="tokens/s per GPU",
             phases=("gen", "old_log_prob", "ref", "update_actor", "step"),
-            counts_tokens=True, gated=True, in_reference=True,
+            counts_tokens=True, in_reference=True,
         ),
         MetricFamily(
             MFU, "fraction", higher_is_better=True, label="MFU", phases=("old_log_prob", "ref", "update_actor"),
-            counts_tokens=False, gated=False, in_reference=True,
+            counts_tokens=False, in_reference=True,
         ),
         MetricFamily(
             BANDWIDTH, "fraction", higher_is_better=True, label="bandwidth use", phases=("gen",),
-            counts_tokens=False, gated=False, in_reference=True,
+            counts_tokens=False, in_reference=True,
         ),
     )
 }
@@ -149,7 +150,6 @@ def value_floor(metric: str) -> float | None:
 
 
 METRIC_FAMILIES: tuple[str, ...] = tuple(FAMILIES)
-GATE_FAMILIES: tuple[str, ...] = tuple(name for name, f in FAMILIES.items() if f.gated)
 REFERENCE_FAMILIES: tuple[str, ...] = tuple(name for name, f in FAMILIES.items() if f.in_reference)
 # Figures that carry across hardware: a reference lists the run's even where the baseline has none.
 EFFICIENCY_FAMILIES: tuple[str, ...] = (MFU, BANDWIDTH)

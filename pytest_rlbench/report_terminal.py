@@ -189,6 +189,6 @@ def terminal_lines(
         lines += [f"  {c.message}" for c in failures]
     unsure = [c for r in results for c in r.inconclusive]
     if unsure:
-        lines.append(f"{len(unsure)} inconclusive (past tolerance, too few rounds to tell; not a failure):")
+        lines.append(f"{len(unsure)} inconclusive (past tolerance, but this session cannot tell whether it is real; not a failure):")
         lines += [f"  {c.message}" for c in unsure]
     return lines

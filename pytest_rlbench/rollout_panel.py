@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_rlbench import round_timer
 from pytest_rlbench.metrics import STEP_METRICS
-from pytest_rlbench.progress import Progress, round_label
+from pytest_rlbench.progress import Progress
 
 if TYPE_CHECKING:
     from pytest_rlbench.record import RunRecord
@@ -57,26 +58,17 @@ def panel_figure(run: RunRecord, engine: str, figure: str) -> float | None:
 
 
 def time_rounds(fn: Callable[[], Any], warmup: int, rounds: int, progress: Progress, name: str) -> tuple[list[float], Any]:
-    """Each timed round's seconds on the device-drained clock, after ``warmup`` untimed rounds, and the
-    last round's result."""
-    from trainer.timing import device_clock
-
-    samples: list[float] = []
-    result = None
+    """Each timed round's seconds after ``warmup`` untimed rounds, by the hand-timed loop ``rl_bench``
+    uses too (``pytest_rlbench.round_timer``), and the last round's result."""
     with progress.stage(name, warmup + rounds) as stage:
-        for index in range(warmup + rounds):
-            stage.step(round_label(index, warmup, rounds))
-            start = device_clock()
-            result = fn()
-            if index >= warmup:
-                samples.append(device_clock() - start)
-            stage.done()
-    return samples, result
+        samples, results = round_timer.time_rounds(fn, warmup, rounds, stage)
+    return samples, results[-1]
 
 
 def engine_round(trainer: GRPOTrainer, engine: str, prompts: PromptBatch) -> Callable[[], Batch]:
     """One panel round of ``engine``: the session's own reshard and generate_sequences when it is the
-    session's engine, else ``generate_with`` (which syncs that engine from the actor first)."""
+    session's engine, else ``generate_with`` (which syncs that engine from the actor first). Each
+    engine's start-up checks ran with the session's (``check_panel_engines``)."""
     cfg = trainer.cfg
     if engine == cfg.actor_rollout_ref.rollout.name:
 
@@ -85,20 +77,25 @@ def engine_round(trainer: GRPOTrainer, engine: str, prompts: PromptBatch) -> Cal
             return trainer.generate_sequences(prompts)
 
         return session_gen
-    check_panel_engine(cfg, engine)
     return lambda: trainer.generate_with(engine, prompts)
 
 
 def check_panel_engine(cfg: Config, engine: str) -> None:
-    """The engine's own start-up checks (``check_config``, e.g. vLLM installed), as the session's engine
-    had at start-up, on the config with ``engine`` in its place; raises ConfigError naming the problem."""
-    from trainer.rollout import engine_class
+    """The start-up checks of ``engine`` as a panel engine: the config validated with it in the session
+    engine's place (``trainer.config.validate``: its name, and its class's own ``check_config``, e.g.
+    vLLM installed); raises ConfigError naming the problem."""
+    from trainer.config import validate
 
-    check = getattr(engine_class(engine), "check_config", None)
-    if check is not None:
-        arr = cfg.actor_rollout_ref
-        rollout = dataclasses.replace(arr.rollout, name=engine)
-        check(dataclasses.replace(cfg, actor_rollout_ref=dataclasses.replace(arr, rollout=rollout)))
+    arr = cfg.actor_rollout_ref
+    rollout = dataclasses.replace(arr.rollout, name=engine)
+    validate(dataclasses.replace(cfg, actor_rollout_ref=dataclasses.replace(arr, rollout=rollout)))
+
+
+def check_panel_engines(cfg: Config, engines: Sequence[str]) -> None:
+    """``check_panel_engine`` for each further --rl-rollout engine, at start-up (before any work)."""
+    for engine in engines:
+        if engine != cfg.actor_rollout_ref.rollout.name:
+            check_panel_engine(cfg, engine)
 
 
 def batch_fidelity(trainer: GRPOTrainer, batch: Batch) -> dict[str, float]:

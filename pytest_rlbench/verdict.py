@@ -19,11 +19,25 @@ threshold and the floor decide, and the verdict says it rests on one figure.
 A strict level because a session judges a dozen figures at once: at 0.01 an unchanged run of
 twelve phases is wrongly failed by chance in about 1 session in 8 at worst (1 - 0.99^12), and far
 less where the tolerance already passes most of them.
+
+A phase's time on CPU workers, where both sessions recorded the machine's own figures
+(``MachineEvidence``, from ``pytest_rlbench.machine_load``), is judged relative to the machine's
+speed: each round's seconds divided by the median of the calibrations run before that phase's
+rounds, on both sides, by the rules above. Then
+- under CPU contention (processes outside the session used ``CONTENTION_CORES`` or more during the
+  run's rounds, or during the baseline's) the plain verdict stands and a failure names the
+  contention: the calibration slows under contention as the phase does, so dividing by it would
+  hide it;
+- otherwise a phase that is slower only in plain seconds, not relative to the machine, is
+  "inconclusive" (reason "machine slower"), naming how much slower the machine itself ran: a slower
+  host, which no single session can tell from a regression; it does not fail the session;
+- and a phase slower relative to the machine fails, even where the machine ran faster and hid it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from pytest_rlbench.derived import Figure
@@ -40,6 +54,11 @@ from pytest_rlbench.rank_test import p_greater, rounds_needed, smallest_p
 from pytest_rlbench.record import RunRecord
 
 ALPHA = 0.01  # the one-sided level of the rank test
+# Average cores used by processes outside the session during a phase's rounds from which its timing
+# counts as taken under CPU contention. A quiet VM's own daemons use about 0.01 (its kernel threads
+# and agent, in ps); one busy loop beside a session whose two workers are busy gets about two thirds
+# of a core of a 2-core machine, and with 2x contention the busy loops took 1.65-1.8 cores.
+CONTENTION_CORES = 0.25
 
 Verdict = Literal["pass", "fail", "inconclusive", "reference", "not run"]
 Mode = Literal["gate", "reference"]
@@ -57,12 +76,61 @@ class Comparison:
     ratio: float | None  # measured / baseline
     tolerance: float
     verdict: Verdict
-    # "within tolerance", "below the noise floor", "not significant", "too few rounds", "slower",
-    # "lower", "higher", "missing", "not run", "reference"
+    # "within tolerance", "below the noise floor", "not significant", "too few rounds", "machine slower",
+    # "slower", "lower", "higher", "missing", "not run", "reference"
     reason: str
     message: str
     unit: str = ""
     assumptions: tuple[str, ...] = ()  # the assumed values the verdict rests on, one line each
+
+
+@dataclass(frozen=True)
+class MachineEvidence:
+    """The machine's own figures around one phase's rounds, in the run and in the baseline's session."""
+
+    run_calibration: tuple[float, ...]  # seconds of the calibration before each timed round
+    base_calibration: tuple[float, ...]
+    other_cores: float | None = None  # the run: cores used by processes outside the session
+    steal_cores: float | None = None  # the run: cores taken by the hypervisor
+    base_other_cores: float | None = None  # the baseline's session: cores used outside it
+
+    @property
+    def speed_ratio(self) -> float:
+        """How much slower the machine ran than in the baseline's session (below 1: faster)."""
+        return statistics.median(self.run_calibration) / statistics.median(self.base_calibration)
+
+    @property
+    def contended(self) -> bool:
+        """Whether either session ran beside CPU contention: then its calibration measured the
+        contention as much as the machine, and relative figures would mislead."""
+        return any(c is not None and c >= CONTENTION_CORES for c in (self.other_cores, self.base_other_cores))
+
+    def describe(self) -> str:
+        speed = self.speed_ratio
+        pace = f"{speed:.2f}x slower" if speed >= 1 else f"{1 / speed:.2f}x faster"
+        run_c, base_c = statistics.median(self.run_calibration), statistics.median(self.base_calibration)
+        text = f"the machine itself ran {pace} than in the baseline's session (calibration {_seconds(run_c)} vs "
+        text += f"{_seconds(base_c)})"
+        if self.other_cores is not None:
+            text += f", other processes used {self.other_cores:.2f} cores"
+        if self.steal_cores:
+            text += f", the hypervisor took {self.steal_cores:.2f} cores"
+        if self.base_other_cores is not None and self.base_other_cores >= CONTENTION_CORES:
+            text += f" (and {self.base_other_cores:.2f} cores beside the baseline's own session)"
+        return text
+
+
+def relative_samples(samples: tuple[float, ...], calibration: tuple[float, ...]) -> tuple[float, ...]:
+    """Each round's seconds per second of the phase's median calibration. One scale per phase and
+    session, not each round by its own calibration: a scheduler hiccup in one calibration then moves
+    no round against the others, and the phase's rounds (a second or two) see one machine speed."""
+    scale = statistics.median(calibration)
+    return tuple(t / scale for t in samples)
+
+
+def _relative(fig: Figure, calibration: tuple[float, ...]) -> Figure:
+    samples = relative_samples(fig.samples, calibration)
+    return replace(fig, value=statistics.median(samples), samples=samples)
 
 
 def tolerance_for(metric: str, baseline: RunRecord, default: float) -> float:
@@ -89,10 +157,43 @@ def _worse(fig: Figure) -> str:
 
 
 def gate_verdict(
-    run_fig: Figure, base_fig: Figure, tolerance: float, run_time: float | None = None, device: str = "cpu"
+    run_fig: Figure,
+    base_fig: Figure,
+    tolerance: float,
+    run_time: float | None = None,
+    device: str = "cpu",
+    machine: MachineEvidence | None = None,
 ) -> tuple[Verdict, str, str]:
     """(verdict, reason, detail) for two present values by the rules of the module docstring.
-    ``run_time``: the run's median seconds of the figure's phase (None: no floor applies)."""
+    ``run_time``: the run's median seconds of the figure's phase (None: no floor applies); ``machine``:
+    the machine's figures of both sessions for a phase's time (None: plain seconds decide)."""
+    verdict, reason, why = plain_verdict(run_fig, base_fig, tolerance, run_time, device)
+    if machine is None or base_fig.family != TIMING or not run_fig.samples or not base_fig.samples:
+        return verdict, reason, why
+    if machine.contended:
+        if verdict == "fail" or reason == "not significant":
+            why += f"; {machine.describe()}: CPU contention"
+        return verdict, reason, why
+    run_rel, base_rel = _relative(run_fig, machine.run_calibration), _relative(base_fig, machine.base_calibration)
+    rel_verdict, rel_reason, rel_why = plain_verdict(run_rel, base_rel, tolerance, run_time, device)
+    rel_ratio = run_rel.value / base_rel.value if run_rel.value and base_rel.value else float("nan")
+    if rel_verdict == "fail":
+        why += f"; relative to the machine's speed ratio {rel_ratio:.2f}{rel_why}: {machine.describe()}"
+        return "fail", rel_reason, why
+    if verdict == "fail":
+        why = (
+            f": slower in seconds{why} but {machine.describe()}, and relative to it the phase is at ratio "
+            f"{rel_ratio:.2f} ({rel_reason}): a slower machine, not a regression this session can tell (rerun on "
+            "a quiet machine, or save the baseline again)"
+        )
+        return "inconclusive", "machine slower", why
+    return verdict, reason, why
+
+
+def plain_verdict(
+    run_fig: Figure, base_fig: Figure, tolerance: float, run_time: float | None = None, device: str = "cpu"
+) -> tuple[Verdict, str, str]:
+    """(verdict, reason, detail) of the figures' own values: tolerance, noise floor, rank test."""
     measured, base = run_fig.value, base_fig.value
     assert measured is not None and base is not None
     if base_fig.higher_is_better:
@@ -131,6 +232,7 @@ def gate_verdict(
 def judge(
     run_fig: Figure | None, base_fig: Figure, baseline_name: str, tolerance: float, mode: Mode = "gate", *,
     judged: bool = True, phase_ran: bool = True, run_time: float | None = None, device: str = "cpu",
+    machine: MachineEvidence | None = None,
 ) -> Comparison:
     """Compare one figure of the run with the baseline's (see the module docstring for the rules).
 
@@ -156,7 +258,7 @@ def judge(
         detail = f"{numbers} ({ratio_text}): {role}"
     else:
         assert run_fig is not None
-        verdict, reason, why = gate_verdict(run_fig, base_fig, tolerance, run_time, device)
+        verdict, reason, why = gate_verdict(run_fig, base_fig, tolerance, run_time, device, machine)
         detail = f"{numbers} ({ratio_text}, tolerance {tolerance:.2f}): {reason}{why}"
     message = f"{metric_label(base_fig.metric)}: {detail}"
     return Comparison(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -43,3 +44,61 @@ def test_the_table_counts_each_outcome() -> None:
     lines = table([result])
     assert lines[0].split() == ["scenario", "runs", "passed", "failed", "inconclusive", "errors"]
     assert lines[1].split() == ["slowdown", "2", "1", "1", "0", "0"]
+
+
+def test_the_settle_finds_a_process_that_carries_an_earlier_sessions_mark() -> None:
+    import os
+    import subprocess
+
+    from gate_error_rates import RUN_MARK, marked_processes
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env={**os.environ, RUN_MARK: "x-1"})
+    try:
+        assert any(line.split()[0] == str(child.pid) for line in marked_processes())
+    finally:
+        child.kill()
+        child.wait()
+    assert not any(line.split()[0] == str(child.pid) for line in marked_processes())
+
+
+def test_each_phases_plain_and_machine_relative_ratios() -> None:
+    from gate_error_rates import phase_figures
+    from test_verdict_machine import BASE_CAL, BASE_ROUNDS, SLOWER, cpu_record
+
+    base = cpu_record("base", BASE_ROUNDS, BASE_CAL)
+    run = cpu_record("run", SLOWER, [c * 1.4 for c in BASE_CAL], other=0.5)
+    row = phase_figures(run, base)["update_actor"]
+    assert row["ratio"] == pytest.approx(1.42 / 1.02)
+    assert row["machine"] == pytest.approx(1.4) and row["relative"] == pytest.approx(0.99, abs=0.01)
+    assert row["other_cores"] == 0.5 and row["steal_cores"] == 0.0
+
+
+def test_rejudge_recounts_the_kept_reports_at_another_tolerance(tmp_path: Path) -> None:
+    from gate_error_rates import rejudge
+    from test_verdict_machine import BASE_CAL, BASE_ROUNDS, cpu_record
+
+    from pytest_rlbench.compare import compare
+    from pytest_rlbench.record import save_record
+    from pytest_rlbench.report_json import build_report
+
+    base = cpu_record("base", BASE_ROUNDS, BASE_CAL)
+    save_record(base, tmp_path / "base.json")
+    for name, seconds in (("unchanged-1", [t * 1.18 for t in BASE_ROUNDS]), ("unchanged-2", BASE_ROUNDS)):
+        run = cpu_record(name, seconds, BASE_CAL)  # the first 1.18x: past 0.15, within 0.20
+        report = build_report(run, [compare(run, base, 0.15)])
+        (tmp_path / f"{name}.report.json").write_text(json.dumps(report))
+    assert rejudge(tmp_path, 0.15)[1].split() == ["unchanged", "2", "1", "1", "0", "0"]
+    assert rejudge(tmp_path, 0.20)[1].split() == ["unchanged", "2", "2", "0", "0", "0"]
+
+
+def test_a_reports_run_record_keeps_the_rounds_and_the_machines_figures() -> None:
+    from gate_error_rates import record_of_report
+    from test_verdict_machine import BASE_CAL, BASE_ROUNDS, cpu_record
+
+    from pytest_rlbench.report_json import build_report
+
+    run = cpu_record("run", BASE_ROUNDS, BASE_CAL, other=0.5)
+    back = record_of_report(json.loads(json.dumps(build_report(run, []))))
+    assert back.phases["update_actor"].seconds == BASE_ROUNDS
+    assert back.metrics["machine/calibration_s/update_actor"].value == BASE_CAL
+    assert back.metrics["machine/other_cores/update_actor"].value == [0.5]

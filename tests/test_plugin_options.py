@@ -45,7 +45,7 @@ def test_defaults_are_a_plain_local_cpu_run(tmp_path: Path) -> None:
     assert (opts.nodes, opts.gpus_per_node, opts.gpu) == (1, None, False)
     assert opts.embedded and opts.ray_address is None
     assert (opts.model, opts.rollout, opts.dataset) == ("tiny", "hf", None)
-    assert opts.tolerance == DEFAULT_CPU_TOLERANCE == 0.20  # CPU workers: sessions differ by 15-20%
+    assert opts.tolerance == DEFAULT_CPU_TOLERANCE == 0.15  # CPU workers: judged relative to the machine
     assert parse(tmp_path, rl_gpu=True).tolerance == DEFAULT_TOLERANCE == 0.10
     assert opts.config_overrides == () and opts.baselines == ()
     cfg = build_trainer_config(opts)

@@ -318,6 +318,6 @@ def test_terminal_summary_counts_inconclusive_and_not_run_apart_from_failures() 
     assert lines[0].endswith("gate, 7 of 8 passed, 1 inconclusive, 1 phase not run")
     assert any(line.split()[:2] == ["update_actor", "seconds"] and "inconclusive (too few rounds)" in line for line in lines)
     assert any(line.split()[:2] == ["ref", "seconds"] and line.rstrip().endswith("not run") for line in lines)
-    assert lines[-2] == "1 inconclusive (past tolerance, too few rounds to tell; not a failure):"
+    assert lines[-2] == "1 inconclusive (past tolerance, but this session cannot tell whether it is real; not a failure):"
     assert "5 rounds per side can" in lines[-1]
     assert not any("regression" in line for line in lines) and result.passed

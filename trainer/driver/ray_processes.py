@@ -84,14 +84,22 @@ def _signal_each(pids: list[int], sig: int) -> list[int]:
     return sent
 
 
-def end_processes(pids: list[int], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM each of ``pids``, then SIGKILL those still running after ``grace_s``."""
-    left = _signal_each(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
+def _wait_gone(pids: list[int], seconds: float) -> list[int]:
+    """Those of ``pids`` still running after waiting up to ``seconds`` for them to end."""
+    deadline = time.monotonic() + seconds
+    left = [pid for pid in pids if pid_running(pid)]
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
         left = [pid for pid in left if pid_running(pid)]
-    _signal_each(left, signal.SIGKILL)
+    return left
+
+
+def end_processes(pids: list[int], grace_s: float = STOP_GRACE_S) -> list[int]:
+    """SIGTERM each of ``pids``, then SIGKILL those still running after ``grace_s``, and wait (up to
+    ``grace_s`` again) until they are gone, so that nothing of ours still runs when the session
+    returns. Returns the pids still running after that (none, unless the kernel is stuck)."""
+    left = _wait_gone(_signal_each(pids, signal.SIGTERM), grace_s)
+    return _wait_gone(_signal_each(left, signal.SIGKILL), grace_s)
 
 
 def stop_ray(spare: Collection[int] = ()) -> None:

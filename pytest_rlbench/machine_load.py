@@ -1,0 +1,167 @@
+"""What the machine itself did around a phase's timed rounds, so that a gate can tell a slower phase
+from a slower machine.
+
+Same-code sessions on a small cloud VM run up to 1.65x slower than the baseline's session, every
+phase together (docs/benchmarks.md, "The gate's error rates"): the host, not the code. Two figures
+per phase separate that from a regression and from CPU contention inside the machine:
+
+- ``calibration``: the seconds of a fixed workload (``calibration_round``: torch matmuls, a pass over
+  a 16 MB tensor, a Python loop; none of it code under test) run in the driver just before each timed
+  round, while the workers are idle. A slower host slows it as much as the phases; a slower phase
+  does not slow it.
+- ``other_cores`` and ``steal_cores``: the CPU used during the rounds by processes outside this
+  session (this process and its descendants: the embedded Ray and its workers) and the CPU the
+  hypervisor took from this VM (/proc/stat's steal), each in cores on average, read from /proc
+  (Linux; None elsewhere). A busy process beside the session shows in the first; the calibration
+  alone could not tell it from a slower host.
+
+They are recorded as the run's metrics ``machine/<figure>/<phase>`` (``machine_metric``), so a saved
+baseline keeps its own session's figures for ``pytest_rlbench.verdict`` to compare with.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+MACHINE = "machine"  # the metric family of these figures: never judged on its own
+CALIBRATION = "calibration_s"
+OTHER_CORES = "other_cores"
+STEAL_CORES = "steal_cores"
+
+
+def machine_metric(figure: str, phase: str) -> str:
+    """The run metric id of one machine figure of a phase: machine/<figure>/<phase>."""
+    return f"{MACHINE}/{figure}/{phase}"
+
+
+# ----------------------------------------------------------------------------- the calibration
+@lru_cache(maxsize=1)
+def _calibration_inputs() -> tuple[Any, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(192, 192, generator=generator), torch.randn(4_000_000, generator=generator)
+
+
+def calibration_round() -> float:
+    """Seconds of one fixed workload (about 5 ms on a quiet 2-core VM): compute-bound matmuls, a
+    memory-bound pass over 16 MB, and interpreter work, the three kinds a CPU phase is made of.
+
+    On one thread, as each CPU worker runs its phases (trainer/workers/train_worker.py): torch's
+    thread pool, spinning at its barriers, slows 10-100x when a core is taken from it, which would
+    measure the scheduler rather than the machine's speed."""
+    import torch
+
+    square, long = _calibration_inputs()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        x = square
+        for _ in range(8):
+            x = torch.tanh(x @ square)
+        total = float(long.mul(1.0001).sum()) + float(x.sum())
+        for i in range(20_000):
+            total += i & 7
+        return time.perf_counter() - start
+    finally:
+        torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- CPU use from /proc
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """The machine's CPU counters at one moment, in clock ticks (os.sysconf("SC_CLK_TCK") per second)."""
+
+    wall_s: float
+    busy_ticks: int  # user + nice + system + irq + softirq of every CPU
+    steal_ticks: int
+    ours: dict[int, int]  # pid -> utime + stime of this process and each of its descendants
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()  # after the command name: state, ppid, ...
+    except (OSError, IndexError):
+        return None
+
+
+def _process_table() -> Iterator[tuple[int, int, int]]:
+    """(pid, ppid, utime + stime ticks) of every process readable in /proc."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(entry)) is not None and len(fields) > 12:
+            yield int(entry), int(fields[1]), int(fields[11]) + int(fields[12])
+
+
+def descendants_ticks(table: list[tuple[int, int, int]], root: int) -> dict[int, int]:
+    """CPU ticks of ``root`` and every process descending from it, by pid, from ``_process_table`` rows."""
+    children: dict[int, list[int]] = {}
+    ticks = {}
+    for pid, ppid, used in table:
+        children.setdefault(ppid, []).append(pid)
+        ticks[pid] = used
+    out: dict[int, int] = {}
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        if pid in ticks and pid not in out:
+            out[pid] = ticks[pid]
+            frontier.extend(children.get(pid, ()))
+    return out
+
+
+def cpu_snapshot() -> CpuSnapshot | None:
+    """The counters now, or None where /proc/stat cannot be read (not Linux)."""
+    try:
+        with open("/proc/stat", encoding="utf-8") as fh:
+            fields = [int(v) for v in fh.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    ours = descendants_ticks(list(_process_table()), os.getpid())
+    return CpuSnapshot(time.monotonic(), user + nice + system + irq + softirq, steal, ours)
+
+
+def cores_used(before: CpuSnapshot, after: CpuSnapshot, ticks_per_s: float) -> tuple[float, float]:
+    """(cores used by processes outside the session, cores stolen by the hypervisor) on average between
+    two snapshots. A process of ours that ended in between counts its ticks as outside (it is rare:
+    no process of the session ends during a phase's rounds)."""
+    elapsed = max(after.wall_s - before.wall_s, 1e-9) * ticks_per_s
+    ours = sum(used - before.ours.get(pid, 0) for pid, used in after.ours.items())
+    other = max(after.busy_ticks - before.busy_ticks - ours, 0)
+    return other / elapsed, max(after.steal_ticks - before.steal_ticks, 0) / elapsed
+
+
+class MachineWatch:
+    """The machine figures of one phase: ``calibrate()`` before each round, ``start()`` and ``stop()``
+    around the rounds; ``figures(timed)`` then gives the metric values, keyed by figure name, with the
+    calibrations of the last ``timed`` rounds (warm-up rounds come first)."""
+
+    def __init__(self) -> None:
+        self.calibrations: list[float] = []
+        self._start: CpuSnapshot | None = None
+        self._load: tuple[float, float] | None = None
+        calibration_round()  # untimed: builds the inputs and warms the kernels
+
+    def calibrate(self) -> None:
+        self.calibrations.append(calibration_round())
+
+    def start(self) -> None:
+        self._start = cpu_snapshot()
+
+    def stop(self) -> None:
+        end = cpu_snapshot()
+        if self._start is not None and end is not None:
+            self._load = cores_used(self._start, end, float(os.sysconf("SC_CLK_TCK")))
+
+    def figures(self, timed: int) -> dict[str, list[float]]:
+        out = {CALIBRATION: self.calibrations[-timed:]} if timed and len(self.calibrations) >= timed else {}
+        if self._load is not None:
+            out[OTHER_CORES], out[STEAL_CORES] = [self._load[0]], [self._load[1]]
+        return out

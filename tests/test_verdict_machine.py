@@ -1,0 +1,146 @@
+"""A phase's time judged relative to the machine's speed: a slower machine is inconclusive, a slower
+phase fails, CPU contention fails and is named; the machine's figures are never judged themselves;
+and the figures' own plumbing (CPU use from /proc, a phase's calibrations)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from test_compare import record
+
+from pytest_rlbench import machine_load
+from pytest_rlbench.compare import compare, machine_evidence, phase_failures
+from pytest_rlbench.machine_load import CpuSnapshot, cores_used, descendants_ticks, machine_metric
+from pytest_rlbench.verdict import CONTENTION_CORES, MachineEvidence, relative_samples
+
+CPU = {"device": "cpu", "gpus_per_node": None, "gpu_model": None, "cpu_model": "AMD EPYC", "cpus_per_node": 2}
+BASE_ROUNDS = [1.0, 1.01, 1.02, 1.03, 1.04]
+BASE_CAL = [0.010, 0.0101, 0.0099, 0.0100, 0.0100]
+
+
+def metric(values: list[float], unit: str = "s") -> dict[str, Any]:
+    return {"value": values, "unit": unit, "higher_is_better": False}
+
+
+def cpu_record(name: str, seconds: list[float], calibration: list[float] | None, other: float = 0.0) -> Any:
+    metrics = {}
+    if calibration is not None:
+        metrics[machine_metric("calibration_s", "update_actor")] = metric(calibration)
+        metrics[machine_metric("other_cores", "update_actor")] = metric([other], "cores")
+        metrics[machine_metric("steal_cores", "update_actor")] = metric([0.0], "cores")
+    return record(name, hardware=CPU, phases={"update_actor": {"seconds": seconds}}, metrics=metrics)
+
+
+def row(run_seconds: list[float], run_cal: list[float] | None, other: float = 0.0, base_cal: Any = BASE_CAL) -> Any:
+    base = cpu_record("local-ci", BASE_ROUNDS, base_cal)
+    result = compare(cpu_record("run", run_seconds, run_cal, other), base, 0.15)
+    assert result.mode == "gate"
+    return {c.metric: c for c in result.comparisons}["timing_s/update_actor"]
+
+
+SLOWER = [1.4, 1.41, 1.42, 1.43, 1.44]  # every round 1.4x the baseline's
+
+
+def test_a_machine_that_ran_slower_as_a_whole_is_inconclusive_and_says_how_much_slower() -> None:
+    # the phase 1.4x slower in plain seconds, and the calibration before each round 1.4x slower too
+    verdict = row(SLOWER, [c * 1.4 for c in BASE_CAL])
+    assert (verdict.verdict, verdict.reason) == ("inconclusive", "machine slower")
+    assert "the machine itself ran 1.40x slower than in the baseline's session" in verdict.message
+    assert "other processes used 0.00 cores" in verdict.message
+    assert "machine slower: slower in seconds (p = 0.004 < 0.01, 5 vs 5 rounds) but" in verdict.message
+    assert "relative to it the phase is at ratio 0.99 (within tolerance)" in verdict.message
+
+
+def test_a_phase_slower_than_the_machine_fails() -> None:
+    # the machine 1.1x slower, the phase 1.4x: 1.27x relative to the machine
+    verdict = row(SLOWER, [c * 1.1 for c in BASE_CAL])
+    assert (verdict.verdict, verdict.reason) == ("fail", "slower")
+    assert "relative to the machine's speed ratio 1.27 (p = 0.004 < 0.01, 5 vs 5 rounds)" in verdict.message
+
+
+def test_a_slower_phase_hidden_by_a_faster_machine_still_fails() -> None:
+    # plain seconds within tolerance (1.1x), but the machine ran 1.3x faster: 1.43x relative to it
+    verdict = row([1.1, 1.11, 1.12, 1.13, 1.14], [c / 1.3 for c in BASE_CAL])
+    assert (verdict.verdict, verdict.reason) == ("fail", "slower")
+    assert "the machine itself ran 1.30x faster" in verdict.message
+
+
+def test_contention_beside_the_session_fails_and_is_named_although_the_calibration_slowed_as_much() -> None:
+    verdict = row(SLOWER, [c * 1.4 for c in BASE_CAL], other=0.9)
+    assert (verdict.verdict, verdict.reason) == ("fail", "slower")
+    assert "other processes used 0.90 cores: CPU contention" in verdict.message
+    assert CONTENTION_CORES < 0.9
+    # contention without a slower phase passes
+    assert row(BASE_ROUNDS, BASE_CAL, other=0.9).verdict == "pass"
+
+
+def test_a_baseline_saved_under_contention_leaves_plain_seconds_to_decide() -> None:
+    # the baseline's calibration slowed 3x by contention beside its session: relative figures would
+    # read the unchanged phase as 3x slower; the plain seconds pass it and the verdict stays a pass
+    base = cpu_record("local-ci", BASE_ROUNDS, [c * 3 for c in BASE_CAL], other=1.2)
+    result = compare(cpu_record("run", BASE_ROUNDS, BASE_CAL), base, 0.15)
+    assert result.passed and not result.inconclusive
+    assert machine_evidence(cpu_record("run", BASE_ROUNDS, BASE_CAL), base, "update_actor").contended
+
+
+def test_without_the_machine_figures_on_both_sides_plain_seconds_decide() -> None:
+    assert (row(SLOWER, None).verdict, row(SLOWER, [c * 1.4 for c in BASE_CAL], base_cal=None).verdict) == (
+        "fail",
+        "fail",
+    )
+
+
+def test_the_machine_figures_are_evidence_never_judged_rows() -> None:
+    base = cpu_record("local-ci", BASE_ROUNDS, BASE_CAL)
+    run = cpu_record("run", BASE_ROUNDS, [c * 3 for c in BASE_CAL], other=1.5)
+    assert not [c for c in compare(run, base, 0.15).comparisons if c.metric.startswith("machine/")]
+    evidence = machine_evidence(run, base, "update_actor")
+    assert evidence is not None and evidence.contended and evidence.speed_ratio == pytest.approx(3.0)
+    assert machine_evidence(run, base, "gen") is None
+
+
+def test_a_phase_test_compares_only_its_own_phase() -> None:
+    base = record("local-ci", phases={"update_actor": {"seconds": BASE_ROUNDS}, "gen": {"seconds": BASE_ROUNDS}})
+    run = record(phases={"update_actor": {"seconds": SLOWER}, "gen": {"seconds": SLOWER}})
+    full = compare(run, base, 0.15)
+    only = compare(run, base, 0.15, phase="gen")
+    assert {c.phase for c in only.comparisons} == {"gen"} < {c.phase for c in full.comparisons}
+    assert [c.metric for c in phase_failures(run, [base], "gen", 0.15)] == ["timing_s/gen"]
+
+
+def test_relative_samples_divide_each_round_by_the_phases_median_calibration() -> None:
+    # one slow calibration (a scheduler hiccup) moves no round against the others
+    assert relative_samples((2.0, 4.0, 6.0), (1.0, 1.0, 9.0)) == (2.0, 4.0, 6.0)
+    evidence = MachineEvidence((0.02,), (0.01,), other_cores=0.1, steal_cores=0.2)
+    assert not evidence.contended and "the hypervisor took 0.20 cores" in evidence.describe()
+
+
+def snapshot(wall: float, busy: int, steal: int, ours: dict[int, int]) -> CpuSnapshot:
+    return CpuSnapshot(wall, busy, steal, ours)
+
+
+def test_cores_used_outside_the_session_and_stolen() -> None:
+    before = snapshot(0.0, 1000, 10, {1: 100, 2: 50})
+    # 2 s at 100 ticks/s: 300 busy ticks, of which ours 150 (pid 1: +100, pid 2: +20, new pid 3: 30)
+    after = snapshot(2.0, 1300, 50, {1: 200, 2: 70, 3: 30})
+    other, steal = cores_used(before, after, 100.0)
+    assert (other, steal) == (pytest.approx(0.75), pytest.approx(0.2))
+
+
+def test_descendants_are_followed_through_every_generation_and_nothing_else() -> None:
+    table = [(10, 1, 5), (11, 10, 7), (12, 11, 9), (20, 1, 100)]
+    assert descendants_ticks(table, 10) == {10: 5, 11: 7, 12: 9}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
+def test_a_watch_records_each_timed_rounds_calibration_and_the_load() -> None:
+    watch = machine_load.MachineWatch()
+    watch.start()
+    for _ in range(3):  # one warm-up round, two timed
+        watch.calibrate()
+    watch.stop()
+    figures = watch.figures(2)
+    assert len(figures["calibration_s"]) == 2 and all(0 < s < 5 for s in figures["calibration_s"])
+    assert figures["other_cores"][0] >= 0 and figures["steal_cores"][0] >= 0
