@@ -12,7 +12,8 @@
 #   bash benchmarks/gpu_suites.sh OUT_DIR memory       # gradient checkpointing, optimizer offload, param offload
 #   bash benchmarks/gpu_suites.sh OUT_DIR replay-gen replay-gen-uniform replay-step replay-phases
 #                                                      # VERL v0.5.0's 1.5B work per GPU (--rl-workload), in
-#                                                      # parts that each fit a 10-minute command
+#                                                      # parts that each fit a 10-minute command; replay-phases
+#                                                      # runs the -k expression in REPLAY_PHASES when set
 #
 # The package must be importable (pip install -e . or PYTHONPATH); with PYTHONPATH the plugin is
 # loaded with -p pytest_rlbench.plugin, as it is not installed through its entry point.
@@ -85,7 +86,7 @@ for shape in "$@"; do
             python3 -m pytest "${replay[@]}" suites/test_phases.py -k "test_gen and not generate" \
                 --rl-config actor_rollout_ref.rollout.target_lengths.distribution=constant ;;
         replay-step) python3 -m pytest "${replay[@]}" suites/test_step.py ;;
-        replay-phases) python3 -m pytest "${replay[@]}" suites/test_phases.py -k "old_log_prob or test_ref or update_actor" ;;
+        replay-phases) python3 -m pytest "${replay[@]}" suites/test_phases.py -k "${REPLAY_PHASES:-old_log_prob or test_ref or update_actor}" ;;
         *) echo "unknown shape $shape" >&2; exit 2 ;;
         esac ;;
     *) echo "unknown shape $shape" >&2; exit 2 ;;
