@@ -241,7 +241,8 @@ def test_a_qwen2_whose_head_dim_is_not_hidden_over_heads_is_refused(tmp_path):
         (SamplingParams(top_k=5), (RAW,)),
         (SamplingParams(top_p=0.9), (RAW,)),
         (SamplingParams(temperature=0.7, top_k=5), ()),
-        (SamplingParams(temperature=0.7, top_p=0.9, do_sample=False), (PROCESSED, RAW)),
+        (SamplingParams(top_p=0.9, do_sample=False), (PROCESSED, RAW)),
+        (SamplingParams(temperature=0.7, do_sample=False), ()),  # greedy log-probs are before temperature
     ],
 )
 def test_the_modes_whose_log_prob_is_log_softmax_of_logits_over_t(sampling, modes):
@@ -255,6 +256,11 @@ def test_top_k_or_top_p_at_another_temperature_is_refused_at_start_up():
         vllm_config("actor_rollout_ref.rollout.top_k=5", "actor_rollout_ref.rollout.temperature=0.7")
     with pytest.raises(UnsupportedConfigError, match=expected):
         vllm_config("actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.rollout.temperature=1.2")
+
+
+def test_greedy_at_another_temperature_is_refused():
+    with pytest.raises(ValueError, match=r"greedy decoding \(do_sample=False\) with temperature=0.7 is not supported"):
+        check_sampling(SamplingParams(temperature=0.7, do_sample=False))
 
 
 def test_sampling_that_needs_another_mode_than_the_engine_started_with_is_an_error():

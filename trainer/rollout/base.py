@@ -60,6 +60,13 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
     @property
+    def log_prob_temperature(self) -> float:
+        """The temperature every engine's rollout_log_probs are taken at: the configured one, greedy or
+        not, because the trainer's old_log_prob divides the logits by rollout.temperature either way
+        (VERL's compute_log_prob does), and the fidelity figures compare the two."""
+        return self.temperature
+
+    @property
     def top_k_or_zero(self) -> int:
         """top_k with "off" spelled 0, as transformers and ``sampling.top_k_filter`` take it."""
         return max(self.top_k, 0)

@@ -149,7 +149,7 @@ class FastRolloutEngine(RolloutEngine):
         else:
             token, bad = greedy(logits), nonfinite_rows_mask(logits)
         if log_prob is None:
-            log_prob = token_log_probs(logits, token, sampling.temperature if sampling.do_sample else 1.0)
+            log_prob = token_log_probs(logits, token, sampling.log_prob_temperature)
         # outputs are indexed by the slot's row (``rows``): compaction moves rows between slots
         at = (buf.rows, buf.step.expand(buf.batch))
         buf.log_probs.index_put_(at, log_prob.float())

@@ -125,7 +125,7 @@ class HFRolloutEngine(RolloutEngine):
         # request.row_keys go unused: transformers samples from the seeded global stream
         width = request.prompt_ids.shape[1]
         sampling = request.sampling
-        recorder = SampledLogProbs(sampling.temperature if sampling.do_sample else 1.0)
+        recorder = SampledLogProbs(sampling.log_prob_temperature)
         out = self.model.generate(
             input_ids=request.prompt_ids,
             attention_mask=request.prompt_mask,

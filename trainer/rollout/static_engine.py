@@ -115,7 +115,7 @@ def sample_step(
         token = sample_keyed(filtered, state.row_keys, state.step, state.seed)
     else:
         token = greedy(logits)
-    log_prob = token_log_probs(logits, token, sampling.temperature if sampling.do_sample else 1.0)
+    log_prob = token_log_probs(logits, token, sampling.log_prob_temperature)
     state.log_probs.index_copy_(1, state.step.view(1), log_prob.view(-1, 1))
     token = token.masked_fill(state.finished, state.pad_token_id)  # finished rows emit padding
     state.tokens.index_copy_(1, state.step.view(1), token.view(-1, 1))

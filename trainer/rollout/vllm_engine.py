@@ -79,12 +79,17 @@ def fitting_logprobs_modes(sampling: SamplingParams) -> tuple[str, ...]:
     top-k/top-p (the contract of ``GeneratedRows.log_probs``, docs/fidelity.md), preferred first.
 
     In vLLM 0.32 (vllm/v1/sample/sampler.py) "raw_logprobs" is log softmax(logits) before any
-    processing, and "processed_logprobs" is taken after temperature *and* top-k/top-p. So: greedy, or
-    neither filter at temperature 1, either; no filter, "processed_logprobs"; a filter at temperature
-    1, "raw_logprobs"; a filter at another temperature, none (empty: ``check_sampling`` refuses it).
+    processing, and "processed_logprobs" is taken after temperature *and* top-k/top-p; a greedy request
+    (temperature 0 to vLLM) has no temperature applied. So: neither filter at temperature 1, or greedy
+    at temperature 1, either; no filter, "processed_logprobs"; a filter at temperature 1,
+    "raw_logprobs"; a filter at another temperature, or greedy at another temperature (its log-probs
+    are at ``SamplingParams.log_prob_temperature``, as old_log_prob's), none (empty:
+    ``check_sampling`` refuses it).
     """
     filtered = sampling.top_k_or_zero > 0 or sampling.top_p < 1.0
-    if not sampling.do_sample or (not filtered and sampling.temperature == 1.0):
+    if not sampling.do_sample:
+        return (PROCESSED, RAW) if sampling.temperature == 1.0 else ()
+    if not filtered and sampling.temperature == 1.0:
         return (PROCESSED, RAW)
     if not filtered:
         return (PROCESSED,)
@@ -96,6 +101,13 @@ def check_sampling(sampling: SamplingParams, started_with: str | None = None) ->
     mode fits, or when the engine's mode, fixed at its start, does not."""
     modes = fitting_logprobs_modes(sampling)
     if not modes:
+        if not sampling.do_sample:
+            raise ValueError(
+                f"vllm rollout: greedy decoding (do_sample=False) with temperature={sampling.temperature} is not "
+                "supported: vLLM's greedy log-probs are before temperature, but the trainer's old_log_prob divides "
+                "by rollout.temperature, so the rollout fidelity figures would compare another quantity; use "
+                "temperature 1.0 with greedy decoding"
+            )
         raise ValueError(
             f"vllm rollout: top_k={sampling.top_k} / top_p={sampling.top_p} with temperature={sampling.temperature} "
             "is not supported: vLLM returns log-probs either before temperature or renormalised over the tokens "
