@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer.batch import Batch, left_pad
+from trainer.batch import Batch, left_justify, left_pad
 from trainer.config import ActorConfig
 from trainer.models.presets import build_model
 from trainer.workers.actor import UpdateSettings, compute_log_probs, micro_batch_groups, update_policy
@@ -141,5 +141,19 @@ def test_policy_log_probs_equal_the_models_own_logits():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                        position_ids=batch.position_ids).logits[:, -7:-1] / 0.7
     expected = torch.log_softmax(logits, -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(logp, expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(entropy, -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1), rtol=1e-5, atol=1e-5)
+    # on response tokens only: PolicyModel runs the rows left-justified without a mask (trainer.batch.
+    # left_justify), so what it gives at response padding is not the masked forward's (and never used)
+    real = batch.response_mask.bool()
+    torch.testing.assert_close(logp[real], expected[real], rtol=1e-5, atol=1e-5)
+    expected_entropy = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
+    torch.testing.assert_close(entropy[real], expected_entropy[real], rtol=1e-5, atol=1e-5)
+
+
+def test_left_justify_moves_each_rows_real_tokens_to_the_front():
+    ids = torch.tensor([[0, 0, 7, 8, 9, 0], [5, 6, 7, 8, 0, 0], [0, 3, 4, 5, 6, 7]])
+    mask = (ids != 0).long()
+    moved, pads = left_justify(ids, mask)
+    assert pads.tolist() == [2, 0, 1]
+    assert moved[0, :3].tolist() == [7, 8, 9] and moved[1, :4].tolist() == [5, 6, 7, 8]
+    assert moved[2, :5].tolist() == [3, 4, 5, 6, 7]
+    assert moved.shape == ids.shape

@@ -96,6 +96,22 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
+def left_justify(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows laid out [left padding | real tokens | right padding] ([B, S]) moved to [real tokens |
+    padding]: returns (ids [B, S], pads [B], each row's count of left padding it lost).
+
+    Why: with every row's real tokens at positions 0..n-1, a causal forward needs no attention mask
+    (no real token can see a later padding token), so attention runs the fused causal kernel; with a
+    [B, S] padding mask it ran a masked kernel 8x slower at 14k tokens per row on an H100
+    (benchmarks/longseq_profile.py). The real tokens' outputs are the same; the padding's are not used.
+    The real tokens of a row must be contiguous, as this module's batches are.
+    """
+    b, s = input_ids.shape
+    pads = (attention_mask.long().cumsum(dim=1) == 0).sum(dim=1)  # [B] leading zeros of the mask
+    cols = (torch.arange(s, device=input_ids.device).unsqueeze(0) + pads.unsqueeze(1)).clamp(max=s - 1)  # [B, S]
+    return input_ids.gather(1, cols), pads
+
+
 def left_pad(sequences: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists to ``width`` (default: the longest); returns (ids, mask)."""
     return _pad_rows(sequences, pad_id, width, torch.long, left=True)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.algorithms.entropy import logprobs_from_hidden
+from trainer.batch import left_justify
 
 STRATEGIES: tuple[str, ...] = ("fsdp2", "dp")
 
@@ -78,15 +79,21 @@ class PolicyModel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log pi(response token) at the sampling temperature, [B, R] float32 (and entropy [B, R]).
 
-        Position P-1+t predicts response token t: the last R+1 hidden states but one are used.
+        In the batch's layout ([left-padded prompt P | response R]) position P-1+t predicts response
+        token t. The forward runs on the rows left-justified (trainer.batch.left_justify: no attention
+        mask, positions 0..S-1, the same as ``position_ids`` on every real token), where that position
+        is P-1+t minus the row's left padding.
         """
         r = response_ids.shape[1]
-        hidden = self.lm.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
+        ids, pads = left_justify(input_ids, attention_mask)  # ids [B, S], pads [B]
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)  # [B, S]
+        hidden = self.lm.get_decoder()(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
+        prompt_width = input_ids.shape[1] - r
+        at = (prompt_width - 1 - pads).unsqueeze(1) + torch.arange(r, device=ids.device)  # [B, R]
+        hidden = hidden.gather(1, at.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [B, R, H]
         head = self.lm.get_output_embeddings()
         return logprobs_from_hidden(
-            hidden[:, -r - 1 : -1, :],
+            hidden,
             head.weight,
             response_ids,
             temperature,
