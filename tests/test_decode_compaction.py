@@ -42,10 +42,12 @@ def test_compacted_size_halves_at_least_or_keeps_the_slots():
     assert compacted_size(running=0, size=8) == 8
 
 
-def decode(model, tok, prompts, compact: bool, sampling: SamplingParams, targets=SPREAD, check_every: int = 2):
+def decode(
+    model, tok, prompts, compact: bool, sampling: SamplingParams, targets=SPREAD, check_every: int = 2, cap: int = CAP
+):
     config = RolloutConfig(name="fast", target_lengths=targets)
     engine = FastRolloutEngine(model, tok, config, check_every=check_every, compact_rows=compact)
-    batch = engine.generate(prompts, list(range(len(prompts))), [], N, CAP, sampling, SEED)
+    batch = engine.generate(prompts, list(range(len(prompts))), [], N, cap, sampling, SEED)
     return engine, batch
 
 
@@ -63,13 +65,15 @@ def test_compaction_gives_the_uncompacted_tokens_and_log_probs(model, tok, promp
 
 
 def test_compaction_stops_rows_that_end_with_eos(model, tok, prompts):
-    """Without targets rows end at EOS only: the slots still shrink, and the tokens do not change."""
-    _, plain = decode(model, tok, prompts, compact=False, sampling=SamplingParams(), targets=TargetLengthsConfig())
-    engine, compacted = decode(model, tok, prompts, compact=True, sampling=SamplingParams(), targets=TargetLengthsConfig())
+    """Without targets rows end at EOS only (at 120 tokens, 18 of the 32 rows here): the slots still
+    shrink, and the tokens do not change."""
+    plain_run = decode(model, tok, prompts, False, SamplingParams(), targets=TargetLengthsConfig(), cap=120)
+    engine, compacted = decode(model, tok, prompts, True, SamplingParams(), targets=TargetLengthsConfig(), cap=120)
+    plain = plain_run[1]
     lengths = plain.response_mask.sum(dim=1)
     assert lengths.min() < lengths.max(), "the set-up should give responses of different lengths"
     assert torch.equal(compacted.response_ids, plain.response_ids)
-    assert engine._buffers.live <= engine._buffers.batch
+    assert engine._buffers.live < engine._buffers.batch, "rows ending at EOS should have compacted the slots"
 
 
 def test_compact_moves_running_rows_and_their_cache_to_the_front(model):

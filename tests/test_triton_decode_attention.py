@@ -19,15 +19,17 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 CUDA = torch.cuda.is_available()
 
 
-def case(rows: int, kv_heads: int, group: int, d: int, slots: int, attn_len: int, dtype, device, seed: int = 0):
+def case(
+    rows: int, kv_heads: int, group: int, d: int, slots: int, attn_len: int, dtype, device, seed: int = 0, pad: int = 40
+):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(rows, kv_heads, group, d, generator=gen).to(device, dtype)
     k = torch.randn(rows, kv_heads, slots, d, generator=gen).to(device, dtype)
     v = torch.randn(rows, kv_heads, slots, d, generator=gen).to(device, dtype)
     bias = torch.full((rows, slots), float("-inf"))
     for r in range(rows):
-        pad = (7 * r) % 40  # left padding: the first ``pad`` slots never visible
-        bias[r, pad:attn_len] = 0.0
+        first = max(0, pad - 40) + (7 * r) % 40  # left padding: slots before ``first`` are never visible
+        bias[r, first:attn_len] = 0.0
     return q, k, v, bias.to(device, dtype)
 
 
@@ -48,12 +50,16 @@ def check(device: str, dtype, programs=None) -> None:
     for rows, kv_heads, group, d, slots, attn_len in [
         (1, 2, 6, 64, 1024, 700),   # one row: many chunks
         (3, 2, 7, 32, 512, 512),    # a group of 7 (the 7B's), every slot visible
-        (5, 1, 4, 16, 384, 130),    # a chunk boundary inside a tile
+        (5, 1, 4, 16, 384, 130),    # attention ending inside a tile
     ]:
         q, k, v, bias = case(rows, kv_heads, group, d, slots, attn_len, dtype, device)
         got = decode_attention(q, k, v, bias, attn_len, programs=programs)
         assert got.shape == q.shape and got.dtype == dtype
         torch.testing.assert_close(got.float(), reference(q, k, v, bias, attn_len), rtol=tol, atol=tol)
+    # long left padding: whole chunks of a row are masked (weight 0 in the merge, never NaN)
+    q, k, v, bias = case(2, 2, 6, 64, 1024, 1024, dtype, device, seed=2, pad=600)
+    got = decode_attention(q, k, v, bias, 1024, programs=programs)
+    torch.testing.assert_close(got.float(), reference(q, k, v, bias, 1024), rtol=tol, atol=tol)
     # strided views, as the engine passes them: one layer of a [layers, batch, heads, slots, d] cache
     q, k, v, bias = case(4, 2, 6, 64, 512, 300, dtype, device, seed=1)
     cache_k = torch.stack([k, k]).contiguous()[1, :3]

@@ -45,7 +45,7 @@ def _partial_kernel(
     bh = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
-    b = bh // KV_HEADS
+    b = (bh // KV_HEADS).to(tl.int64)  # 64-bit offsets: one layer's cache may pass 2^31 elements
     h = bh % KV_HEADS
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D)
@@ -84,7 +84,7 @@ def _merge_kernel(
     # one program per (row, KV head, query head of its group): the chunks are read SPLIT_BLOCK at a time
     bh = tl.program_id(0)
     g = tl.program_id(1)
-    b = bh // KV_HEADS
+    b = (bh // KV_HEADS).to(tl.int64)
     h = bh % KV_HEADS
     d = tl.arange(0, D)
     base = bh * splits

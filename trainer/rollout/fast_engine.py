@@ -11,8 +11,9 @@ What makes it fast, and why each piece is there:
   captured in a CUDA graph and replayed (transformers' forward with its StaticCache did not
   capture when tried, see static_engine.py).
 - Attention over a bucket of slots: a step attends over the first ``attn_len`` cache slots, rounded
-  up to a bucket, with one graph per (decoded slots, bucket), captured when first met; the host
-  knows the step count, so it picks the graph without reading the device.
+  up to a bucket, with one graph per (decoded slots, bucket), captured the second time it is met
+  (the first runs eagerly); the host knows the step count, so it picks the graph without reading the
+  device.
 - Row compaction (decode_buffers.py): at a check, once at most half the decoded slots still run,
   the running rows and their caches move to the front and later steps decode only those slots, so
   ragged lengths do not keep paying for rows that have ended.
@@ -111,7 +112,9 @@ class FastRolloutEngine(RolloutEngine):
             from trainer.kernels.triton_sampling import keyed_race
 
             self._race = keyed_race
-            self._attend = decode_attention if split_attention else None
+            # the kernel takes power-of-two head dims of 16 or more; other models keep SDPA
+            d = self.shape.head_dim
+            self._attend = decode_attention if split_attention and d >= 16 and not d & (d - 1) else None
         self.stats: dict[str, float] = {}
 
     @property
