@@ -13,6 +13,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def restore_transformers_qwen2():
+    """liger's patch also swaps classes and functions in transformers' Qwen2 module for the whole
+    process: put them back, so later tests' CPU models do not run liger's Triton kernels."""
+    from transformers.models.qwen2 import modeling_qwen2
+
+    saved = dict(vars(modeling_qwen2))
+    yield
+    for name, value in saved.items():
+        setattr(modeling_qwen2, name, value)
+
+
 def test_liger_kernels_give_the_same_loss_and_gradients_as_transformers_layers():
     plain = build_model("tiny", torch.float32, "cuda", seed=0)
     fused = build_model("tiny", torch.float32, "cuda", seed=0)

@@ -21,7 +21,11 @@ def liger_installed() -> bool:
 
 
 def apply_liger(lm: nn.Module) -> None:
-    """Swap ``lm``'s RMSNorm, SwiGLU and RoPE for liger-kernel's, in place (a CUDA model)."""
+    """Swap ``lm``'s RMSNorm, SwiGLU and RoPE for liger-kernel's, in place (a CUDA model).
+
+    liger's patch also replaces those classes and the RoPE function in transformers' modeling module
+    of the model type, for the whole process: in the trainer that process is a GPU worker, whose
+    every model (actor and reference) uses them anyway."""
     try:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
     except ImportError as exc:
