@@ -3,6 +3,9 @@
 Ray's default is the machine's outward IP. Setting RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray
 reads its constants (and in the environment that Ray's own processes inherit) keeps every process of
 a local Ray, and of a ``ray.cluster_utils.Cluster``, on 127.0.0.1.
+
+``init_local_ray`` also starts the watchdog of ``ray_watchdog``, which ends the local Ray's processes
+should this process be killed without stopping them; ``stop_watchdog`` ends it after an orderly stop.
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ def init_local_ray(num_cpus: int | None = None, **kwargs) -> None:
     import ray
 
     stop_watchdog()
-    _watchdog = Watchdog()
     before = os.environ.get(MARK_ENV)
-    os.environ[MARK_ENV] = _watchdog.mark  # inherited by the raylet and GCS, and from them by the rest
+    if sys.platform.startswith("linux"):  # the watchdog reads /proc
+        _watchdog = Watchdog()
+        os.environ[MARK_ENV] = _watchdog.mark  # inherited by the GCS and raylet that ray.init starts
     try:
         ray.init(
             address="local",
