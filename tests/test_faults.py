@@ -7,6 +7,7 @@ are few and share what they can: Ray starts are slow on a small machine.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
@@ -291,3 +292,55 @@ def test_an_interrupt_stops_workers_then_ray_exits_2_and_leaves_no_process(
     assert f"rlbench: interrupted by {sig.name}" in out
     assert "ActorHandleNotFoundError" not in out and "INTERNALERROR" not in out, out[-3000:]
     assert not wait_gone(ours, 3), "Ray's processes outlived the session"
+
+
+# ----------------------------------------------------------------------------- NCCL's sockets (7, GPU)
+def test_nccl_is_kept_on_loopback_when_the_rendezvous_is() -> None:
+    from trainer.workers.distributed import nccl_socket_env
+
+    assert nccl_socket_env("127.0.0.1", {}) == {"NCCL_SOCKET_IFNAME": "lo"}
+    assert nccl_socket_env("127.0.0.1", {"NCCL_SOCKET_IFNAME": "eth1"}) == {}  # the user's choice stands
+    assert nccl_socket_env("10.0.0.7", {}) == {}  # several nodes: NCCL's interface must reach the others
+
+
+def is_loopback_ip(ip: str) -> bool:
+    """127.0.0.0/8, ::1, and IPv4 loopback written as IPv6 (gloo's ``::ffff:127.0.0.1``)."""
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def test_loopback_addresses_are_told_from_the_rest() -> None:
+    assert all(map(is_loopback_ip, ["127.0.0.1", "127.0.1.1", "::1", "::ffff:127.0.0.1"]))
+    assert not any(map(is_loopback_ip, ["0.0.0.0", "::", "10.0.0.7", "::ffff:10.0.0.7", "::ffff:0.0.0.0"]))
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+@pytest.mark.skipif(_gpu_count() == 0, reason="NCCL's sockets: needs a GPU")
+def test_a_gpu_group_listens_on_loopback_only(local_ray, tmp_path: Path) -> None:
+    # The embedded Ray is on 127.0.0.1; NCCL's bootstrap and proxy sockets took the first interface
+    # that is not loopback. Run as the GPU check of docs/reliability.md, printing every listener.
+    from trainer.build import build_trainer
+    from trainer.config import build_config
+
+    gpus = min(_gpu_count(), 2)
+    cfg = build_config([*SMALL, "trainer.device=cuda", f"trainer.n_gpus_per_node={gpus}", "trainer.total_training_steps=1"])
+    trainer = build_trainer(cfg, tmp_path)
+    try:
+        pids = [int(info["pid"]) for info in trainer.workers.info]
+        before = set(listening_sockets(pids))
+        trainer.fit()  # the first collectives start NCCL's communicators
+        listening = sorted(set(listening_sockets(pids)))
+    finally:
+        trainer.shutdown()
+    started = sorted(set(listening) - before)
+    print(f"{gpus} GPU worker(s), NCCL_SOCKET_IFNAME in the driver: {os.environ.get('NCCL_SOCKET_IFNAME')!r}")
+    print(f"listening before the first step: {sorted(before)}; opened by it (NCCL): {started}")
+    assert started, "no socket opened by the first step: NCCL's were not seen, the check would be vacuous"
+    exposed = [(ip, port) for ip, port in listening if not is_loopback_ip(ip)]
+    assert not exposed, f"the GPU workers listen beyond loopback: {exposed} (all: {listening})"

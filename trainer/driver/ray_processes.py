@@ -4,7 +4,8 @@
 runtime-env agents, idle workers) outlive it by up to a minute, and a start interrupted by Ctrl-C
 or SIGTERM leaves whatever it had started. ``stop_ray`` therefore lists Ray's processes that
 descend from this one first (read from /proc: Linux), then shuts Ray down, then ends the ones still
-running: SIGTERM, and SIGKILL after a grace period.
+running: SIGTERM, and SIGKILL after a grace period. (A killed driver cannot do this: the watchdog of
+``ray_watchdog`` does it then.)
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def pid_running(pid: int) -> bool:
     return True
 
 
-def _command(pid: int) -> str:
+def command_line(pid: int) -> str:
+    """The command line of ``pid``, its arguments joined by spaces ("" once it is gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             return fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
@@ -59,8 +61,8 @@ def _command(pid: int) -> str:
         return ""
 
 
-def ray_descendants(root: int | None = None) -> list[int]:
-    """The pids of Ray's processes that descend from ``root`` (default: this process)."""
+def descendants(root: int | None = None) -> list[int]:
+    """The pids of every process that descends from ``root`` (default: this process), by parent pid."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if entry.isdigit() and (fields := _stat_fields(int(entry))) is not None:
@@ -70,7 +72,12 @@ def ray_descendants(root: int | None = None) -> list[int]:
     while frontier:
         frontier = {pid for pid, parent in parents.items() if parent in frontier} - ours
         ours |= frontier
-    return sorted(pid for pid in ours if any(mark in _command(pid) for mark in RAY_PROCESS_MARKS))
+    return sorted(ours)
+
+
+def ray_descendants(root: int | None = None) -> list[int]:
+    """The pids of Ray's processes that descend from ``root`` (default: this process)."""
+    return [pid for pid in descendants(root) if any(mark in command_line(pid) for mark in RAY_PROCESS_MARKS)]
 
 
 def _signal_each(pids: list[int], sig: int) -> list[int]:
@@ -105,12 +112,15 @@ def end_processes(pids: list[int], grace_s: float = STOP_GRACE_S) -> list[int]:
 def stop_ray(spare: Collection[int] = ()) -> None:
     """``ray.shutdown()``, then end every Ray process descending from this one that still runs,
     except ``spare`` (``ray_descendants()`` taken before this process started its Ray: a cluster
-    that a test fixture runs in this process is not ours to stop)."""
+    that a test fixture runs in this process is not ours to stop), and the local Ray's watchdog."""
     import ray
+
+    from trainer.driver.ray_local import stop_watchdog
 
     started = sorted(set(ray_descendants()) - set(spare))
     try:
         if ray.is_initialized():
             ray.shutdown()
     finally:
+        stop_watchdog()  # first: a watchdog's own command line could hold "/ray/"
         end_processes([pid for pid in started if pid_running(pid)])

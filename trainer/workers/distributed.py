@@ -7,13 +7,16 @@ the global mini-batch (see trainer/workers/actor.py).
 The rendezvous (torch.distributed's TCPStore, served by rank 0) listens where rank 0 says, not on
 all interfaces: TCPStore binds its server to every interface whatever host it is given, so rank 0
 binds the listening socket itself (``Rendezvous``) and hands the store its descriptor
-(``master_listen_fd``).
+(``master_listen_fd``). NCCL's own sockets (its bootstrap and proxy) listen on the interface NCCL picks,
+by default the first one that is not loopback; with the rendezvous on loopback (every worker on one
+node) they are kept on loopback too (``nccl_socket_env``).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from datetime import timedelta
 
 import torch
@@ -24,6 +27,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+NCCL_INTERFACE_ENV = "NCCL_SOCKET_IFNAME"  # NCCL's environment variables, docs.nvidia.com/deeplearning/nccl
+
+
+def nccl_socket_env(master_addr: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """What to add to the environment before NCCL starts: its sockets on the loopback interface when
+    the group's rendezvous is on loopback; nothing when the user chose an interface, or for a
+    rendezvous on a node's address (NCCL's choice of interface then reaches the other nodes)."""
+    if master_addr in LOOPBACK_HOSTS and NCCL_INTERFACE_ENV not in environ:
+        return {NCCL_INTERFACE_ENV: "lo"}
+    return {}
 
 
 class Rendezvous:
@@ -76,6 +92,7 @@ class DataParallel:
         if backend == "nccl":
             # NVLink multicast (NVLS) can take a shared host's GPUs out of service: never use it.
             os.environ["NCCL_NVLS_ENABLE"] = "0"
+            os.environ.update(nccl_socket_env(master_addr, os.environ))  # read when NCCL starts, below
             torch.cuda.set_device(self.device)
         serving = self.rank == 0
         if serving and rendezvous is None:
