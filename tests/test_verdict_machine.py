@@ -191,7 +191,7 @@ def test_a_session_busy_during_its_calibrations_is_judged_in_plain_seconds_and_s
     assert (busy.verdict, busy.reason) == ("fail", "slower")
     assert "the session's own processes used the run's 0.50 cores during the calibrations" in busy.message
     assert "judged in plain seconds" in busy.message
-    assert row(SLOWER, [c * 1.4 for c in BASE_CAL], own=OWN_BUSY_CORES / 2).verdict == "inconclusive"
+    assert row(SLOWER, [c * 1.4 for c in BASE_CAL], own=0.1).verdict == "inconclusive"
     evidence = MachineEvidence((0.01,), (0.01,), own_cores=0.0, base_own_cores=0.3)
     assert evidence.session_busy and not evidence.calibrated and "the baseline's 0.30 cores" in evidence.busy_text()
 
@@ -205,14 +205,16 @@ def test_a_watch_sees_the_sessions_own_processes_busy_during_its_calibrations() 
     for _ in range(2):
         watch.calibrate()
     assert watch.figures(2)["own_cores"][0] < OWN_BUSY_CORES  # this process alone: its other threads idle
-    child = subprocess.Popen([sys.executable, "-c", BUSY_CHILD.format(seconds=60)])
+    # two busy children: each may get only part of a core on a shared 2-core machine
+    children = [subprocess.Popen([sys.executable, "-c", BUSY_CHILD.format(seconds=60)]) for _ in range(2)]
     try:
-        time.sleep(0.5)  # past the interpreter's start
+        time.sleep(0.5)  # past the interpreters' start
         for _ in range(3):
             watch.calibrate()
     finally:
-        child.kill()
-        child.wait()
+        for child in children:
+            child.kill()
+            child.wait()
     assert watch.figures(3)["own_cores"][0] >= OWN_BUSY_CORES
 
 
