@@ -53,7 +53,14 @@ from pytest_rlbench.gate_basis import (
     normalise_gpu,
     per_gpu_gate,
 )
-from pytest_rlbench.machine_load import CALIBRATION, MACHINE, OTHER_CORES, STEAL_CORES, machine_metric
+from pytest_rlbench.machine_load import (
+    CALIBRATION,
+    MACHINE,
+    OTHER_CORES,
+    OWN_CORES,
+    STEAL_CORES,
+    machine_metric,
+)
 from pytest_rlbench.metrics import (
     DEFAULT_TOLERANCE,
     EFFICIENCY_FAMILIES,
@@ -184,9 +191,10 @@ def machine_evidence(run: RunRecord, baseline: RunRecord, phase: str) -> Machine
     run_cal, base_cal = run.metrics.get(calibration), baseline.metrics.get(calibration)
     if run_cal is None or base_cal is None or not run_cal.value or not base_cal.value:
         return None
-    load = [r.metrics.get(machine_metric(f, phase)) for r, f in ((run, OTHER_CORES), (run, STEAL_CORES), (baseline, OTHER_CORES))]
-    other, steal, base_other = (m.value[0] if m is not None and m.value else None for m in load)
-    return MachineEvidence(tuple(run_cal.value), tuple(base_cal.value), other, steal, base_other)
+    sides = ((run, OTHER_CORES), (run, STEAL_CORES), (baseline, OTHER_CORES), (run, OWN_CORES), (baseline, OWN_CORES))
+    load = [r.metrics.get(machine_metric(f, phase)) for r, f in sides]
+    other, steal, base_other, own, base_own = (m.value[0] if m is not None and m.value else None for m in load)
+    return MachineEvidence(tuple(run_cal.value), tuple(base_cal.value), other, steal, base_other, own, base_own)
 
 
 def _gate_rows(

@@ -14,6 +14,10 @@ per phase separate that from a regression and from CPU contention inside the mac
   hypervisor took from this VM (/proc/stat's steal), each in cores on average, read from /proc
   (Linux; None elsewhere). A busy process beside the session shows in the first; the calibration
   alone could not tell it from a slower host.
+- ``own_cores``: the CPU the session's own processes and threads (all but the calibrating thread) used
+  during the calibrations, in cores. A change that keeps workers busy between rounds slows the
+  calibration as it slows the phase; dividing by that calibration would hide the regression, so the
+  gate falls back to plain seconds above ``verdict.OWN_BUSY_CORES``.
 
 They are recorded as the run's metrics ``machine/<figure>/<phase>`` (``machine_metric``), so a saved
 baseline keeps its own session's figures for ``pytest_rlbench.verdict`` to compare with.
@@ -22,6 +26,7 @@ baseline keeps its own session's figures for ``pytest_rlbench.verdict`` to compa
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +37,7 @@ MACHINE = "machine"  # the metric family of these figures: never judged on its o
 CALIBRATION = "calibration_s"
 OTHER_CORES = "other_cores"
 STEAL_CORES = "steal_cores"
+OWN_CORES = "own_cores"
 
 
 def machine_metric(figure: str, phase: str) -> str:
@@ -81,7 +87,7 @@ class CpuSnapshot:
     wall_s: float
     busy_ticks: int  # user + nice + system + irq + softirq of every CPU
     steal_ticks: int
-    ours: dict[int, int]  # pid -> utime + stime of this process and each of its descendants
+    ours: dict[int, int]  # pid -> CPU ticks of this process and each descendant, its reaped children's included
 
 
 def _stat_fields(pid: int | str) -> list[str] | None:
@@ -93,10 +99,11 @@ def _stat_fields(pid: int | str) -> list[str] | None:
 
 
 def _process_table() -> Iterator[tuple[int, int, int]]:
-    """(pid, ppid, utime + stime ticks) of every process readable in /proc."""
+    """(pid, ppid, ticks) of every process readable in /proc: utime + stime + cutime + cstime (proc(5)),
+    so that a child that ran and exited (a Ray worker, a subprocess) still counts, in its parent."""
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and (fields := _stat_fields(entry)) is not None and len(fields) > 12:
-            yield int(entry), int(fields[1]), int(fields[11]) + int(fields[12])
+        if entry.isdigit() and (fields := _stat_fields(entry)) is not None and len(fields) > 14:
+            yield int(entry), int(fields[1]), sum(int(v) for v in fields[11:15])
 
 
 def descendants_ticks(table: list[tuple[int, int, int]], root: int) -> dict[int, int]:
@@ -128,12 +135,41 @@ def cpu_snapshot() -> CpuSnapshot | None:
     return CpuSnapshot(time.monotonic(), user + nice + system + irq + softirq, steal, ours)
 
 
+def session_pids() -> list[int]:
+    """This process and its descendants, now."""
+    return list(descendants_ticks(list(_process_table()), os.getpid()))
+
+
+def thread_cpu_ns(pids: list[int], skip_tid: int) -> dict[int, int]:
+    """tid -> nanoseconds on a CPU (/proc/PID/task/TID/schedstat's first field: nanosecond counts, where
+    /proc/PID/stat's ticks are too coarse for a 5 ms window) of every thread of ``pids`` but ``skip_tid``."""
+    out: dict[int, int] = {}
+    for pid in pids:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except (OSError, ValueError):
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="utf-8") as fh:
+                    if tid != skip_tid:
+                        out[tid] = int(fh.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def busy_seconds(before: dict[int, int], after: dict[int, int]) -> float:
+    """CPU seconds the threads used between two ``thread_cpu_ns`` readings (a new thread: all of its own)."""
+    return sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e9
+
+
 def cores_used(before: CpuSnapshot, after: CpuSnapshot, ticks_per_s: float) -> tuple[float, float]:
     """(cores used by processes outside the session, cores stolen by the hypervisor) on average between
-    two snapshots. A process of ours that ended in between counts its ticks as outside (it is rare:
-    no process of the session ends during a phase's rounds)."""
+    two snapshots. The session's ticks are its totals' difference: a process of ours that ended in
+    between moved its ticks, the ones before the window too, into its parent's reaped-children figure."""
     elapsed = max(after.wall_s - before.wall_s, 1e-9) * ticks_per_s
-    ours = sum(used - before.ours.get(pid, 0) for pid, used in after.ours.items())
+    ours = sum(after.ours.values()) - sum(before.ours.values())
     other = max(after.busy_ticks - before.busy_ticks - ours, 0)
     return other / elapsed, max(after.steal_ticks - before.steal_ticks, 0) / elapsed
 
@@ -145,12 +181,20 @@ class MachineWatch:
 
     def __init__(self) -> None:
         self.calibrations: list[float] = []
+        self._own: list[tuple[float, float] | None] = []  # per calibration: (our other CPU s, wall s)
         self._start: CpuSnapshot | None = None
         self._load: tuple[float, float] | None = None
         calibration_round()  # untimed: builds the inputs and warms the kernels
 
     def calibrate(self) -> None:
+        """One calibration, and what the session's other threads and processes used meanwhile."""
+        pids, tid = session_pids(), threading.get_native_id()
+        before = thread_cpu_ns(pids, tid)
+        start = time.perf_counter()
         self.calibrations.append(calibration_round())
+        after = thread_cpu_ns(pids, tid)
+        wall = time.perf_counter() - start
+        self._own.append((busy_seconds(before, after), wall) if after else None)
 
     def start(self) -> None:
         self._start = cpu_snapshot()
@@ -162,6 +206,9 @@ class MachineWatch:
 
     def figures(self, timed: int) -> dict[str, list[float]]:
         out = {CALIBRATION: self.calibrations[-timed:]} if timed and len(self.calibrations) >= timed else {}
+        own = self._own[-timed:] if out else []
+        if own and all(o is not None for o in own):
+            out[OWN_CORES] = [sum(o[0] for o in own if o) / max(sum(o[1] for o in own if o), 1e-9)]
         if self._load is not None:
             out[OTHER_CORES], out[STEAL_CORES] = [self._load[0]], [self._load[1]]
         return out

@@ -20,11 +20,39 @@ DEFAULT_TOLERANCE = 0.10
 # of 5 rounds. The tolerance must then sit clearly below the 25% slowdown of one phase that issue 12
 # asks the gate to catch: at 0.20 a true 1.25x lies one or two noise widths above the threshold.
 DEFAULT_CPU_TOLERANCE = 0.15
+# Where plain seconds decide a CPU phase (no calibration on one side: a baseline saved without machine/*
+# figures, a session on an external Ray; or CPU contention), the host's drift is still in the figures.
+DEFAULT_UNCALIBRATED_CPU_TOLERANCE = 0.20
+
+
+class DefaultTolerance(float):
+    """A tolerance nobody chose (neither --rl-tolerance, the ini file nor the baseline file gives one):
+    its value applies to a verdict relative to the machine's speed, ``uncalibrated`` where plain
+    seconds decide (``pytest_rlbench.verdict``). A chosen tolerance is a plain float and always wins."""
+
+    uncalibrated: float
+
+    def __new__(cls, value: float, uncalibrated: float) -> DefaultTolerance:
+        out = super().__new__(cls, value)
+        out.uncalibrated = uncalibrated
+        return out
+
+    def __reduce__(self) -> tuple[type, tuple[float, float]]:  # pickled with both values
+        return DefaultTolerance, (float(self), self.uncalibrated)
 
 
 def default_tolerance(gpu: bool) -> float:
     """The tolerance when neither --rl-tolerance nor the baseline file gives one."""
-    return DEFAULT_TOLERANCE if gpu else DEFAULT_CPU_TOLERANCE
+    if gpu:
+        return DEFAULT_TOLERANCE
+    return DefaultTolerance(DEFAULT_CPU_TOLERANCE, DEFAULT_UNCALIBRATED_CPU_TOLERANCE)
+
+
+def applied_tolerance(tolerance: float, calibrated: bool) -> float:
+    """The tolerance a verdict uses: a default one's uncalibrated value where plain seconds decide."""
+    if isinstance(tolerance, DefaultTolerance) and not calibrated:
+        return tolerance.uncalibrated
+    return float(tolerance)
 
 TIMING = "timing_s"
 TIMING_PER_TOKEN = "timing_per_token_ms"

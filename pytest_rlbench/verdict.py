@@ -28,10 +28,17 @@ rounds, on both sides, by the rules above. Then
   run's rounds, or during the baseline's) the plain verdict stands and a failure names the
   contention: the calibration slows under contention as the phase does, so dividing by it would
   hide it;
-- otherwise a phase that is slower only in plain seconds, not relative to the machine, is
-  "inconclusive" (reason "machine slower"), naming how much slower the machine itself ran: a slower
-  host, which no single session can tell from a regression; it does not fail the session;
+- where the session's own processes used ``OWN_BUSY_CORES`` or more during its calibrations (in the
+  run or the baseline), plain seconds decide too, and the verdict says why: workers kept busy between
+  rounds slow the calibration as they slow the phase, and dividing by it would hide that;
+- otherwise a phase that fails in plain seconds but not relative to the machine (the relative
+  verdict passes, or is itself inconclusive) is "inconclusive" (reason "machine slower"), naming
+  how much slower the machine itself ran: a slower host, which no single session can tell from a
+  regression; it does not fail the session;
 - and a phase slower relative to the machine fails, even where the machine ran faster and hid it.
+The default tolerance on CPU workers (``metrics.default_tolerance``) is 0.15 for a verdict relative to
+the machine and 0.20 wherever plain seconds decide (no machine figures on a side, contention, a busy
+session); a tolerance from --rl-tolerance, the ini file or the baseline file applies to both.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from pytest_rlbench.derived import Figure
 from pytest_rlbench.metrics import (
     FAMILIES,
     TIMING,
+    DefaultTolerance,
+    applied_tolerance,
     family_of,
     format_value,
     metric_label,
@@ -59,6 +68,11 @@ ALPHA = 0.01  # the one-sided level of the rank test
 # and agent, in ps); one busy loop beside a session whose two workers are busy gets about two thirds
 # of a core of a 2-core machine, and with 2x contention the busy loops took 1.65-1.8 cores.
 CONTENTION_CORES = 0.25
+# Average cores used by the session's own threads and processes (all but the calibrating thread)
+# during a phase's calibrations from which the calibration no longer measures the machine alone. An
+# idle embedded Ray with two actors used 0.03-0.10 (its raylet, GCS and io threads; 2-core VM, over 5
+# calibrations); one worker thread kept busy uses up to a core.
+OWN_BUSY_CORES = 0.25
 
 Verdict = Literal["pass", "fail", "inconclusive", "reference", "not run"]
 Mode = Literal["gate", "reference"]
@@ -93,6 +107,8 @@ class MachineEvidence:
     other_cores: float | None = None  # the run: cores used by processes outside the session
     steal_cores: float | None = None  # the run: cores taken by the hypervisor
     base_other_cores: float | None = None  # the baseline's session: cores used outside it
+    own_cores: float | None = None  # the run: cores the session's own processes used during calibrations
+    base_own_cores: float | None = None
 
     @property
     def speed_ratio(self) -> float:
@@ -104,6 +120,22 @@ class MachineEvidence:
         """Whether either session ran beside CPU contention: then its calibration measured the
         contention as much as the machine, and relative figures would mislead."""
         return any(c is not None and c >= CONTENTION_CORES for c in (self.other_cores, self.base_other_cores))
+
+    @property
+    def session_busy(self) -> bool:
+        """Whether either session's own processes were busy during its calibrations."""
+        return any(c is not None and c >= OWN_BUSY_CORES for c in (self.own_cores, self.base_own_cores))
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether a verdict may divide by the calibrations: no contention, no busy session."""
+        return not self.contended and not self.session_busy
+
+    def busy_text(self) -> str:
+        sides = [f"{name} {c:.2f} cores" for name, c in (("the run's", self.own_cores), ("the baseline's",
+                 self.base_own_cores)) if c is not None and c >= OWN_BUSY_CORES]
+        return (f"the session's own processes used {' and '.join(sides)} during the calibrations (from "
+                f"{OWN_BUSY_CORES:g}): judged in plain seconds")
 
     def describe(self) -> str:
         speed = self.speed_ratio
@@ -156,6 +188,12 @@ def _worse(fig: Figure) -> str:
     return "slower" if fig.family == TIMING else "higher"
 
 
+def judged_relative(run_fig: Figure, base_fig: Figure, machine: MachineEvidence | None) -> bool:
+    """Whether the figure is a phase's time judged relative to the machine's speed."""
+    usable = machine is not None and machine.calibrated
+    return usable and base_fig.family == TIMING and bool(run_fig.samples) and bool(base_fig.samples)
+
+
 def gate_verdict(
     run_fig: Figure,
     base_fig: Figure,
@@ -174,6 +212,8 @@ def gate_verdict(
         if verdict == "fail" or reason == "not significant":
             why += f"; {machine.describe()}: CPU contention"
         return verdict, reason, why
+    if machine.session_busy:
+        return verdict, reason, f"{why}; {machine.busy_text()}"
     run_rel, base_rel = _relative(run_fig, machine.run_calibration), _relative(base_fig, machine.base_calibration)
     rel_verdict, rel_reason, rel_why = plain_verdict(run_rel, base_rel, tolerance, run_time, device)
     rel_ratio = run_rel.value / base_rel.value if run_rel.value and base_rel.value else float("nan")
@@ -241,6 +281,8 @@ def judge(
     did not run (``-k``) as "not run" rather than missing."""
     measured = run_fig.value if run_fig is not None else None
     base, unit = base_fig.value, base_fig.unit
+    relative = run_fig is not None and judged_relative(run_fig, base_fig, machine)
+    applied = applied_tolerance(tolerance, relative)  # a default one: by whether plain seconds decide
     ratio = measured / base if measured is not None and base else None
     ratio_text = f"ratio {ratio:.2f}" if ratio is not None else "ratio n/a"
     numbers = f"{format_value(measured, unit)} vs {format_value(base, unit)} in baseline '{baseline_name}'"
@@ -258,9 +300,16 @@ def judge(
         detail = f"{numbers} ({ratio_text}): {role}"
     else:
         assert run_fig is not None
-        verdict, reason, why = gate_verdict(run_fig, base_fig, tolerance, run_time, device, machine)
-        detail = f"{numbers} ({ratio_text}, tolerance {tolerance:.2f}): {reason}{why}"
+        verdict, reason, why = gate_verdict(run_fig, base_fig, applied, run_time, device, machine)
+        detail = f"{numbers} ({ratio_text}, tolerance {applied:.2f}{_default_text(tolerance, relative)}): {reason}{why}"
     message = f"{metric_label(base_fig.metric)}: {detail}"
     return Comparison(
-        base_fig.metric, base_fig.phase, measured, base, baseline_name, ratio, tolerance, verdict, reason, message, unit
+        base_fig.metric, base_fig.phase, measured, base, baseline_name, ratio, applied, verdict, reason, message, unit
     )
+
+
+def _default_text(tolerance: float, relative: bool) -> str:
+    """Which default a tolerance nobody chose is, in the verdict's text."""
+    if not isinstance(tolerance, DefaultTolerance):
+        return ""
+    return ", the default relative to the machine's speed" if relative else ", the default in plain seconds"

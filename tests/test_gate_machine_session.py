@@ -55,3 +55,25 @@ def test_a_slower_machine_is_inconclusive_and_a_phase_slower_than_the_machine_fa
     slower_phase = run(pytester, 0.075, 0.010, f"--rl-baseline={saved}")
     slower_phase.assert_outcomes(failed=1)
     assert "relative to the machine's speed ratio 1.5" in slower_phase.stdout.str()
+
+
+# The session's own workers busy during every calibration (what a change that keeps worker threads busy
+# between rounds does): the calibration no longer measures the machine alone.
+BUSY_CONFTEST = CONFTEST + """
+machine_load.busy_seconds = lambda before, after: 1.0
+"""
+
+
+def test_a_session_busy_during_its_calibrations_is_judged_in_plain_seconds(pytester: pytest.Pytester) -> None:
+    saved = pytester.path / "base.json"
+    run(pytester, 0.05, 0.010, f"--rl-save-baseline={saved}").assert_outcomes(passed=1)
+    assert json.loads(saved.read_text())["metrics"]["machine/own_cores/update_actor"]["value"] < 0.25
+    # the phase and the calibration both 1.5x slower, but the session was busy while it calibrated
+    pytester.makeconftest(BUSY_CONFTEST.format(calibration=0.015))
+    pytester.makepyfile(test_suite=SUITE.format(delay=0.075))
+    busy = pytester.runpytest_subprocess("--rl-rounds=5", "--rl-warmup-rounds=1", "-p", "no:randomly",
+                                         f"--rl-baseline={saved}")
+    busy.assert_outcomes(failed=1)
+    out = busy.stdout.str()
+    assert "during the calibrations (from 0.25): judged in plain seconds" in out
+    assert "tolerance 0.20, the default in plain seconds" in out

@@ -6,11 +6,12 @@ in-process: none of these runs starts Ray.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
 
-from pytest_rlbench.metrics import DEFAULT_CPU_TOLERANCE
+from pytest_rlbench.metrics import DEFAULT_CPU_TOLERANCE, DefaultTolerance, applied_tolerance
 from pytest_rlbench.option_table import OPTIONS
 from pytest_rlbench.options import (
     DEFAULT_TOLERANCE,
@@ -46,6 +47,7 @@ def test_defaults_are_a_plain_local_cpu_run(tmp_path: Path) -> None:
     assert opts.embedded and opts.ray_address is None
     assert (opts.model, opts.rollout, opts.dataset) == ("tiny", "hf", None)
     assert opts.tolerance == DEFAULT_CPU_TOLERANCE == 0.15  # CPU workers: judged relative to the machine
+    assert isinstance(opts.tolerance, DefaultTolerance) and opts.tolerance.uncalibrated == 0.20  # plain seconds
     assert parse(tmp_path, rl_gpu=True).tolerance == DEFAULT_TOLERANCE == 0.10
     assert opts.config_overrides == () and opts.baselines == ()
     cfg = build_trainer_config(opts)
@@ -95,6 +97,12 @@ def test_rl_config_may_set_an_owned_key_when_its_option_is_not_given(tmp_path: P
 def test_tolerance_zero_is_allowed_and_ray_address_comes_from_the_environment(tmp_path: Path) -> None:
     assert parse(tmp_path, rl_tolerance="0").tolerance == 0.0
     assert parse(tmp_path, rl_tolerance="0.25").tolerance == 0.25
+    chosen = parse(tmp_path, rl_tolerance="0.15").tolerance  # chosen: it applies to plain seconds too
+    assert chosen == 0.15 and applied_tolerance(chosen, calibrated=False) == 0.15
+    default = parse(tmp_path).tolerance
+    assert (applied_tolerance(default, calibrated=True), applied_tolerance(default, calibrated=False)) == (0.15, 0.20)
+    copied = pickle.loads(pickle.dumps(default))
+    assert isinstance(copied, DefaultTolerance) and (copied, copied.uncalibrated) == (0.15, 0.20)
     env = parse(tmp_path, environ={"RAY_ADDRESS": "10.0.0.1:6379"})
     assert env.ray_address == "10.0.0.1:6379" and env.ray_address_source == "RAY_ADDRESS" and not env.embedded
     both = parse(tmp_path, environ={"RAY_ADDRESS": "10.0.0.1:6379"}, rl_ray_address="10.0.0.2:6379")

@@ -5,6 +5,10 @@ and the figures' own plumbing (CPU use from /proc, a phase's calibrations)."""
 from __future__ import annotations
 
 import os
+import resource
+import subprocess
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -13,7 +17,8 @@ from test_compare import record
 from pytest_rlbench import machine_load
 from pytest_rlbench.compare import compare, machine_evidence, phase_failures
 from pytest_rlbench.machine_load import CpuSnapshot, cores_used, descendants_ticks, machine_metric
-from pytest_rlbench.verdict import CONTENTION_CORES, MachineEvidence, relative_samples
+from pytest_rlbench.metrics import default_tolerance
+from pytest_rlbench.verdict import CONTENTION_CORES, OWN_BUSY_CORES, MachineEvidence, relative_samples
 
 CPU = {"device": "cpu", "gpus_per_node": None, "gpu_model": None, "cpu_model": "AMD EPYC", "cpus_per_node": 2}
 BASE_ROUNDS = [1.0, 1.01, 1.02, 1.03, 1.04]
@@ -24,18 +29,26 @@ def metric(values: list[float], unit: str = "s") -> dict[str, Any]:
     return {"value": values, "unit": unit, "higher_is_better": False}
 
 
-def cpu_record(name: str, seconds: list[float], calibration: list[float] | None, other: float = 0.0) -> Any:
+def cpu_record(
+    name: str, seconds: list[float], calibration: list[float] | None, other: float = 0.0, own: float | None = None,
+    **changes: Any,
+) -> Any:
     metrics = {}
     if calibration is not None:
         metrics[machine_metric("calibration_s", "update_actor")] = metric(calibration)
         metrics[machine_metric("other_cores", "update_actor")] = metric([other], "cores")
         metrics[machine_metric("steal_cores", "update_actor")] = metric([0.0], "cores")
-    return record(name, hardware=CPU, phases={"update_actor": {"seconds": seconds}}, metrics=metrics)
+        if own is not None:
+            metrics[machine_metric("own_cores", "update_actor")] = metric([own], "cores")
+    return record(name, hardware=CPU, phases={"update_actor": {"seconds": seconds}}, metrics=metrics, **changes)
 
 
-def row(run_seconds: list[float], run_cal: list[float] | None, other: float = 0.0, base_cal: Any = BASE_CAL) -> Any:
-    base = cpu_record("local-ci", BASE_ROUNDS, base_cal)
-    result = compare(cpu_record("run", run_seconds, run_cal, other), base, 0.15)
+def row(
+    run_seconds: list[float], run_cal: list[float] | None, other: float = 0.0, base_cal: Any = BASE_CAL,
+    tolerance: float = 0.15, own: float | None = None, **base_changes: Any,
+) -> Any:
+    base = cpu_record("local-ci", BASE_ROUNDS, base_cal, **base_changes)
+    result = compare(cpu_record("run", run_seconds, run_cal, other, own), base, tolerance)
     assert result.mode == "gate"
     return {c.metric: c for c in result.comparisons}["timing_s/update_actor"]
 
@@ -144,3 +157,83 @@ def test_a_watch_records_each_timed_rounds_calibration_and_the_load() -> None:
     figures = watch.figures(2)
     assert len(figures["calibration_s"]) == 2 and all(0 < s < 5 for s in figures["calibration_s"])
     assert figures["other_cores"][0] >= 0 and figures["steal_cores"][0] >= 0
+
+
+# ----------------------------------------------------------------------------- which default tolerance
+SLIGHTLY_SLOWER = [1.18, 1.19, 1.2, 1.21, 1.22]  # 1.17x the baseline: past 0.15, within 0.20
+CPU_DEFAULT = default_tolerance(gpu=False)
+
+
+def test_the_015_default_applies_only_relative_to_the_machine_and_020_where_plain_seconds_decide() -> None:
+    calibrated = row(SLIGHTLY_SLOWER, BASE_CAL, tolerance=CPU_DEFAULT)
+    assert (calibrated.verdict, calibrated.tolerance) == ("fail", 0.15)
+    assert "tolerance 0.15, the default relative to the machine's speed" in calibrated.message
+    # a baseline saved before the calibration existed; a contended run: the host's drift is in the seconds
+    for plain in (row(SLIGHTLY_SLOWER, BASE_CAL, base_cal=None, tolerance=CPU_DEFAULT),
+                  row(SLIGHTLY_SLOWER, None, tolerance=CPU_DEFAULT),
+                  row(SLIGHTLY_SLOWER, BASE_CAL, other=0.9, tolerance=CPU_DEFAULT)):
+        assert (plain.verdict, plain.tolerance) == ("pass", 0.20)
+        assert "tolerance 0.20, the default in plain seconds" in plain.message
+
+
+def test_a_chosen_tolerance_always_wins_over_either_default() -> None:
+    chosen = row(SLIGHTLY_SLOWER, None, tolerance=0.15)  # --rl-tolerance=0.15 or the ini file
+    assert (chosen.verdict, chosen.tolerance) == ("fail", 0.15) and "the default" not in chosen.message
+    from_file = row(SLIGHTLY_SLOWER, None, tolerance=CPU_DEFAULT, tolerances={"timing_s": 0.15})
+    assert (from_file.verdict, from_file.tolerance) == ("fail", 0.15) and "the default" not in from_file.message
+
+
+# ----------------------------------------------------------------------------- the session busy meanwhile
+def test_a_session_busy_during_its_calibrations_is_judged_in_plain_seconds_and_says_so() -> None:
+    # the phase and the calibration both 1.4x slower because the session's own workers stayed busy:
+    # relative figures would call it "machine slower"; plain seconds fail it
+    busy = row(SLOWER, [c * 1.4 for c in BASE_CAL], own=0.5)
+    assert (busy.verdict, busy.reason) == ("fail", "slower")
+    assert "the session's own processes used the run's 0.50 cores during the calibrations" in busy.message
+    assert "judged in plain seconds" in busy.message
+    assert row(SLOWER, [c * 1.4 for c in BASE_CAL], own=0.1).verdict == "inconclusive"
+    evidence = MachineEvidence((0.01,), (0.01,), own_cores=0.0, base_own_cores=0.3)
+    assert evidence.session_busy and not evidence.calibrated and "the baseline's 0.30 cores" in evidence.busy_text()
+
+
+BUSY_CHILD = "import time\nt = time.process_time()\nwhile time.process_time() - t < {seconds}: pass"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
+def test_a_watch_sees_the_sessions_own_processes_busy_during_its_calibrations() -> None:
+    watch = machine_load.MachineWatch()
+    for _ in range(2):
+        watch.calibrate()
+    assert watch.figures(2)["own_cores"][0] < OWN_BUSY_CORES  # this process alone: its other threads idle
+    # two busy children: each may get only part of a core on a shared 2-core machine
+    children = [subprocess.Popen([sys.executable, "-c", BUSY_CHILD.format(seconds=60)]) for _ in range(2)]
+    try:
+        time.sleep(0.5)  # past the interpreters' start
+        for _ in range(3):
+            watch.calibrate()
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    assert watch.figures(3)["own_cores"][0] >= OWN_BUSY_CORES
+
+
+# ----------------------------------------------------------------------------- exited children
+def test_a_child_that_exited_between_snapshots_counts_as_the_sessions_not_as_other() -> None:
+    # pid 2 used 50 ticks before the window and 30 in it, then exited: its parent reaped all 80. Of the
+    # machine's 60 busy ticks the session's are those 30; the other 30 are another process's.
+    before = snapshot(0.0, 1000, 0, {1: 100, 2: 50})
+    after = snapshot(1.0, 1060, 0, {1: 180})
+    assert cores_used(before, after, 100.0)[0] == pytest.approx(0.3)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
+def test_a_snapshot_counts_the_cpu_of_a_child_that_ran_and_exited() -> None:
+    before, reaped_before = machine_load.cpu_snapshot(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", BUSY_CHILD.format(seconds=0.4)], check=True)
+    after, reaped_after = machine_load.cpu_snapshot(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert before is not None and after is not None
+    ticks = os.sysconf("SC_CLK_TCK")
+    child_ticks = (reaped_after.ru_utime + reaped_after.ru_stime - reaped_before.ru_utime - reaped_before.ru_stime)
+    assert child_ticks >= 0.4
+    assert sum(after.ours.values()) - sum(before.ours.values()) >= 0.8 * child_ticks * ticks
