@@ -11,7 +11,18 @@ import re
 
 import pytest
 
-pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
+pytestmark = pytest.mark.usefixtures("plugin_deps_loaded", "steady_machine")  # see tests/conftest.py
+
+
+@pytest.fixture
+def steady_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine as the gate sees it holds still: a fixed calibration, nobody else on the CPU. The
+    phases here are sleeps, which a busy CI machine does not slow while it slows a real calibration;
+    the machine evidence itself is tested in tests/test_gate_machine_session.py."""
+    from pytest_rlbench import machine_load
+
+    monkeypatch.setattr(machine_load, "calibration_round", lambda: 0.010)
+    monkeypatch.setattr(machine_load, "cores_used", lambda before, after, ticks_per_s: (0.0, 0.0))
 
 SUITE = """
 import time
