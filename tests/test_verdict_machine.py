@@ -15,10 +15,17 @@ import pytest
 from test_compare import record
 
 from pytest_rlbench import machine_load
+from pytest_rlbench import verdict as verdict_module
 from pytest_rlbench.compare import compare, machine_evidence, phase_failures
 from pytest_rlbench.machine_load import CpuSnapshot, cores_used, descendants_ticks, machine_metric
 from pytest_rlbench.metrics import default_tolerance
 from pytest_rlbench.verdict import CONTENTION_CORES, OWN_BUSY_CORES, MachineEvidence, relative_samples
+
+
+@pytest.fixture(autouse=True)
+def relative_verdict_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests cover the relative verdict's machinery, which is off by default."""
+    monkeypatch.setattr(verdict_module, "RELATIVE_VERDICT", True)
 
 CPU = {"device": "cpu", "gpus_per_node": None, "gpu_model": None, "cpu_model": "AMD EPYC", "cpus_per_node": 2}
 BASE_ROUNDS = [1.0, 1.01, 1.02, 1.03, 1.04]
@@ -64,6 +71,16 @@ def test_a_machine_that_ran_slower_as_a_whole_is_inconclusive_and_says_how_much_
     assert "other processes used 0.00 cores" in verdict.message
     assert "machine slower: slower in seconds (p = 0.004 < 0.01, 5 vs 5 rounds) but" in verdict.message
     assert "relative to it the phase is at ratio 0.99 (within tolerance)" in verdict.message
+
+
+def test_by_default_plain_seconds_decide_and_the_machine_figures_are_only_shown(monkeypatch) -> None:
+    # the measured calibration was bimodal on the CI VM (verdict.RELATIVE_VERDICT): it must not decide
+    monkeypatch.setattr(verdict_module, "RELATIVE_VERDICT", False)
+    slower_machine = row(SLOWER, [c * 1.4 for c in BASE_CAL])
+    assert (slower_machine.verdict, slower_machine.reason) == ("fail", "slower")
+    assert "the machine's figures, not used by the verdict: calibration" in slower_machine.message
+    # a phase within tolerance in seconds passes whatever the calibration says
+    assert row([1.1, 1.11, 1.12, 1.13, 1.14], [c / 1.3 for c in BASE_CAL]).verdict == "pass"
 
 
 def test_a_phase_slower_than_the_machine_fails() -> None:
