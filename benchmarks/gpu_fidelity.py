@@ -36,6 +36,8 @@ from trainer.models.presets import build_model, load_tokenizer
 from trainer.rollout import make_engine
 from trainer.rollout.base import SamplingParams
 from trainer.rollout.sampling_audit import fp32_reference, reference_figures
+from trainer.workers.actor import compute_log_probs
+from trainer.workers.distributed import DataParallel
 from trainer.workers.fsdp import PolicyModel
 
 
@@ -66,19 +68,12 @@ def one_update(model: torch.nn.Module, prompts: torch.Tensor, lr: float) -> None
     model.eval()
 
 
-@torch.no_grad()
 def trainer_log_probs(actor: torch.nn.Module, batch: Batch, device: str, rows_per_forward: int = 8) -> torch.Tensor:
-    """old_log_prob as the step computes it: the bf16 actor's forward at temperature 1, [B, R] on CPU."""
-    policy = PolicyModel(actor)
-    parts = []
-    for start in range(0, batch.size, rows_per_forward):
-        part = batch.select(list(range(start, min(start + rows_per_forward, batch.size)))).to(device)
-        lp, _ = policy(
-            input_ids=part.input_ids, attention_mask=part.attention_mask, position_ids=part.position_ids,
-            response_ids=part.response_ids, temperature=1.0,
-        )
-        parts.append(lp.float().cpu())
-    return torch.cat(parts)
+    """old_log_prob as the step computes it (trainer.workers.actor.compute_log_probs): the bf16
+    actor's forward at temperature 1, [B, R] on CPU."""
+    return compute_log_probs(
+        PolicyModel(actor), batch, 1.0, rows_per_forward, False, 0, DataParallel(), torch.device(device)
+    )
 
 
 def synchronize() -> None:

@@ -56,7 +56,7 @@ def run(policy: PolicyModel, layout: str, ids, mask, positions, response, backwa
     attention mask) or, for comparison, the decoder called with the batch's padding mask as before."""
     with torch.set_grad_enabled(backward):
         if layout == "left-justified":
-            logp, _ = policy(ids, mask, positions, response)
+            logp, _ = policy(ids, mask, response)
         else:
             r = response.shape[1]
             hidden = policy.lm.get_decoder()(

@@ -136,8 +136,8 @@ def test_policy_log_probs_equal_the_models_own_logits():
     model = build_model("tiny", seed=0)
     batch = toy_batch()
     with torch.no_grad():
-        logp, entropy = PolicyModel(model)(batch.input_ids, batch.attention_mask, batch.position_ids,
-                                           batch.response_ids, temperature=0.7, with_entropy=True)
+        logp, entropy = PolicyModel(model)(batch.input_ids, batch.attention_mask, batch.response_ids,
+                                           temperature=0.7, with_entropy=True)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                        position_ids=batch.position_ids).logits[:, -7:-1] / 0.7
     expected = torch.log_softmax(logits, -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)

@@ -41,6 +41,7 @@ On CPU, or with rollout.enforce_eager, the same step runs eagerly, and sampling 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -202,8 +203,6 @@ class FastRolloutEngine(RolloutEngine):
         key = (view.batch, attn_len)
         graph = self._graphs.get(key)
         if graph is None:
-            import time
-
             start = time.perf_counter()
             if self._capture_stream is None:
                 self._capture_stream = torch.cuda.Stream(self.device)

@@ -41,7 +41,7 @@ def reference_figures(
     for start in range(0, batch.size, rows_per_forward):
         part = batch.select(list(range(start, min(start + rows_per_forward, batch.size)))).to(device)
         lp, h = reference(
-            input_ids=part.input_ids, attention_mask=part.attention_mask, position_ids=part.position_ids,
+            input_ids=part.input_ids, attention_mask=part.attention_mask,
             response_ids=part.response_ids, temperature=temperature, with_entropy=True,
         )
         assert h is not None

@@ -98,7 +98,6 @@ def response_log_probs(
     return model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
         response_ids=batch.response_ids,
         temperature=temperature,
         with_entropy=with_entropy,

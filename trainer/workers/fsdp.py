@@ -72,7 +72,6 @@ class PolicyModel(nn.Module):
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
         response_ids: torch.Tensor,
         temperature: float = 1.0,
         with_entropy: bool = False,
@@ -81,8 +80,8 @@ class PolicyModel(nn.Module):
 
         In the batch's layout ([left-padded prompt P | response R]) position P-1+t predicts response
         token t. The forward runs on the rows left-justified (trainer.batch.left_justify: no attention
-        mask, positions 0..S-1, the same as ``position_ids`` on every real token), where that position
-        is P-1+t minus the row's left padding.
+        mask, positions 0..S-1, which on every real token are ``trainer.batch.position_ids_from_mask``'s),
+        where that position is P-1+t minus the row's left padding.
         """
         r = response_ids.shape[1]
         ids, pads = left_justify(input_ids, attention_mask)  # ids [B, S], pads [B]
