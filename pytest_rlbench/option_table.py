@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pytest_rlbench.metrics import (
-    DEFAULT_CPU_TOLERANCE,
     DEFAULT_TOLERANCE,
     DEFAULT_UNCALIBRATED_CPU_TOLERANCE,
 )
@@ -108,8 +107,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--rl-tolerance",
         "float",
         f"Allowed fraction of slowdown against a baseline, 0 <= t < 1 (default {DEFAULT_TOLERANCE} with --gpu, "
-        f"{DEFAULT_CPU_TOLERANCE} on CPU workers relative to the machine's speed, "
-        f"{DEFAULT_UNCALIBRATED_CPU_TOLERANCE} where plain seconds decide).",
+        f"{DEFAULT_UNCALIBRATED_CPU_TOLERANCE} on CPU workers).",
         "FRACTION",
     ),
     OptionSpec(
