@@ -19,9 +19,14 @@ from typing import Any
 
 import pytest
 
+_handled: list[str] = []  # the signals ``_interrupt`` turned into KeyboardInterrupt, in order
+
 
 def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    # Recorded as well as raised: raised inside Ray's Cython code, the interrupt can come back out
+    # as a new KeyboardInterrupt without this text (seen in CI: SIGTERM reported as SIGINT).
+    _handled.append(signal.Signals(signum).name)
+    raise KeyboardInterrupt(_handled[-1])
 
 
 class FaultHandling:
@@ -61,7 +66,7 @@ class FaultHandling:
             return  # pytest.exit (a bad config found at start-up, say) says itself why; not an interrupt
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            cause = str(excinfo.value) or "SIGINT"
+            cause = str(excinfo.value) or (_handled[-1] if _handled else "SIGINT")
             reporter.write_line(
                 f"rlbench: interrupted by {cause}: stopping the trainer's workers, then Ray; exit status 2"
             )
