@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_suites.sh OUT_DIR trl16x8      # the step16x8 step by ours and by TRL's GRPOTrainer, in one
 #                                                      # session, side by side (needs trl: the [trl] extra)
 #   bash benchmarks/gpu_suites.sh OUT_DIR gen128x14k   # 128 responses of 14,336 tokens: generation only
+#   RL_GPUS=2 bash benchmarks/gpu_suites.sh OUT_DIR scale16x8  # step16x8's work per GPU on RL_GPUS GPUs of
+#                                                      # one node (step only): the step's scaling
 #   bash benchmarks/gpu_suites.sh OUT_DIR memory       # gradient checkpointing, optimizer offload, param offload
 #   bash benchmarks/gpu_suites.sh OUT_DIR replay-gen replay-gen-uniform replay-step replay-phases
 #                                                      # VERL v0.5.0's 1.5B work per GPU (--rl-workload), in
@@ -57,6 +59,13 @@ for shape in "$@"; do
         python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
             suites/test_step.py --rl-trainer ours --rl-trainer trl --rl-rollout fast --rl-gpus-per-node 1 \
             --rl-rounds 1 --rl-warmup-rounds 1 --rl-report "$out/trl16x8.json" ;;
+    scale16x8)  # 16 prompts x 8 = 128 responses per GPU (the seed's per-GPU batch) on RL_GPUS GPUs:
+        # the global batch grows with the GPUs, each GPU's micro-batches stay step16x8's
+        n=${RL_GPUS:-1}
+        python3 -m pytest "${common[@]}" --rl-config data.max_response_length=1024 \
+            --rl-config data.train_batch_size=$((16 * n)) --rl-config actor_rollout_ref.actor.ppo_mini_batch_size=$((16 * n)) \
+            "${batch16[@]:4}" suites/test_step.py --rl-nodes 1 --rl-gpus-per-node "$n" \
+            --rl-rollout fast --rl-rounds 2 --rl-warmup-rounds 1 --rl-report "$out/scale16x8-${n}gpu.json" ;;
     hf16x8)
         python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
             suites/test_phases.py -k test_generate_sequences \

@@ -321,28 +321,32 @@ def _gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def _listeners_after_one_step(cfg_overrides: list[str], root: Path) -> list[tuple[str, int]]:
+    """Every listening socket of a 2-worker group's processes after one training step."""
+    from trainer.build import build_trainer
+    from trainer.config import build_config
+
+    trainer = build_trainer(build_config([*SMALL, "trainer.total_training_steps=1", *cfg_overrides]), root)
+    try:
+        pids = [int(info["pid"]) for info in trainer.workers.info]
+        trainer.fit()
+        return sorted(set(listening_sockets(pids)))
+    finally:
+        trainer.shutdown()
+
+
 @pytest.mark.skipif(
     _gpu_count() < 2, reason="NCCL's sockets: needs 2 GPUs (a group of one rank opens none, seen on an H100)"
 )
 def test_a_gpu_group_listens_on_loopback_only(local_ray, tmp_path: Path) -> None:
     # The embedded Ray is on 127.0.0.1; NCCL's bootstrap and proxy sockets took the first interface
     # that is not loopback. Run as the GPU check of docs/reliability.md, printing every listener.
-    from trainer.build import build_trainer
-    from trainer.config import build_config
-
-    gpus = min(_gpu_count(), 2)
-    cfg = build_config([*SMALL, "trainer.device=cuda", f"trainer.n_gpus_per_node={gpus}", "trainer.total_training_steps=1"])
-    trainer = build_trainer(cfg, tmp_path)
-    try:
-        pids = [int(info["pid"]) for info in trainer.workers.info]
-        before = set(listening_sockets(pids))
-        trainer.fit()  # the first collectives start NCCL's communicators
-        listening = sorted(set(listening_sockets(pids)))
-    finally:
-        trainer.shutdown()
-    started = sorted(set(listening) - before)
-    print(f"{gpus} GPU worker(s), NCCL_SOCKET_IFNAME in the driver: {os.environ.get('NCCL_SOCKET_IFNAME')!r}")
-    print(f"listening before the first step: {sorted(before)}; opened by it (NCCL): {started}")
-    assert started, "no socket opened by the first step: NCCL's were not seen, the check would be vacuous"
-    exposed = [(ip, port) for ip, port in listening if not is_loopback_ip(ip)]
-    assert not exposed, f"the GPU workers listen beyond loopback: {exposed} (all: {listening})"
+    # NCCL may open its sockets while the workers set up (before any step), so "NCCL's sockets were
+    # seen" is told by comparison: the same 2-worker group on CPU (gloo, no NCCL) listens on fewer.
+    gloo = _listeners_after_one_step(["trainer.n_gpus_per_node=2"], tmp_path / "cpu")
+    nccl = _listeners_after_one_step(["trainer.device=cuda", "trainer.n_gpus_per_node=2"], tmp_path / "gpu")
+    print(f"2 CPU workers (gloo) listen on {len(gloo)}: {gloo}")
+    print(f"2 GPU workers (NCCL) listen on {len(nccl)}: {nccl}")
+    assert len(nccl) > len(gloo), "the GPU group opened no socket beyond the CPU group's: the check would be vacuous"
+    exposed = [(ip, port) for ip, port in nccl if not is_loopback_ip(ip)]
+    assert not exposed, f"the GPU workers listen beyond loopback: {exposed} (all: {nccl})"
