@@ -155,7 +155,7 @@ def _silu_mul_kernel(gu_ptr, out_ptr, s_gu, s_out, inter, BLOCK: tl.constexpr):
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     gate = tl.load(gu_ptr + row * s_gu + cols, mask=inside, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + row * s_gu + inter + cols, mask=inside, other=0.0).to(tl.float32)
-    act = _round(gate / (1.0 + tl.exp(-gate)), dtype)  # F.silu in the model's dtype
+    act = _round(tl.div_rn(gate, 1.0 + tl.exp(-gate)), dtype)  # F.silu in the model's dtype, an IEEE division as torch's
     tl.store(out_ptr + row * s_out + cols, (act * up).to(dtype), mask=inside)
 
 
