@@ -2,15 +2,21 @@
 
     python benchmarks/decode_profile.py OUT_DIR [--model r1-distill-qwen-1.5b] [--rows 64 16 4 1]
                                                 [--context 1024 8192 16384 27648] [--trace-rows 64 1]
-                                                [--attention split sdpa]
+                                                [--attention split sdpa] [--fusion fused eager]
 
 For each (rows, context) it times the engine's captured decode step (CUDA graph replays, device
 synchronised, median of 20 after 5 warm-up) over a cache whose first ``context`` slots are visible,
 with random weights of the model preset, and writes the bandwidth the step would need at the roofline
 (weights + the rows' K and V read once), once per attention kernel (``split``: the engine's
-split-cache Triton kernel; ``sdpa``: torch's scaled_dot_product_attention). With ``--trace-rows`` it also profiles one eager step per
-row count at the longest context (torch.profiler) and writes the time per kernel family (matmul,
-attention, sampling, the rest). GPU only. Results: OUT_DIR/decode_profile.json.
+split-cache Triton kernel; ``sdpa``: torch's scaled_dot_product_attention) and per treatment of the
+elementwise work between the matmuls (``fused``: the Triton kernels of
+trainer/kernels/triton_decode_fused.py; ``eager``: torch's ops, as on CPU). With ``--trace-rows`` it
+also profiles one eager step per row count at the longest context (torch.profiler) and writes the
+time per kernel family (matmul, attention, sampling, the rest) and the kernels (memsets included)
+launched per step (a captured step replays the same ones). GPU only. Results: OUT_DIR/decode_profile.json.
+
+The issue-15 shape (16 prompts x 8 responses, prompt 256 + response 1024), fused against eager:
+    python benchmarks/decode_profile.py OUT --rows 128 --context 1280 --attention split --trace-rows 128
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, nargs="+", default=[1024, 8192, 16384, 27648])
     ap.add_argument("--trace-rows", type=int, nargs="*", default=[64, 1])
     ap.add_argument("--attention", nargs="+", default=["split", "sdpa"], choices=["split", "sdpa"])
+    ap.add_argument("--fusion", nargs="+", default=["fused", "eager"], choices=["fused", "eager"])
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -70,15 +77,18 @@ def main() -> None:
     sampling = SamplingParams(temperature=0.6)
     results, traces = [], {}
     for attention in args.attention:
-        engine = FastRolloutEngine(model, tokenizer, split_attention=attention == "split")
-        profile_engine(engine, attention, args, sampling, peak, results, traces)
-        del engine
-        torch.cuda.empty_cache()
+        for fusion in args.fusion:
+            engine = FastRolloutEngine(model, tokenizer, split_attention=attention == "split",
+                                       fused_decode=fusion == "fused")
+            profile_engine(engine, {"attention": attention, "fusion": fusion}, args, sampling, peak, results, traces)
+            del engine
+            torch.cuda.empty_cache()
     (out / "decode_profile.json").write_text(json.dumps({"gpu": gpu, "model": args.model, "steps": results,
                                                           "traces": traces}, indent=1))
 
 
-def profile_engine(engine, attention, args, sampling, peak, results, traces) -> None:
+def profile_engine(engine, labels, args, sampling, peak, results, traces) -> None:
+    variant = "-".join(labels.values())
     device = engine.device
     width = 128
     max_new = max(args.context)
@@ -104,7 +114,7 @@ def profile_engine(engine, attention, args, sampling, peak, results, traces) -> 
                 times.append(time.perf_counter() - start)
             seconds = statistics.median(times)
             need = roofline_bytes(engine, rows, context)
-            row = {"attention": attention, "rows": rows, "context": context, "step_ms": seconds * 1e3, "bytes": need,
+            row = {**labels, "rows": rows, "context": context, "step_ms": seconds * 1e3, "bytes": need,
                    "bandwidth_use": (need / seconds / peak) if peak else None}
             results.append(row)
             print(json.dumps(row), flush=True)
@@ -117,16 +127,19 @@ def profile_engine(engine, attention, args, sampling, peak, results, traces) -> 
                 engine._decode_step(buf, attn_len, sampling)
                 torch.cuda.synchronize()
             families: dict[str, float] = {}
+            kernels = 0
             for evt in prof.key_averages():
                 us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
                 if us and evt.device_type.name == "CUDA":
                     families[kernel_family(evt.key)] = families.get(kernel_family(evt.key), 0.0) + us / 1e3
+                    kernels += evt.count
             top = sorted(
                 ((e.key, (getattr(e, "device_time_total", None) or 0.0) / 1e3) for e in prof.key_averages()),
                 key=lambda kv: -kv[1],
             )[:12]
-            traces[f"{attention}-{rows}"] = {"context": context, "ms_by_family": families, "top_kernels_ms": top}
-            print(json.dumps(traces[f"{attention}-{rows}"]), flush=True)
+            traces[f"{variant}-{rows}"] = {"context": context, "kernels_per_step": kernels, "ms_by_family": families,
+                                           "top_kernels_ms": top}
+            print(json.dumps({"trace": f"{variant}-{rows}", **traces[f"{variant}-{rows}"]}), flush=True)
         engine.release()
         del buf
         torch.cuda.empty_cache()

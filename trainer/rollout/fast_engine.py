@@ -19,6 +19,10 @@ What makes it fast, and why each piece is there:
   ragged lengths do not keep paying for rows that have ended.
 - Decode attention on GPU split over the cache (trainer/kernels/triton_decode_attention.py): one
   program per (row, KV head, chunk of slots), so a few long rows still keep every SM reading.
+- The elementwise work of a decode step fused on GPU (trainer/kernels/triton_decode_fused.py):
+  residual add + RMSNorm, RoPE + the K/V cache write, SiLU(gate) * up, each one kernel, so a layer
+  is its four matmuls, attention and four small kernels instead of ~28 launches (``fused_decode``,
+  or the RLBENCH_FUSED_DECODE environment variable read when the engine is built: "0" turns it off).
 - Sampling in one fused kernel on GPU (trainer/kernels/triton_sampling.py): the keyed exponential
   race of ``sampling.sample_keyed`` (a row's draw does not depend on its batch), with temperature,
   and top-k / top-p through ``sampling.process_logits`` when they are on. The same pass flags
@@ -41,6 +45,7 @@ On CPU, or with rollout.enforce_eager, the same step runs eagerly, and sampling 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -66,6 +71,15 @@ if TYPE_CHECKING:
     from trainer.config import RolloutConfig
 
 PREFILL_TOKENS = 32768  # rows per prefill chunk are chosen so that a chunk holds about this many tokens
+FUSED_DECODE_ENV = "RLBENCH_FUSED_DECODE"  # "0": the eager elementwise ops on GPU too (to compare), "1": fused
+
+
+def fused_decode_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a CUDA engine fuses its decode step's elementwise work (on unless FUSED_DECODE_ENV is "0")."""
+    value = (os.environ if environ is None else environ).get(FUSED_DECODE_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{FUSED_DECODE_ENV} must be '0' or '1', got {value!r}")
+    return value == "1"
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -82,6 +96,7 @@ class FastRolloutEngine(RolloutEngine):
         use_cuda_graphs: bool | None = None,
         compact_rows: bool = True,
         split_attention: bool = True,
+        fused_decode: bool | None = None,
     ) -> None:
         super().__init__(model, tokenizer, config, share_weights=False)
         if check_every < 1:
@@ -108,6 +123,10 @@ class FastRolloutEngine(RolloutEngine):
         self._pool: tuple[int, int] | None = None
         self._race: Callable[..., None] | None = None
         self._attend: Callable[..., torch.Tensor] | None = None  # None: SDPA
+        # Triton kernels for the elementwise work between a decode step's matmuls (lean_decoder.py);
+        # None: read FUSED_DECODE_ENV once, here. CPU keeps the eager ops.
+        wanted = fused_decode_from_env() if fused_decode is None else fused_decode
+        self.fused_decode = wanted and device.type == "cuda"
         if device.type == "cuda":
             from trainer.kernels.triton_decode_attention import decode_attention
             from trainer.kernels.triton_sampling import keyed_race
@@ -171,7 +190,7 @@ class FastRolloutEngine(RolloutEngine):
         buf.attn_bias.index_fill_(1, buf.write_slot.view(1), 0.0)  # the slot written now becomes visible
         logits = decode_logits(
             self.weights, buf.cache_k, buf.cache_v, buf.last, buf.positions, buf.write_slot, buf.attn_bias, attn_len,
-            self._attend,
+            self._attend, self.fused_decode,
         )
         buf.write_slot.add_(1)
         buf.positions.add_(1)

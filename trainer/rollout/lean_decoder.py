@@ -9,7 +9,9 @@
   [layers, batch, kv heads, slots, head dim] tensor per K and V, with static shapes and no host
   reads, so a decode step can be captured. The numerics follow transformers' Qwen2/Llama modeling
   (transformers/models/qwen2/modeling_qwen2.py: RMSNorm in float32, RoPE cos/sin in float32 then
-  cast, grouped-query attention with query head i reading KV head i // group).
+  cast, grouped-query attention with query head i reading KV head i // group). On GPU a decode
+  step's elementwise work between the matmuls runs fused (``decode_logits(fused=True)``,
+  trainer/kernels/triton_decode_fused.py), rounding where these ops round.
 
 The decode state and the loop that drives this forward are the engine's (fast_engine.py).
 """
@@ -216,6 +218,25 @@ def _mlp(w: LeanWeights, layer: int, h: torch.Tensor) -> torch.Tensor:
     return h + F.linear(F.silu(gate) * up, w.down[layer])
 
 
+def _attention(
+    s: LeanShape, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, attn_bias: torch.Tensor,
+    attn_len: int, attend: Callable[..., torch.Tensor] | None,
+) -> torch.Tensor:
+    """Queries [b, heads, d] over one layer's cache slots [0, attn_len) -> [b, heads * d].
+
+    Grouped-query attention without repeating K/V: the query heads that share a KV head are that
+    head's "query positions" (transformers' repeat_kv maps query head i to KV head i // group)."""
+    b = q.shape[0]
+    grouped = q.reshape(b, s.num_kv_heads, s.group, s.head_dim)
+    if attend is not None:
+        attn = attend(grouped, k_cache, v_cache, attn_bias, attn_len)
+    else:
+        attn = F.scaled_dot_product_attention(
+            grouped, k_cache[:, :, :attn_len], v_cache[:, :, :attn_len], attn_mask=attn_bias[:, None, None, :attn_len]
+        )
+    return attn.reshape(b, s.q_size)
+
+
 def decode_logits(
     w: LeanWeights,
     cache_k: torch.Tensor,
@@ -226,6 +247,7 @@ def decode_logits(
     attn_bias: torch.Tensor,
     attn_len: int,
     attend: Callable[..., torch.Tensor] | None = None,
+    fused: bool = False,
 ) -> torch.Tensor:
     """One token per row through the decoder: [b] -> logits [b, V]; writes this token's K and V at
     ``write_slot`` and attends over cache slots [0, attn_len) (the bias is 0 on visible slots, -inf
@@ -233,14 +255,17 @@ def decode_logits(
 
     ``attend(q [b, KV heads, group, d], k_cache [b, KV heads, slots, d], v_cache, bias [b, slots],
     attn_len)``, when given, replaces SDPA (the GPU's split-cache kernel,
-    trainer/kernels/triton_decode_attention.py)."""
+    trainer/kernels/triton_decode_attention.py). ``fused`` runs the elementwise work between the
+    matmuls as the Triton kernels of trainer/kernels/triton_decode_fused.py (Triton only), with the
+    same roundings as the eager ops here."""
     s = w.shape
+    if fused:
+        return _decode_logits_fused(w, cache_k, cache_v, last, positions, write_slot, attn_bias, attn_len, attend)
     b = last.shape[0]
     q_size, kv_size, d = s.q_size, s.kv_size, s.head_dim
     h = F.embedding(last, w.embed)
     cos, sin = rope_cos_sin(positions, w.inv_freq, w.dtype)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [b, 1, d]: broadcast over heads
-    bias = attn_bias[:, None, None, :attn_len]
     slot = write_slot.view(1)
     for layer in range(s.num_layers):
         x = rms_norm(h, w.ln_in[layer], s.rms_eps)
@@ -251,18 +276,33 @@ def decode_logits(
         v = qkv[:, q_size + kv_size :].view(b, s.num_kv_heads, d)
         cache_k[layer].index_copy_(2, slot, k.unsqueeze(2))
         cache_v[layer].index_copy_(2, slot, v.unsqueeze(2))
-        # Grouped-query attention without repeating K/V: the query heads that share a KV head are
-        # that head's "query positions" (transformers' repeat_kv maps query head i to KV head i // group).
-        grouped = q.reshape(b, s.num_kv_heads, s.group, d)
-        if attend is not None:
-            attn = attend(grouped, cache_k[layer], cache_v[layer], attn_bias, attn_len)
-        else:
-            attn = F.scaled_dot_product_attention(
-                grouped, cache_k[layer, :, :, :attn_len], cache_v[layer, :, :, :attn_len], attn_mask=bias
-            )
-        h = h + F.linear(attn.reshape(b, q_size), w.o[layer])
+        attn = _attention(s, q, cache_k[layer], cache_v[layer], attn_bias, attn_len, attend)
+        h = h + F.linear(attn, w.o[layer])
         h = _mlp(w, layer, h)
     return F.linear(rms_norm(h, w.norm, s.rms_eps), w.lm_head)
+
+
+def _decode_logits_fused(
+    w: LeanWeights, cache_k: torch.Tensor, cache_v: torch.Tensor, last: torch.Tensor, positions: torch.Tensor,
+    write_slot: torch.Tensor, attn_bias: torch.Tensor, attn_len: int, attend: Callable[..., torch.Tensor] | None,
+) -> torch.Tensor:
+    """decode_logits with a layer's elementwise work in three kernels: each residual add joins the
+    RMSNorm after it, RoPE joins the K/V cache write, SiLU joins the product with up."""
+    from trainer.kernels.triton_decode_fused import add_rms_norm, rope_and_cache_write, silu_mul
+
+    s = w.shape
+    h = F.embedding(last, w.embed)
+    cos, sin = rope_cos_sin(positions, w.inv_freq, w.dtype)  # [b, d], once per step
+    delta: torch.Tensor | None = None  # what the previous layer's MLP adds to h
+    for layer in range(s.num_layers):
+        h, x = add_rms_norm(h, delta, w.ln_in[layer], s.rms_eps)
+        bias_l = w.qkv_bias[layer] if w.qkv_bias is not None else None
+        q = rope_and_cache_write(F.linear(x, w.qkv[layer], bias_l), cos, sin, cache_k[layer], cache_v[layer],
+                                 write_slot, s.num_heads)
+        attn = _attention(s, q, cache_k[layer], cache_v[layer], attn_bias, attn_len, attend)
+        h, x = add_rms_norm(h, F.linear(attn, w.o[layer]), w.ln_post[layer], s.rms_eps)
+        delta = F.linear(silu_mul(F.linear(x, w.gate_up[layer])), w.down[layer])
+    return F.linear(add_rms_norm(h, delta, w.norm, s.rms_eps)[1], w.lm_head)
 
 
 def prefill_logits(
