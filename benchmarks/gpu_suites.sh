@@ -12,10 +12,16 @@
 #   RL_GPUS=2 bash benchmarks/gpu_suites.sh OUT_DIR scale16x8  # step16x8's work per GPU on RL_GPUS GPUs of
 #                                                      # one node (step only): the step's scaling
 #   bash benchmarks/gpu_suites.sh OUT_DIR memory       # gradient checkpointing, optimizer offload, param offload
+#   bash benchmarks/gpu_suites.sh OUT_DIR ckpt16x8-full ckpt16x8-save_attention ckpt16x8-save_matmuls
+#                                                      # update_actor at step16x8 with gradient checkpointing on,
+#                                                      # under the policy the shape names (one report each)
 #   bash benchmarks/gpu_suites.sh OUT_DIR replay-gen replay-gen-uniform replay-step replay-phases
 #                                                      # VERL v0.5.0's 1.5B work per GPU (--rl-workload), in
 #                                                      # parts that each fit a 10-minute command; replay-phases
 #                                                      # runs the -k expression in REPLAY_PHASES when set
+#   bash benchmarks/gpu_suites.sh OUT_DIR replay-update-full replay-update-save_attention replay-update-save_matmuls
+#                                                      # update_actor alone at the replay shape (its gradient
+#                                                      # checkpointing on) under the policy the shape names
 #
 # The package must be importable (pip install -e . or PYTHONPATH); with PYTHONPATH the plugin is
 # loaded with -p pytest_rlbench.plugin, as it is not installed through its entry point.
@@ -74,6 +80,12 @@ for shape in "$@"; do
         python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=14336 \
             suites/test_phases.py -k test_generate_sequences \
             --rl-rollout fast --rl-rounds 1 --rl-warmup-rounds 0 --rl-report "$out/gen128x14k.json" ;;
+    ckpt16x8-*)  # actor_rollout_ref.model.gradient_checkpointing_policy: what the recompute skips
+        python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
+            --rl-config actor_rollout_ref.model.enable_gradient_checkpointing=True \
+            --rl-config "actor_rollout_ref.model.gradient_checkpointing_policy=${shape#ckpt16x8-}" \
+            suites/test_phases.py -k update_actor \
+            --rl-rollout fast --rl-rounds 2 --rl-warmup-rounds 1 --rl-report "$out/$shape.json" ;;
     memory)
         for opt in actor_rollout_ref.model.enable_gradient_checkpointing=True \
                    actor_rollout_ref.actor.fsdp_config.optimizer_offload=True \
@@ -96,6 +108,9 @@ for shape in "$@"; do
                 --rl-config actor_rollout_ref.rollout.target_lengths.distribution=constant ;;
         replay-step) python3 -m pytest "${replay[@]}" suites/test_step.py ;;
         replay-phases) python3 -m pytest "${replay[@]}" suites/test_phases.py -k "${REPLAY_PHASES:-old_log_prob or test_ref or update_actor}" ;;
+        replay-update-*)  # the workload turns gradient checkpointing on; the shape names its policy
+            python3 -m pytest "${replay[@]}" suites/test_phases.py -k update_actor \
+                --rl-config "actor_rollout_ref.model.gradient_checkpointing_policy=${shape#replay-update-}" ;;
         *) echo "unknown shape $shape" >&2; exit 2 ;;
         esac ;;
     *) echo "unknown shape $shape" >&2; exit 2 ;;

@@ -113,6 +113,8 @@ def describe_config(cfg: Config) -> RunConfig:
             "use_kl_loss": arr.actor.use_kl_loss,
             "use_dynamic_bsz": arr.actor.use_dynamic_bsz,
             "gradient_checkpointing": arr.model.enable_gradient_checkpointing,
+            **({"gradient_checkpointing_policy": arr.model.gradient_checkpointing_policy}
+               if arr.model.enable_gradient_checkpointing else {}),
             "param_offload": arr.actor.fsdp_config.param_offload,
             "optimizer_offload": arr.actor.fsdp_config.optimizer_offload,
             "dataset": dataset_label(cfg),

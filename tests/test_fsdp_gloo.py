@@ -14,23 +14,28 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from op_counts import OpCounter
 
 from trainer.batch import Batch, left_justify, left_pad
 from trainer.config import ActorConfig
+from trainer.models.checkpointing import ATTENTION_OPS, enable_gradient_checkpointing
 from trainer.models.presets import build_model
 from trainer.workers.actor import UpdateSettings, compute_log_probs, micro_batch_groups, update_policy
 from trainer.workers.distributed import DataParallel, free_port
 from trainer.workers.fsdp import PolicyModel, full_model_state, resolve_strategy, shard_model
 
 ROWS_PER_RANK = ([0, 1, 2, 3, 4], [5, 6, 7])  # unequal on purpose
-# (micro-batch size, dynamic bsz, token budget, gradient checkpointing on the sharded model, loss_agg_mode):
-# 3 vs 2 fixed groups; by token budget 4 vs 3 + 1 empty; fixed again with checkpointed layers;
-# fixed with Dr.GRPO's aggregation (its loss weights count sequences, not tokens).
+# (micro-batch size, dynamic bsz, token budget, gradient checkpointing policy on the sharded model or
+# None, loss_agg_mode): 3 vs 2 fixed groups; by token budget 4 vs 3 + 1 empty; fixed again with
+# checkpointed layers, fully and selectively recomputed; fixed with Dr.GRPO's aggregation (its loss
+# weights count sequences, not tokens).
 SETTINGS = [
-    (2, False, 0, False, "token-mean"),
-    (2, True, 13, False, "token-mean"),
-    (2, False, 0, True, "token-mean"),
-    (2, False, 0, False, "seq-mean-token-sum-norm"),
+    (2, False, 0, None, "token-mean"),
+    (2, True, 13, None, "token-mean"),
+    (2, False, 0, "full", "token-mean"),
+    (2, False, 0, None, "seq-mean-token-sum-norm"),
+    (2, False, 0, "save_attention", "token-mean"),
+    (2, False, 0, "save_matmuls", "token-mean"),
 ]
 
 
@@ -52,7 +57,7 @@ def toy_batch() -> Batch:
 
 
 def actor_config(
-    micro: int, dynamic: bool, budget: int, checkpointing: bool = False, loss_agg_mode: str = "token-mean"
+    micro: int, dynamic: bool, budget: int, checkpointing: str | None = None, loss_agg_mode: str = "token-mean"
 ) -> ActorConfig:
     return ActorConfig(
         ppo_micro_batch_size_per_gpu=micro, use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=budget or 16384,
@@ -80,15 +85,17 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
         for setting, values in enumerate(SETTINGS):
             cfg = actor_config(*values)
             lm = build_model("tiny", seed=0)
-            if values[3]:
-                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if values[3] is not None:
+                enable_gradient_checkpointing(lm, values[3])
             policy = shard_model(PolicyModel(lm), torch.device("cpu"), 2)
             shard = toy_batch().select(ROWS_PER_RANK[rank])
             groups = micro_batch_groups(shard, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
                                         cfg.ppo_max_token_len_per_gpu, dp, lockstep=True)
-            logp, metrics = run_shard(policy, shard, cfg, dp)
+            with OpCounter() as ops:  # the attention kernels that ran: log-probs, update and its recompute
+                logp, metrics = run_shard(policy, shard, cfg, dp)
             state = full_model_state(policy.lm)
-            torch.save({"logp": logp, "metrics": metrics, "state": state, "groups": groups},
+            attention = ops.total(ATTENTION_OPS)
+            torch.save({"logp": logp, "metrics": metrics, "state": state, "groups": groups, "attention": attention},
                        os.path.join(out_dir, f"setting{setting}_rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -101,7 +108,9 @@ def two_process_results(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("setting", range(len(SETTINGS)), ids=["fixed", "dynamic", "checkpointed", "sum-norm"])
+@pytest.mark.parametrize(
+    "setting", range(len(SETTINGS)), ids=["fixed", "dynamic", "checkpointed", "sum-norm", "save-attention", "save-matmuls"]
+)
 def test_fsdp_shards_of_unequal_size_take_the_single_process_step(two_process_results, setting):
     cfg = actor_config(*SETTINGS[setting])
     single = PolicyModel(build_model("tiny", seed=0))
@@ -122,6 +131,14 @@ def test_fsdp_shards_of_unequal_size_take_the_single_process_step(two_process_re
     for name, value in ranks[0]["state"].items():
         torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=2e-5, msg=name)
     torch.testing.assert_close(ranks[1]["state"]["model.norm.weight"], expected["model.norm.weight"])
+    # under FSDP2 too, full checkpointing runs each layer's attention again in the backward and a
+    # selective policy does not (same micro-batches as the "fixed" setting, which has no checkpointing)
+    policy, layers = SETTINGS[setting][3], single.lm.config.num_hidden_layers
+    if policy is None:
+        return
+    plain = [torch.load(two_process_results / f"setting0_rank{r}.pt")["attention"] for r in range(2)]
+    recomputed = [r["attention"] - p for r, p in zip(ranks, plain, strict=True)]
+    assert recomputed == ([layers * len(r["groups"]) for r in ranks] if policy == "full" else [0, 0]), policy
 
 
 def test_strategy_resolution():

@@ -131,6 +131,9 @@ def differences(cfg: Config, micro: int) -> list[str]:
         out.append("use_dynamic_bsz: trl's micro-batches have a fixed number of responses")
     if rollout.target_lengths.distribution != "none":
         out.append("replayed response-length targets: trl cannot draw per-row lengths (natural lengths)")
+    if arr.model.enable_gradient_checkpointing and arr.model.gradient_checkpointing_policy != "full":
+        out.append(f"gradient_checkpointing_policy {arr.model.gradient_checkpointing_policy}: trl recomputes "
+                   "each checkpointed layer in full")
     offload = actor.fsdp_config
     if offload.param_offload or offload.optimizer_offload:
         out.append("parameter/optimizer offload: not applied to trl")

@@ -47,6 +47,10 @@ class ModelConfig:
     path: str = "tiny"  # a preset name or a local Hugging Face model directory
     use_remove_padding: bool = False
     enable_gradient_checkpointing: bool = False
+    # Our extension: what the checkpointed layers' recompute may skip (trainer/models/checkpointing.py):
+    # full (recompute everything, VERL's), save_attention or save_matmuls. Needs
+    # enable_gradient_checkpointing=True unless full.
+    gradient_checkpointing_policy: str = "full"
     trust_remote_code: bool = False
     # VERL's key: liger-kernel's fused RMSNorm, SwiGLU and RoPE in the actor's and ref's forward and
     # backward (trainer/models/liger.py); CUDA only

@@ -16,6 +16,7 @@ from trainer.config.schema import KEY_TYPES, Config, ConfigError, UnsupportedCon
 
 ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
 TARGET_LENGTHS_KEY = "actor_rollout_ref.rollout.target_lengths.distribution"
+CHECKPOINT_POLICY_KEY = "actor_rollout_ref.model.gradient_checkpointing_policy"
 _DTYPES = ("auto", "fp32", "bf16", "fp16")
 # Choices that no registry lists (plain settings of this trainer or of VERL's ppo_trainer.yaml).
 FIXED_CHOICES: dict[str, tuple[str, ...]] = {
@@ -90,6 +91,12 @@ def _policy_losses() -> Registry:
     return list(POLICY_LOSSES), {}
 
 
+def _checkpoint_policies() -> Registry:
+    from trainer.models.checkpointing import policy_names
+
+    return policy_names(), {}
+
+
 def _target_length_distributions() -> Registry:
     from trainer.rollout.target_lengths import distribution_names
 
@@ -104,6 +111,7 @@ REGISTRIES: dict[str, Callable[[], Registry]] = {
     "algorithm.kl_penalty": _kl_estimators,
     "actor_rollout_ref.actor.policy_loss.loss_mode": _policy_losses,
     TARGET_LENGTHS_KEY: _target_length_distributions,
+    CHECKPOINT_POLICY_KEY: _checkpoint_policies,
 }
 # The order in which validate checks the choice keys (the first bad one is reported).
 CHOICE_KEYS: tuple[str, ...] = (
@@ -112,6 +120,7 @@ CHOICE_KEYS: tuple[str, ...] = (
     ROLLOUT_KEY,
     TARGET_LENGTHS_KEY,
     "actor_rollout_ref.actor.strategy",
+    CHECKPOINT_POLICY_KEY,
     "algorithm.adv_estimator",
     "actor_rollout_ref.actor.loss_agg_mode",
     "actor_rollout_ref.actor.policy_loss.loss_mode",
@@ -220,6 +229,29 @@ def _check_liger(cfg: Config) -> None:
         raise UnsupportedConfigError(f"actor_rollout_ref.model.use_liger=True needs liger-kernel: {LIGER_EXTRA}")
 
 
+def _check_checkpoint_policy(cfg: Config) -> None:
+    """A selective policy shapes the checkpointed recompute, so it needs checkpointing on: refused, not
+    ignored, when it is off (a run would silently keep every activation); and not with use_liger where
+    the policy would keep a tensor liger's kernels overwrite."""
+    model = cfg.actor_rollout_ref.model
+    policy = model.gradient_checkpointing_policy
+    if policy == "full":
+        return
+    if not model.enable_gradient_checkpointing:
+        raise ConfigError(
+            f"{CHECKPOINT_POLICY_KEY}={policy} needs actor_rollout_ref.model.enable_gradient_checkpointing=True "
+            "(the policy chooses what the checkpointed recompute skips); found False"
+        )
+    if model.use_liger:
+        from trainer.models.checkpointing import UNSAFE_WITH_LIGER
+
+        if policy in UNSAFE_WITH_LIGER:
+            raise UnsupportedConfigError(
+                f"{CHECKPOINT_POLICY_KEY}={policy} is not supported with actor_rollout_ref.model.use_liger=True: "
+                f"{UNSAFE_WITH_LIGER[policy]}; use save_attention or full"
+            )
+
+
 def validate(cfg: Config, check_names: bool = True) -> Config:
     """Cross-field checks VERL makes at start-up, with messages that say what would be valid.
 
@@ -287,6 +319,7 @@ def validate(cfg: Config, check_names: bool = True) -> Config:
             f"{actor.ulysses_sequence_parallel_size} is not supported yet: sequence parallelism is not "
             "implemented; use 1"
         )
+    _check_checkpoint_policy(cfg)  # before _check_liger: a conflict of keys, whatever the device
     _check_liger(cfg)
     keep = cfg.trainer.max_actor_ckpt_to_keep
     if keep is not None and keep < 1:

@@ -21,6 +21,7 @@ import torch
 
 from trainer.batch import Batch
 from trainer.config import Config, RolloutConfig
+from trainer.models.checkpointing import enable_gradient_checkpointing
 from trainer.models.liger import apply_liger
 from trainer.models.presets import build_model, load_tokenizer, resolve_dtype
 from trainer.rollout import make_engine
@@ -79,8 +80,7 @@ class TrainWorker:
         # Every rank builds the same seeded weights, so the replicas (or the shards) start identical.
         lm = self._build_trained_model(path, dtype)
         if arr.model.enable_gradient_checkpointing:
-            # non-reentrant checkpointing is the kind that composes with FSDP2's hooks
-            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_gradient_checkpointing(lm, arr.model.gradient_checkpointing_policy)
         self.actor = self._wrap(PolicyModel(lm), fsdp.param_offload)
         optim = arr.actor.optim
         self.optimizer = torch.optim.AdamW(

@@ -1,0 +1,126 @@
+"""Selective gradient checkpointing (actor_rollout_ref.model.gradient_checkpointing_policy): the same
+gradients as no checkpointing under every policy, a recompute that skips what the policy keeps, and
+the config's checks. FSDP2 with a policy: tests/test_fsdp_gloo.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from op_counts import OpCounter
+
+from trainer.config import ConfigError, UnsupportedConfigError, build_config
+from trainer.models.checkpointing import (
+    ATTENTION_OPS,
+    MATMUL_OPS,
+    POLICIES,
+    checkpoint_kwargs,
+    enable_gradient_checkpointing,
+)
+from trainer.models.presets import build_model
+from trainer.workers.fsdp import PolicyModel
+
+POLICY = "actor_rollout_ref.model.gradient_checkpointing_policy"
+CHECKPOINTING_ON = "actor_rollout_ref.model.enable_gradient_checkpointing=True"
+
+
+def toy_inputs() -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 100, (3, 14), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # a left-padded prompt
+    ids = ids * mask
+    weights = torch.randn(3, 5, generator=g)
+    return ids, mask, ids[:, -5:], weights
+
+
+def backward_of(policy: str | None) -> tuple[torch.Tensor, dict[str, torch.Tensor], OpCounter]:
+    """The log-probs, the gradients of a weighted sum of them, and the ops the backward ran, for
+    the tiny Qwen2 in fp32 checkpointed under ``policy`` (None: no checkpointing)."""
+    lm = build_model("tiny", torch.float32, seed=0).train()
+    if policy is not None:
+        enable_gradient_checkpointing(lm, policy)
+    ids, mask, response, weights = toy_inputs()
+    logp, entropy = PolicyModel(lm)(ids, mask, response, temperature=0.7, with_entropy=True)
+    loss = (logp * weights).sum() + 0.1 * entropy.sum()
+    counter = OpCounter()
+    with counter:
+        loss.backward()
+    return logp.detach(), {n: p.grad for n, p in lm.named_parameters()}, counter
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str | None, tuple]:
+    return {policy: backward_of(policy) for policy in (None, *POLICIES)}
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_every_policy_gives_the_gradients_of_no_checkpointing(runs, policy):
+    logp, grads, _ = runs[policy]
+    logp_ref, grads_ref, _ = runs[None]
+    torch.testing.assert_close(logp, logp_ref, rtol=0, atol=0)  # the forward is the same computation
+    assert grads.keys() == grads_ref.keys()
+    for name, grad in grads.items():
+        assert grad is not None and grad.abs().sum() > 0, name
+        torch.testing.assert_close(grad, grads_ref[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_each_policy_recomputes_only_what_it_does_not_keep(runs):
+    """Forward attention and matmuls that run during the backward, beyond the plain backward's own."""
+    layers = build_model("tiny").config.num_hidden_layers
+    plain = runs[None][2]
+    assert plain.total(ATTENTION_OPS) == 0  # without checkpointing the backward runs no forward attention
+
+    def recomputed(policy: str) -> tuple[int, int]:
+        counter = runs[policy][2]
+        return counter.total(ATTENTION_OPS), counter.total(MATMUL_OPS) - plain.total(MATMUL_OPS)
+
+    full_attention, full_matmuls = recomputed("full")
+    assert full_attention == layers and full_matmuls > 0  # one attention per layer, its projections too
+    assert recomputed("save_attention") == (0, full_matmuls)  # attention kept, matmuls still recomputed
+    assert recomputed("save_matmuls") == (0, 0)  # only elementwise work runs again
+
+
+def test_full_is_a_plain_non_reentrant_checkpoint():
+    assert checkpoint_kwargs("full") == {"use_reentrant": False}
+    selective = checkpoint_kwargs("save_attention")
+    assert selective["use_reentrant"] is False and callable(selective["context_fn"])
+    with pytest.raises(ValueError, match=r"gradient_checkpointing_policy: expected one of full, .*found 'all'"):
+        checkpoint_kwargs("all")
+
+
+def test_the_policy_key_names_its_valid_values():
+    assert build_config([]).actor_rollout_ref.model.gradient_checkpointing_policy == "full"
+    with pytest.raises(ConfigError, match=rf"{POLICY}='save_all' is not valid; choose one of: full, save_attention, "
+                                          "save_matmuls"):
+        build_config([CHECKPOINTING_ON, f"{POLICY}=save_all"])
+    cfg = build_config([CHECKPOINTING_ON, f"{POLICY}=save_attention"])
+    assert cfg.actor_rollout_ref.model.gradient_checkpointing_policy == "save_attention"
+
+
+def test_a_selective_policy_without_checkpointing_is_refused_not_ignored():
+    build_config([f"{POLICY}=full"])  # the default stays valid with checkpointing off
+    with pytest.raises(ConfigError, match=rf"{POLICY}=save_matmuls needs .*enable_gradient_checkpointing=True"):
+        build_config([f"{POLICY}=save_matmuls"])
+
+
+def test_save_matmuls_is_refused_with_liger_whose_rope_overwrites_the_kept_projections():
+    with pytest.raises(UnsupportedConfigError, match=rf"{POLICY}=save_matmuls is not supported with .*use_liger"):
+        build_config([CHECKPOINTING_ON, f"{POLICY}=save_matmuls", "actor_rollout_ref.model.use_liger=True"])
+    # save_attention keeps only attention's outputs, which liger never writes: its device check is what fails here
+    with pytest.raises(UnsupportedConfigError, match="use_liger=True needs trainer.device=cuda"):
+        build_config([CHECKPOINTING_ON, f"{POLICY}=save_attention", "actor_rollout_ref.model.use_liger=True"])
+
+
+def test_records_and_trl_comparisons_name_a_selective_policy():
+    from pytest_rlbench.bench import describe_config
+    from pytest_rlbench.frameworks.trl_settings import differences
+
+    plain = build_config([CHECKPOINTING_ON])
+    assert "gradient_checkpointing_policy" not in describe_config(build_config([])).settings
+    assert describe_config(plain).settings["gradient_checkpointing_policy"] == "full"
+    assert not any("gradient_checkpointing_policy" in line for line in differences(plain, 4))
+    selective = build_config([CHECKPOINTING_ON, f"{POLICY}=save_attention"])
+    assert describe_config(selective).settings["gradient_checkpointing_policy"] == "save_attention"
+    assert "gradient_checkpointing_policy save_attention: trl recomputes each checkpointed layer in full" in (
+        differences(selective, 4)
+    )

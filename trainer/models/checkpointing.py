@@ -1,0 +1,112 @@
+"""Gradient (activation) checkpointing of the decoder layers: a full recompute, or a selective one.
+
+VERL's ``actor_rollout_ref.model.enable_gradient_checkpointing`` keeps only each decoder layer's input
+in the forward and recomputes the layer's whole forward in the backward: one extra forward, about a
+third of the update's FLOPs, causal attention included (at 14k tokens a large part of each layer).
+Our extension ``actor_rollout_ref.model.gradient_checkpointing_policy`` chooses what that recompute
+may skip, with PyTorch's selective activation checkpointing (``torch.utils.checkpoint.
+create_selective_checkpoint_contexts``, PyTorch 2.4+, non-reentrant only): the outputs of the ATen ops
+a policy names are kept from the forward and handed back to the recompute, every other op runs again.
+
+- ``full``: nothing is kept; every op is recomputed (VERL's behaviour, and the default).
+- ``save_attention``: the fused attention kernels' outputs (SDPA's flash, memory-efficient, cuDNN and
+  CPU-flash ops, with their log-sum-exp), so attention never runs twice. Per layer and token that keeps
+  the attention output (hidden size values) and one float per head.
+- ``save_matmuls``: those and every matmul's output (the q/k/v/o projections, gate, up and down), so
+  only elementwise work (RMSNorm, rotary, SiLU, residual adds) is recomputed. It keeps 3 x hidden +
+  2 x KV width + 2 x intermediate values per layer and token (q, o, down; k, v; gate, up).
+
+The policy sees ATen ops, so it covers attention run through SDPA (transformers' default ``sdpa``
+implementation); the ``eager`` implementation's attention is plain matmuls and a softmax (saved by
+``save_matmuls`` only). Kernels launched outside the dispatcher (Triton kernels of an autograd
+Function, such as liger-kernel's) are invisible to it and always recomputed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+KEY = "actor_rollout_ref.model.gradient_checkpointing_policy"
+FULL = "full"
+
+
+def _aten_packets(*names: str) -> frozenset[Any]:
+    """The ATen op packets of these names that this PyTorch build has (the set differs by release)."""
+    return frozenset(getattr(torch.ops.aten, n) for n in names if hasattr(torch.ops.aten, n))
+
+
+# The attention kernels scaled_dot_product_attention dispatches to, one per back end, and the
+# lower-level flash / memory-efficient forwards that some call paths reach directly.
+ATTENTION_OPS = _aten_packets(
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_fused_attention_overrideable",
+    "_flash_attention_forward",
+    "_efficient_attention_forward",
+)
+MATMUL_OPS = _aten_packets("mm", "addmm", "bmm", "baddbmm")
+
+# policy name -> the op packets whose outputs it keeps (full: none, a plain recompute)
+POLICIES: dict[str, frozenset[Any]] = {
+    FULL: frozenset(),
+    "save_attention": ATTENTION_OPS,
+    "save_matmuls": ATTENTION_OPS | MATMUL_OPS,
+}
+# Policies that would compute wrong gradients with use_liger, and why: liger-kernel's RoPE
+# (src/liger_kernel/ops/rope.py, rope_forward) rotates q and k in place in the q/k projections' output
+# buffers, so a kept projection output would come back already rotated and be rotated again. Its
+# Triton writes do not bump the tensor's version counter, so PyTorch's mutation check cannot catch it.
+UNSAFE_WITH_LIGER: dict[str, str] = {
+    "save_matmuls": "liger-kernel's RoPE rotates the q/k projections' outputs in place, and this policy keeps "
+    "those outputs for the recompute, which would rotate them twice",
+}
+
+
+def policy_names() -> list[str]:
+    """The valid values of ``gradient_checkpointing_policy`` (read by trainer.config.validation)."""
+    return list(POLICIES)
+
+
+def _keep_named_ops(saved: frozenset[Any], ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """The selective-checkpoint policy: keep the outputs of ops in ``saved``, recompute the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if func.overloadpacket in saved:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def checkpoint_kwargs(policy: str) -> dict[str, Any]:
+    """The keyword arguments of ``torch.utils.checkpoint.checkpoint`` for ``policy``: non-reentrant (the
+    kind that composes with FSDP2's hooks) and, for a selective policy, a fresh pair of selective
+    contexts per checkpointed call (``context_fn``)."""
+    if policy not in POLICIES:
+        raise ValueError(f"{KEY}: expected one of {', '.join(POLICIES)}; found {policy!r}")
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    if POLICIES[policy]:
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        keep: Callable[..., Any] = functools.partial(_keep_named_ops, POLICIES[policy])
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, keep)
+    return kwargs
+
+
+def enable_gradient_checkpointing(lm: nn.Module, policy: str = FULL) -> None:
+    """Checkpoint every decoder layer of the transformers model ``lm`` under ``policy``, in place.
+
+    transformers checkpoints each layer's ``forward`` (from 4.5x on, outside module hooks such as
+    FSDP2's), with the kwargs given here; ``activation_checkpointing_enable`` is the newer name of
+    ``gradient_checkpointing_enable``, which later releases deprecate."""
+    kwargs = checkpoint_kwargs(policy)
+    enable = getattr(lm, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
