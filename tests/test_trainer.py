@@ -123,6 +123,7 @@ def test_resume_continues_with_identical_state(local_ray, tmp_path):
     try:
         for _ in range(4):
             straight.train_step(next(straight.loader))
+        expected = straight.workers.rank0("state")  # dp: rank 0 holds the whole state
     finally:
         straight.shutdown()
     resumed = make_trainer(common + ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={step_dir(tmp_path / 'ckpt', 2)}"], tmp_path)
@@ -134,8 +135,8 @@ def test_resume_continues_with_identical_state(local_ray, tmp_path):
         loader = resumed.loader.state_dict()
     finally:
         resumed.shutdown()
-    expected, _ = load_checkpoint(step_dir(tmp_path / "ckpt", 4))
-    assert loader == expected["trainer"]["loader"]
+    saved, _ = load_checkpoint(step_dir(tmp_path / "ckpt", 4))
+    assert loader == saved["trainer"]["loader"]
     for name, tensor in expected["model"].items():
         assert torch.equal(state["model"][name], tensor), f"{name} differs after resume"
     exp_opt, got_opt = expected["optimizer"]["state"], state["optimizer"]["state"]

@@ -6,6 +6,11 @@ renamed into place (an atomic rename on POSIX file systems). The tracker file th
 step (VERL's ``latest_checkpointed_iteration.txt``) is replaced atomically after that. Loading checks
 the manifest, so a truncated or altered file is an error, not a silently different model.
 
+The driver writes its own part (``trainer.pt``: step, data loader, KL coefficient); the model and
+optimizer state are written by the workers themselves, each its own shard, into the same temporary
+directory and in parallel (``write_shards``; trainer/workers/shard_state.py), and hashed as they
+are written, so nothing is gathered and no file is read back to build the manifest.
+
 Only one process writes into a checkpoint root at a time (trainer/driver/checkpoint_lock.py): a
 save takes the root's lock unless this process holds it already (a trainer holds it for its
 lifetime), and temporaries carry the writer's pid so that those of dead writers can be removed.
@@ -19,41 +24,38 @@ newer than the one written (a run resumed from an older step leaves later steps 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import pickle
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
+# CheckpointError is imported from here by callers too: it is this module's error.
+from trainer.checkpoint_files import CheckpointError, check_file, load_torch_file, write_torch_file
 from trainer.driver.checkpoint_lock import CheckpointLock
+from trainer.driver.checkpoint_shards import SHARDS, shard_files
 
 MANIFEST = "manifest.json"
 TRACKER = "latest_checkpointed_iteration.txt"
-FORMAT_VERSION = 1
+# 2: the workers' shards of model and optimizer state are files of their own, described under
+# "shards" (trainer/driver/checkpoint_shards.py). 1: the model and optimizer were whole parts
+# (model.pt, optimizer.pt) gathered by the driver; such checkpoints still load.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint directory is missing, incomplete or corrupt; the message names the file."""
+# Writes the workers' files into the temporary directory it is given; returns their manifest entries
+# ("files": name -> {bytes, sha256}) and the "shards" section that describes them.
+ShardWriter = Callable[[Path], dict[str, Any]]
 
 
 def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"global_step_{step}"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -87,17 +89,23 @@ def _writing(root: Path) -> Iterator[None]:
 
 
 def save_checkpoint(
-    root: str | Path, step: int, parts: dict[str, Any], meta: dict[str, Any] | None = None, keep: int | None = None
+    root: str | Path,
+    step: int,
+    parts: dict[str, Any],
+    meta: dict[str, Any] | None = None,
+    keep: int | None = None,
+    write_shards: ShardWriter | None = None,
 ) -> Path:
-    """Write ``parts`` (name -> torch-serialisable object) as step ``step`` under ``root``, then keep at
-    most ``keep`` complete step directories (None: all; see the module docstring).
+    """Write ``parts`` (name -> torch-serialisable object) as step ``step`` under ``root``, with the
+    files ``write_shards`` adds to the temporary directory (the workers' shards), then keep at most
+    ``keep`` complete step directories (None: all; see the module docstring).
 
     Raises CheckpointLockError when another process holds ``root``'s lock."""
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be None (keep all) or at least 1, got {keep}")
     root = Path(root)
     with _writing(root):
-        final = _save(root, step, parts, meta)
+        final = _save(root, step, parts, meta, write_shards)
         if keep is not None:
             prune_checkpoints(root, step, keep)
         return final
@@ -132,19 +140,23 @@ def prune_checkpoints(root: Path, written: int, keep: int) -> list[Path]:
     return removed
 
 
-def _save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any] | None) -> Path:
+def _save(
+    root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any] | None, write_shards: ShardWriter | None
+) -> Path:
     final = step_dir(root, step)
     tmp = Path(tempfile.mkdtemp(prefix=f".global_step_{step}.tmp-{os.getpid()}-", dir=root))
     try:
-        files: dict[str, dict[str, Any]] = {}
-        for name, obj in parts.items():
-            path = tmp / f"{name}.pt"
-            with path.open("wb") as fh:
-                torch.save(obj, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        files = {f"{name}.pt": write_torch_file(tmp / f"{name}.pt", obj) for name, obj in parts.items()}
         manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files, "meta": meta or {}}
+        if write_shards is not None:
+            written = write_shards(tmp)
+            for name, info in written["files"].items():
+                if name in files:
+                    raise CheckpointError(f"{tmp / name}: a shard file has the name of the driver's part {name}")
+                _check_written(tmp / name, info)
+            files.update(written["files"])
+            manifest[SHARDS] = written[SHARDS]
+            shard_files(manifest, tmp / MANIFEST)  # never write a section that loading would refuse
         _write_atomic_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
         _fsync_dir(tmp)
         if final.exists():  # re-saving a step: move the old one aside first, then drop it
@@ -160,6 +172,16 @@ def _save(root: Path, step: int, parts: dict[str, Any], meta: dict[str, Any] | N
         raise
     _write_atomic_text(root / TRACKER, str(step))
     return final
+
+
+def _check_written(path: Path, info: dict[str, Any]) -> None:
+    # A worker's file the driver cannot see: on several nodes the directory must be shared.
+    if not path.is_file() or path.stat().st_size != info["bytes"]:
+        raise CheckpointError(
+            f"{path}: a worker wrote {info['bytes']} bytes there, but this process finds "
+            f"{path.stat().st_size if path.is_file() else 'no file'}; every node must see "
+            "trainer.default_local_dir on one shared file system"
+        )
 
 
 def _is_plain_name(name: Any) -> bool:
@@ -187,8 +209,11 @@ def manifest_files(manifest: dict[str, Any], manifest_path: Path) -> dict[str, d
     return files
 
 
-def verify_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Return the manifest of a complete checkpoint, or raise CheckpointError saying what is wrong."""
+def verify_checkpoint(path: str | Path, hash_shards: bool = True) -> dict[str, Any]:
+    """Return the manifest of a complete checkpoint, or raise CheckpointError saying what is wrong.
+
+    hash_shards=False checks the workers' shard files by size only: the trainer has its workers
+    hash them, each a share, in parallel (``GRPOTrainer.load_checkpoint``)."""
     path = Path(path)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
@@ -197,50 +222,40 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
         manifest = json.loads(manifest_path.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{manifest_path}: not valid JSON ({exc})") from exc
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_VERSIONS:
         raise CheckpointError(
-            f"{manifest_path}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}"
+            f"{manifest_path}: format_version {manifest.get('format_version')!r}, expected one of "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
-    for name, info in manifest_files(manifest, manifest_path).items():
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"{file}: listed in the manifest but missing")
-        if file.stat().st_size != info["bytes"] or _sha256(file) != info["sha256"]:
-            raise CheckpointError(f"{file}: size or SHA-256 differs from the manifest (corrupt)")
+    files = manifest_files(manifest, manifest_path)
+    shards = shard_files(manifest, manifest_path)
+    for name, info in files.items():
+        check_file(path / name, info, hash_bytes=hash_shards or name not in shards)
     return manifest
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], dict[str, Any]]:
-    """Verify, then load every part: returns (parts, manifest).
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", hash_shards: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Verify, then load every part but the workers' shards: returns (parts, manifest).
 
     Parts load with ``torch.load(weights_only=True)``: tensors, numbers, strings and plain containers
     only (model and optimizer state dicts, the driver's counters), so a crafted file cannot run code
-    while it is unpickled (PyTorch's "torch.load" security note)."""
+    while it is unpickled (PyTorch's "torch.load" security note). The shards (manifest["shards"])
+    are the workers' to load (trainer/workers/shard_state.py)."""
     path = Path(path)
-    manifest = verify_checkpoint(path)
-    parts = {Path(name).stem: _load_part(path / name, map_location) for name in manifest["files"]}
+    manifest = verify_checkpoint(path, hash_shards=hash_shards)
+    shards = shard_files(manifest, path / MANIFEST)
+    parts = {
+        Path(name).stem: load_torch_file(path / name, map_location) for name in manifest["files"] if name not in shards
+    }
     return parts, manifest
 
 
-def _load_part(file: Path, map_location: str | torch.device) -> Any:
-    try:
-        return torch.load(file, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f"{file}: expected only tensors and plain containers (torch.load weights_only=True), "
-            f"found other objects: {_refusal_reason(exc)}"
-        ) from exc
-
-
-def _refusal_reason(exc: pickle.UnpicklingError) -> str:
-    # torch's message opens with advice to retry with weights_only=False; name the object instead.
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    named = [line for line in lines if "GLOBAL" in line or "Unsupported" in line]
-    return (named or lines or [type(exc).__name__])[0]
-
-
 def latest_checkpoint(root: str | Path) -> Path | None:
-    """The step named by the tracker file, if that checkpoint verifies; None when there is none."""
+    """The step named by the tracker file, if that checkpoint is complete (its manifest valid, every
+    file there with its size; the workers' shards are hashed when they are loaded); None when there
+    is none."""
     tracker = Path(root) / TRACKER
     if not tracker.is_file():
         return None
@@ -248,5 +263,5 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     if not text.isdigit():
         raise CheckpointError(f"{tracker}: expected a step number, found {text!r}")
     path = step_dir(root, int(text))
-    verify_checkpoint(path)
+    verify_checkpoint(path, hash_shards=False)  # loading hashes them
     return path

@@ -19,8 +19,9 @@ from trainer.algorithms.kl import apply_kl_penalty, make_kl_controller
 from trainer.batch import Batch, concat_batches
 from trainer.config import Config
 from trainer.data.loader import PromptBatch, PromptDataset
-from trainer.driver.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.driver.checkpoint import MANIFEST, latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.driver.checkpoint_lock import CheckpointLock
+from trainer.driver.checkpoint_shards import load_shards, shard_files, write_shards
 from trainer.driver.reward import score_batch, scores_to_token_rewards
 from trainer.driver.sharding import even_split, mini_batch_shards
 from trainer.driver.step_figures import BatchTokens, batch_metrics, batch_tokens
@@ -224,8 +225,8 @@ class GRPOTrainer:
         return results
 
     def save_checkpoint(self) -> Path:
-        # all: under FSDP gathering the shards is a collective
-        state = self.workers.all("state", phase="save_checkpoint")[0]
+        """The driver's counters as ``trainer.pt``; each worker writes its own shard of the actor's
+        model and optimizer state beside it, in parallel (trainer/driver/checkpoint_shards.py)."""
         driver = {
             "global_step": self.global_step,
             "loader": self.loader.state_dict(),
@@ -233,16 +234,23 @@ class GRPOTrainer:
         }
         meta = {"config": json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str)), "model": self.spec.to_dict()}
         keep = self.cfg.trainer.max_actor_ckpt_to_keep
-        return save_checkpoint(self.checkpoint_root, self.global_step, {**state, "trainer": driver}, meta, keep)
+        return save_checkpoint(
+            self.checkpoint_root, self.global_step, {"trainer": driver}, meta, keep,
+            write_shards=lambda directory: write_shards(self.workers, directory),
+        )
 
     def load_checkpoint(self, path: str | Path | None = None) -> int:
         """Resume from ``path`` or the latest checkpoint; returns the step resumed at (0: none)."""
         target = Path(path) if path is not None else latest_checkpoint(self.checkpoint_root)
         if target is None:
             return 0
-        parts, _ = load_checkpoint(target)
-        state = {"model": parts["model"], "optimizer": parts["optimizer"]}
-        self.workers.all("load_state", state, phase="load_checkpoint")
+        parts, manifest = load_checkpoint(target, hash_shards=False)  # the workers hash the shards
+        shards = shard_files(manifest, target / MANIFEST)
+        if shards:
+            load_shards(self.workers, target, shards, manifest["files"])
+        else:  # format 1: the model and optimizer were saved whole, gathered by the driver
+            state = {"model": parts["model"], "optimizer": parts["optimizer"]}
+            self.workers.all("load_state", state, phase="load_checkpoint")
         driver = parts["trainer"]
         self.global_step = int(driver["global_step"])
         self.loader.load_state_dict(driver["loader"])

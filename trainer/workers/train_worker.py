@@ -14,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
 from trainer.batch import Batch
+from trainer.checkpoint_files import CheckpointError, check_file
 from trainer.config import Config, RolloutConfig
 from trainer.models.checkpointing import enable_gradient_checkpointing
 from trainer.models.liger import apply_liger
@@ -39,6 +41,7 @@ from trainer.workers.fsdp import (
     resolve_strategy,
     shard_model,
 )
+from trainer.workers.shard_state import ShardSources, load_shards, save_shard
 
 
 class TrainWorker:
@@ -220,7 +223,8 @@ class TrainWorker:
         """Model and optimizer state on the CPU, in the model's own parameter names.
 
         Under FSDP this gathers the shards: every worker must call it (WorkerGroup.all); rank 0
-        returns the whole state and the others an empty dict.
+        returns the whole state and the others an empty dict. Checkpoints do not gather: see
+        ``save_shard``.
         """
         if self.strategy == "fsdp2":
             model = full_model_state(self.actor.lm)
@@ -230,6 +234,36 @@ class TrainWorker:
             "model": {k: v.detach().cpu().clone() for k, v in self.actor.lm.state_dict().items()},
             "optimizer": _to_cpu(self.optimizer.state_dict()),
         }
+
+    def save_shard(self, directory: str) -> list[dict[str, Any]]:
+        """Write this worker's shard of the actor's model and optimizer state into ``directory`` (the
+        checkpoint's temporary directory); returns each file's description (trainer/workers/shard_state.py).
+        Under dp the replicas are equal, so rank 0 alone writes and the others return none."""
+        if self.strategy == "dp" and self.rank > 0:
+            return []
+        return save_shard(Path(directory), self.world_size, self.rank, self.actor, self.optimizer)
+
+    def verify_files(self, files: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        """Check each (path, {bytes, sha256}) against its manifest entry; returns what is wrong, by file."""
+        problems = []
+        for path, info in files:
+            try:
+                check_file(Path(path), info)
+            except CheckpointError as exc:
+                problems.append(str(exc))
+        return problems
+
+    def load_shards(self, sources: list[tuple[str, dict[str, Any]]]) -> str | None:
+        """Fill the actor and its optimizer from shard files (path, tensor spans), verified already;
+        returns what is wrong (a tensor missing, of another shape), or None."""
+        try:
+            load_shards(self.actor, self.optimizer, ShardSources([(Path(path), spans) for path, spans in sources]))
+        except CheckpointError as exc:
+            return str(exc)
+        if self.optimizer_offload:
+            move_optimizer_state(self.optimizer, torch.device("cpu"))
+        self.engine.sync_from(self.actor.lm)
+        return None
 
     def load_state(self, state: dict[str, Any]) -> None:
         if self.strategy == "fsdp2":
