@@ -34,7 +34,7 @@ from trainer.batch import Batch
 from trainer.config.schema import RolloutConfig
 from trainer.models.presets import build_model, load_tokenizer
 from trainer.rollout import make_engine
-from trainer.rollout.base import SamplingParams
+from trainer.rollout.requests import SamplingParams
 from trainer.rollout.sampling_audit import fp32_reference, reference_figures
 from trainer.workers.actor import compute_log_probs
 from trainer.workers.distributed import DataParallel

@@ -23,7 +23,7 @@ from trainer.config import RolloutConfig
 from trainer.driver.step_figures import batch_metrics
 from trainer.models.presets import build_model
 from trainer.rollout import make_engine
-from trainer.rollout.base import SamplingParams
+from trainer.rollout.requests import SamplingParams
 from trainer.rollout.sampling_audit import check_engine_sampling
 from trainer.workers.actor import compute_log_probs
 from trainer.workers.distributed import DataParallel

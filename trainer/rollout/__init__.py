@@ -19,14 +19,10 @@ from typing import Any
 from torch import nn
 
 from trainer.config import RolloutConfig
-from trainer.rollout.base import (
-    NonFiniteLogitsError,
-    RolloutEngine,
-    RowsRequest,
-    SamplingParams,
-)
+from trainer.rollout.base import RolloutEngine
 from trainer.rollout.fast_engine import FastRolloutEngine
 from trainer.rollout.hf_engine import HFRolloutEngine
+from trainer.rollout.requests import NonFiniteLogitsError, RowsRequest, SamplingParams
 from trainer.rollout.responses import finalize_responses
 from trainer.rollout.static_engine import StaticRolloutEngine
 from trainer.rollout.vllm_engine import VLLMRolloutEngine  # imports vLLM only when an engine is built

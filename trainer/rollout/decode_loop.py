@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from trainer.rollout.base import RowsRequest
+from trainer.rollout.requests import RowsRequest
 
 
 def check_rows(

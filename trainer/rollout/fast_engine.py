@@ -54,10 +54,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.rollout.base import GeneratedRows, RolloutEngine, RowsRequest, SamplingParams
+from trainer.rollout.base import RolloutEngine
 from trainer.rollout.decode_buffers import PROMPT_ALIGN, DecodeBuffers, compacted_size, round_up
 from trainer.rollout.decode_loop import decode_until_done
 from trainer.rollout.lean_decoder import LeanWeights, decode_logits, lean_shape, prefill_logits
+from trainer.rollout.requests import GeneratedRows, RowsRequest, SamplingParams
 from trainer.rollout.sampling import (
     greedy,
     nonfinite_rows_mask,

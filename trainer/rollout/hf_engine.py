@@ -22,7 +22,8 @@ from collections.abc import Iterator
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from trainer.rollout.base import GeneratedRows, RolloutEngine, RowsRequest, SamplingParams
+from trainer.rollout.base import RolloutEngine
+from trainer.rollout.requests import GeneratedRows, RowsRequest, SamplingParams
 from trainer.rollout.sampling import nonfinite_rows_mask, token_log_probs
 
 

@@ -21,7 +21,8 @@ from torch import nn
 
 from trainer.algorithms.sampling_check import DEFAULT_LIMIT, SamplingCheck, sampling_check
 from trainer.batch import Batch
-from trainer.rollout.base import RolloutEngine, SamplingParams, model_device
+from trainer.rollout.base import RolloutEngine, model_device
+from trainer.rollout.requests import SamplingParams
 from trainer.workers.fsdp import PolicyModel
 
 

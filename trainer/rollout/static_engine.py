@@ -34,8 +34,9 @@ from torch import nn
 from transformers import StaticCache
 
 from trainer.batch import position_ids_from_mask
-from trainer.rollout.base import GeneratedRows, RolloutEngine, RowsRequest, SamplingParams
+from trainer.rollout.base import RolloutEngine
 from trainer.rollout.decode_loop import decode_until_done
+from trainer.rollout.requests import GeneratedRows, RowsRequest, SamplingParams
 from trainer.rollout.sampling import (
     greedy,
     nonfinite_rows_mask,

@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from trainer.batch import right_pad
-from trainer.rollout.base import GeneratedRows, RolloutEngine, RowsRequest, SamplingParams
+from trainer.rollout.base import RolloutEngine
+from trainer.rollout.requests import GeneratedRows, RowsRequest, SamplingParams
 from trainer.rollout.sampling import row_hash
 from trainer.workers.fsdp import full_tensor
 

@@ -27,7 +27,7 @@ from trainer.models.checkpointing import enable_gradient_checkpointing
 from trainer.models.liger import apply_liger
 from trainer.models.presets import build_model, load_tokenizer, resolve_dtype
 from trainer.rollout import make_engine
-from trainer.rollout.base import SamplingParams
+from trainer.rollout.requests import SamplingParams
 from trainer.workers.actor import UpdateSettings, compute_log_probs, update_policy
 from trainer.workers.distributed import DataParallel, Rendezvous
 from trainer.workers.fsdp import (
