@@ -330,6 +330,8 @@ def machine_calibration(request: pytest.FixtureRequest) -> Calibrate:
     """Where a test's phase runs, the machine's calibration runs: inside the Ray workers of the trainer
     the test uses (its ``rl_trainer``: our GRPOTrainer's WorkerGroup), else in this process. The phases
     a trainer runs in the driver (reward, adv: a few ms) are judged by the workers' calibration too."""
+    from trainer.driver.worker_group import WorkerGroup
+
     trainer = request.getfixturevalue("rl_trainer") if "rl_trainer" in request.fixturenames else None
-    actors = getattr(getattr(trainer, "workers", None), "workers", None)
-    return workers_calibration(actors) if actors else driver_calibration
+    group = getattr(trainer, "workers", None)
+    return workers_calibration(group) if isinstance(group, WorkerGroup) else driver_calibration

@@ -11,8 +11,9 @@ per phase separate that from a regression and from CPU contention inside the mac
   Ray workers at once (``workers_calibration``; the slowest worker's figure), on the process and
   torch thread settings the phase uses, else in this process. A slower host slows it as much as the
   phases; a slower phase does not slow it. Timed in the driver instead, right after a phase, it came
-  out bimodal (5 or 12 ms, by which phase ran before it) while the workers' own stayed within 10%
-  (docs/benchmarks.md, "The gate's error rates").
+  out bimodal (5 or 12 ms, by which phase ran before it; docs/benchmarks.md, "The gate's error
+  rates"); timed in the workers it has no second mode. Whether it follows the host's drift is what
+  ``benchmarks/gate_calibration_probe.py`` measures.
 - ``other_cores`` and ``steal_cores``: the CPU used during the rounds by processes outside this
   session (this process and its descendants: the embedded Ray and its workers) and the CPU the
   hypervisor took from this VM (/proc/stat's steal), each in cores on average, read from /proc
@@ -104,19 +105,29 @@ Calibrate = Callable[[], tuple[float, list[int]]]  # one calibration: (seconds, 
 
 
 def driver_calibration() -> tuple[float, list[int]]:
-    """A calibration in this process, for phases that run here (``rl_bench`` without a trainer)."""
-    return calibration_round(), [threading.get_native_id()]
+    """A calibration in this process, for phases that run here (``rl_bench`` without a trainer), on
+    one thread as in a CPU worker: the work stays on the thread whose CPU is left out of
+    ``own_cores`` (torch's other threads would count as the session's load), and torch's thread pool,
+    spinning at its barriers, slows 10-100x when a core is taken from it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return calibration_round(), [threading.get_native_id()]
+    finally:
+        torch.set_num_threads(threads)
 
 
-def workers_calibration(actors: Sequence[Any]) -> Calibrate:
-    """A calibration inside every Ray actor at once, for phases that run in them: each on its own
-    process and torch settings, while the others do the same, as in a phase. The slowest worker's
-    seconds: a phase waits for its slowest worker at every collective."""
+def workers_calibration(group: Any) -> Calibrate:
+    """A calibration inside every Ray actor of a ``trainer.driver.worker_group.WorkerGroup`` at once,
+    for phases that run in them: each on its own process and torch settings, while the others do the
+    same, as in a phase. The slowest worker's seconds: a phase waits for it at every collective. The
+    group's own wait bounds it: a dead or hung worker fails it as it would fail the phase."""
 
     def calibrate() -> tuple[float, list[int]]:
-        import ray
-
-        results = ray.get([actor.__ray_call__.remote(worker_calibration) for actor in actors])
+        refs = [actor.__ray_call__.remote(worker_calibration) for actor in group.workers]
+        results = group.wait(refs, "the machine's calibration")
         return max(seconds for seconds, _ in results), [tid for _, tid in results]
 
     return calibrate

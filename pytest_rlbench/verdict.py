@@ -202,9 +202,10 @@ def _worse(fig: Figure) -> str:
 # Judging a phase's time relative to the machine's calibration is OFF until it is shown to meet issue
 # 12's goals. Measured on the 2-core CI VM (2026-11-23, docs/benchmarks.md "The gate's error rates"):
 # timed in the driver, the calibration came out at 5-7 ms or at 11-17 ms by which phase had run just
-# before, so dividing by it failed 8 of 8 same-code runs. It is now timed inside the workers, where
-# it held within 10% from session to session (machine_load); benchmarks/gate_error_rates.py counts
-# one set of sessions both ways (plain and relative) to decide. Meanwhile plain seconds decide; the
+# before, so dividing by it failed 8 of 8 same-code runs. Timed inside the workers (machine_load) it
+# has no second mode, but in probes of quiet sessions (benchmarks/gate_calibration_probe.py) it did
+# not follow the phases' session-to-session drift either; benchmarks/gate_error_rates.py counts one
+# set of sessions both ways (plain and relative) to decide. Meanwhile plain seconds decide; the
 # machine's figures are recorded and shown beside a failure.
 RELATIVE_VERDICT = False
 

@@ -125,3 +125,15 @@ def test_one_set_of_sessions_is_counted_in_plain_seconds_and_relative_to_the_mac
     assert lines[plain + 3].split() == ["slowdown", "1", "0", "1", "0", "0"]
     assert lines[relative + 2].split() == ["unchanged", "1", "0", "0", "1", "0"]  # a slower machine
     assert lines[relative + 3].split() == ["slowdown", "1", "0", "1", "0", "0"]
+
+
+def test_the_probe_shows_a_calibration_that_tracks_the_phase_taking_the_spread_out() -> None:
+    from gate_calibration_probe import summary
+
+    def session(speed: float, driver: float) -> list[dict]:  # the host `speed` times slower
+        return [{"phase": "gen", "seconds": 0.3 * speed, "driver": driver, "workers": 0.008 * speed,
+                 "phase_cpu": 0.28 * speed, "other_cores": 0.0} for _ in range(3)]
+
+    lines = summary([session(1.0, 0.005), session(1.5, 0.012)])
+    assert lines[2].split() == ["2", "1.50", "2.40", "1.50", "1.50", "0.00"]
+    assert lines[3].strip() == "spread: plain 1.50, / driver 1.60, / workers 1.00, / phase_cpu 1.00"

@@ -279,11 +279,18 @@ def test_the_calibration_runs_inside_each_ray_worker_and_its_threads_are_not_cou
         def pid(self) -> int:
             return os.getpid()
 
+    class Group:  # what workers_calibration reads of a WorkerGroup: its actors and its bounded wait
+        def __init__(self, workers: list[Any]) -> None:
+            self.workers = workers
+
+        def wait(self, refs: list[Any], phase: str) -> list[Any]:
+            return ray.get(refs, timeout=120)
+
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never another session's
     try:
         actors = [Worker.remote() for _ in range(2)]
         pids = ray.get([actor.pid.remote() for actor in actors])
-        calibrate = machine_load.workers_calibration(actors)
+        calibrate = machine_load.workers_calibration(Group(actors))
         seconds, threads = calibrate()
         assert 0 < seconds < 5 and len(threads) == 2
         # each figure was timed by a thread of a worker process, none of this one's
