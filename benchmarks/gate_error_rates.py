@@ -50,6 +50,7 @@ BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from pytest_rlbench.machine_load import CALIBRATION, OTHER_CORES, STEAL_CORES, cpu_snapshot, machine_metric  # noqa: E402
+from pytest_rlbench.metrics import DefaultTolerance, default_tolerance  # noqa: E402
 from pytest_rlbench.record import FORMAT_VERSION, RunRecord, load_record, record_from_dict  # noqa: E402
 from pytest_rlbench.rollout_panel import PANEL_FIGURES  # noqa: E402
 from pytest_rlbench.verdict import relative_samples  # noqa: E402
@@ -242,19 +243,50 @@ def run_scenario(scenario: str, args: argparse.Namespace, baseline: Path, work: 
     return result
 
 
-def rejudge(work: Path, tolerance: float) -> list[str]:
-    """The table recounted from the run records kept in ``work``, judged at ``tolerance``."""
+@contextmanager
+def verdict_mode(relative: bool) -> Iterator[None]:
+    """The gate's verdict for the block: relative to the machine's calibration, or plain seconds."""
+    from pytest_rlbench import verdict
+
+    saved, verdict.RELATIVE_VERDICT = verdict.RELATIVE_VERDICT, relative
+    try:
+        yield
+    finally:
+        verdict.RELATIVE_VERDICT = saved
+
+
+def rejudge(work: Path, tolerance: float, relative: bool | None = None) -> list[str]:
+    """The table recounted from the run records kept in ``work``, judged at ``tolerance``: relative to
+    the machine's calibration (``relative`` True), in plain seconds (False), or as the gate now does
+    by default (None)."""
+    from pytest_rlbench import verdict
     from pytest_rlbench.compare import compare
 
     base = load_record(work / "base.json")
     results: dict[str, ScenarioResult] = {}
     runs = [(path, *path.name.split(".")[0].rsplit("-", 1)) for path in work.glob("*-*.report.json")]
-    for path, scenario, index in sorted(runs, key=lambda run: (run[1], int(run[2]))):
-        rows = compare(record_of_report(json.loads(path.read_text())), base, tolerance).comparisons
-        verdicts = {c.verdict for c in rows}
-        outcome = "failed" if "fail" in verdicts else "inconclusive" if "inconclusive" in verdicts else "passed"
-        results.setdefault(scenario, ScenarioResult(scenario)).runs.append(RunResult(int(index), outcome, None, 0.0))
+    with verdict_mode(verdict.RELATIVE_VERDICT if relative is None else relative):
+        for path, scenario, index in sorted(runs, key=lambda run: (run[1], int(run[2]))):
+            rows = compare(record_of_report(json.loads(path.read_text())), base, tolerance).comparisons
+            verdicts = {c.verdict for c in rows}
+            outcome = "failed" if "fail" in verdicts else "inconclusive" if "inconclusive" in verdicts else "passed"
+            results.setdefault(scenario, ScenarioResult(scenario)).runs.append(RunResult(int(index), outcome, None, 0.0))
     return table([results[s] for s in SCENARIOS if s in results])
+
+
+def both_verdicts(work: Path, tolerance: float) -> list[str]:
+    """The sessions kept in ``work`` counted twice: in plain seconds and relative to the machine."""
+    lines = []
+    for relative, title in ((False, "plain seconds"), (True, "relative to the machine's calibration")):
+        lines += [f"{title}:", *rejudge(work, tolerance, relative), ""]
+    return lines[:-1]
+
+
+def tolerance_text(tolerance: float) -> str:
+    """Which tolerance a recount applies, in words."""
+    if isinstance(tolerance, DefaultTolerance):
+        return f"tolerance: the CPU defaults, {tolerance.uncalibrated:g} in plain seconds, {float(tolerance):g} relative"
+    return f"tolerance {tolerance:g}"
 
 
 def table(results: Sequence[ScenarioResult]) -> list[str]:
@@ -279,14 +311,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quiet-cores", type=float, default=0.3, help="CPU use below which the machine is quiet")
     parser.add_argument("--settle-timeout", type=float, default=60, help="seconds to wait for quiescence")
     parser.add_argument("--rejudge", type=Path, help="a work directory to recount (no session is run)")
-    parser.add_argument("--tolerance", type=float, default=None, help="with --rejudge: the tolerance")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="the tolerance of the recount (default: the CPU defaults; the sessions use theirs)")
     args = parser.parse_args(argv)
     if args.rejudge is not None:
-        from pytest_rlbench.metrics import default_tolerance
-
         tolerance = args.tolerance if args.tolerance is not None else default_tolerance(gpu=False)
-        print(f"tolerance {tolerance:g}")
-        print("\n".join(rejudge(args.rejudge, tolerance)))
+        print(tolerance_text(tolerance))
+        print("\n".join(both_verdicts(args.rejudge, tolerance)))
         return 0
     work = Path(tempfile.mkdtemp(prefix="gate-error-rates-"))
     baseline = work / "base.json"
@@ -302,8 +333,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = [run_scenario(s, args, baseline, work) for s in args.scenarios]
     lines = table(results)
     print("\n".join(lines))
+    tolerance = args.tolerance if args.tolerance is not None else default_tolerance(gpu=False)
+    recounted = [tolerance_text(tolerance), *both_verdicts(work, tolerance)]
+    print("the same sessions recounted both ways, " + "\n".join(recounted))
     settings = {k: v for k, v in vars(args).items() if k != "out"}
-    out = {"settings": settings, "cpus": os.cpu_count(), "work": str(work), "table": lines,
+    out = {"settings": settings, "cpus": os.cpu_count(), "work": str(work), "table": lines, "recounted": recounted,
            "scenarios": [asdict(r) for r in results]}
     args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"wrote {args.out}")

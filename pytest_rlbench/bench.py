@@ -23,7 +23,14 @@ import pytest
 from pytest_rlbench.cluster import ClusterInfo
 from pytest_rlbench.compare import phase_failures
 from pytest_rlbench.fixtures import RLBenchSession, RLModel, get_session
-from pytest_rlbench.machine_load import CALIBRATION, MachineWatch, machine_metric
+from pytest_rlbench.machine_load import (
+    CALIBRATION,
+    Calibrate,
+    MachineWatch,
+    driver_calibration,
+    machine_metric,
+    workers_calibration,
+)
 from pytest_rlbench.progress import Progress, round_label
 from pytest_rlbench.record import Hardware, ModelArch, RunConfig, RunRecord, TokenCounts
 from pytest_rlbench.recorder import BenchRecorder, local_hardware, mismatch_failure
@@ -190,7 +197,8 @@ class PhaseBench:
     A round that returns a StepResult also hands its figures (``result.metrics``, the rollout_fidelity/*
     ones among them) to the recorder; one above ``max_mismatch`` (--rl-max-mismatch) fails the test.
     With ``watch_machine`` (CPU workers of the embedded Ray) the machine's own figures are recorded too:
-    a calibration before each round and the CPU used beside the rounds (pytest_rlbench.machine_load)."""
+    a calibration before each round (by ``watch_machine``, where the phase runs) and the CPU used beside
+    the rounds (pytest_rlbench.machine_load)."""
 
     def __init__(
         self,
@@ -202,10 +210,10 @@ class PhaseBench:
         judge: Callable[[str], list[str]] | None = None,
         max_mismatch: float | None = None,
         progress: Progress | None = None,
-        watch_machine: bool = False,
+        watch_machine: Calibrate | None = None,
     ) -> None:
         self.max_mismatch = max_mismatch
-        self.watch_machine = watch_machine  # record the machine's figures (pytest_rlbench.machine_load)
+        self.watch_machine = watch_machine  # the calibration of the machine's figures; None: none recorded
         self.benchmark = benchmark
         self.progress = progress or Progress(enabled=False, terminal=False)
         self.recorder = recorder
@@ -235,12 +243,12 @@ class PhaseBench:
 
         phase = self.phase
         warmup, rounds = (0, 1) if self.benchmark.disabled else (self.warmup, self.rounds)
-        watch = MachineWatch() if self.watch_machine else None
+        watch = MachineWatch(self.watch_machine) if self.watch_machine is not None else None
         results: list[Any] = []
 
         def before_round() -> None:  # outside the round's time
-            if watch is not None:
-                watch.calibrate()  # the workers are idle: the machine's own speed now
+            if watch is not None and len(results) >= warmup:  # a timed round's (results: the rounds so far)
+                watch.calibrate()  # the machine's own speed now, where the phase runs
             if setup is not None:
                 setup()
 
@@ -313,7 +321,19 @@ def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytes
         return [c.message for c in phase_failures(recorder.build_record(), baselines, phase, state.opts.tolerance)]
 
     opts = state.opts
+    calibrate = machine_calibration(request) if opts.embedded and not opts.gpu else None
     return PhaseBench(
         benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, judge, opts.max_mismatch,
-        state.progress(), watch_machine=opts.embedded and not opts.gpu,
+        state.progress(), watch_machine=calibrate,
     )
+
+
+def machine_calibration(request: pytest.FixtureRequest) -> Calibrate:
+    """Where a test's phase runs, the machine's calibration runs: inside the Ray workers of the trainer
+    the test uses (its ``rl_trainer``: our GRPOTrainer's WorkerGroup), else in this process. The phases
+    a trainer runs in the driver (reward, adv: a few ms) are judged by the workers' calibration too."""
+    from trainer.driver.worker_group import WorkerGroup
+
+    trainer = request.getfixturevalue("rl_trainer") if "rl_trainer" in request.fixturenames else None
+    group = getattr(trainer, "workers", None)
+    return workers_calibration(group) if isinstance(group, WorkerGroup) else driver_calibration

@@ -45,6 +45,7 @@ from pytest_rlbench.option_table import (
     SPECS,
 )
 from pytest_rlbench.option_values import OptionError, RawValue
+from pytest_rlbench.verdict import session_tolerance
 from trainer.config import ConfigError, Override
 from trainer.config.schema import TrainerSection
 
@@ -113,7 +114,7 @@ class RLBenchOptions:
             "config_overrides": list(self.config_overrides),
             "baselines": list(self.baselines),
             "workload": self.workload,
-            "tolerance": self.tolerance,
+            "tolerance": session_tolerance(self.tolerance),  # a number: what the verdicts apply
             "max_mismatch": self.max_mismatch,
             "rounds": self.rounds,
             "warmup_rounds": self.warmup_rounds,

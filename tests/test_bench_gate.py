@@ -138,6 +138,8 @@ def test_the_real_suites_write_every_phase_key_and_gate_against_their_own_baseli
     assert all(data["phases"][k]["seconds"] is not None for k in PHASE_KEYS)
     assert {c["verdict"] for c in data["comparisons"]} == {"reference"}  # built-in baselines: GPUs
     assert data["extra"]["step_breakdown"] and "gen" in data["extra"]["step_breakdown"][0]
+    # the machine's calibration, timed in the trainer's workers before each timed round
+    assert all(len(data["metrics"][f"machine/calibration_s/{k}"]["samples"]) == 2 for k in PHASE_KEYS)
 
     second = pytester.runpytest_subprocess(
         str(suites / "test_phases.py"), str(suites / "test_step.py"), *small,

@@ -102,3 +102,38 @@ def test_a_reports_run_record_keeps_the_rounds_and_the_machines_figures() -> Non
     assert back.phases["update_actor"].seconds == BASE_ROUNDS
     assert back.metrics["machine/calibration_s/update_actor"].value == BASE_CAL
     assert back.metrics["machine/other_cores/update_actor"].value == [0.5]
+
+
+def test_one_set_of_sessions_is_counted_in_plain_seconds_and_relative_to_the_machine(tmp_path: Path) -> None:
+    from gate_error_rates import both_verdicts
+    from test_verdict_machine import BASE_CAL, BASE_ROUNDS, SLOWER, cpu_record
+
+    from pytest_rlbench.record import save_record
+    from pytest_rlbench.report_json import build_report
+
+    save_record(cpu_record("base", BASE_ROUNDS, BASE_CAL), tmp_path / "base.json")
+    sessions = {  # 1.4x slower in seconds; the machine 1.4x slower too, or not
+        "unchanged-1": [c * 1.4 for c in BASE_CAL],
+        "slowdown-1": BASE_CAL,
+    }
+    for name, calibration in sessions.items():
+        report = build_report(cpu_record(name, SLOWER, calibration), [])
+        (tmp_path / f"{name}.report.json").write_text(json.dumps(report))
+    lines = both_verdicts(tmp_path, 0.20)
+    plain, relative = lines.index("plain seconds:"), lines.index("relative to the machine's calibration:")
+    assert lines[plain + 2].split() == ["unchanged", "1", "0", "1", "0", "0"]  # fails in seconds
+    assert lines[plain + 3].split() == ["slowdown", "1", "0", "1", "0", "0"]
+    assert lines[relative + 2].split() == ["unchanged", "1", "0", "0", "1", "0"]  # a slower machine
+    assert lines[relative + 3].split() == ["slowdown", "1", "0", "1", "0", "0"]
+
+
+def test_the_probe_shows_a_calibration_that_tracks_the_phase_taking_the_spread_out() -> None:
+    from gate_calibration_probe import summary
+
+    def session(speed: float, driver: float) -> list[dict]:  # the host `speed` times slower
+        return [{"phase": "gen", "seconds": 0.3 * speed, "driver": driver, "workers": 0.008 * speed,
+                 "phase_cpu": 0.28 * speed, "other_cores": 0.0} for _ in range(3)]
+
+    lines = summary([session(1.0, 0.005), session(1.5, 0.012)])
+    assert lines[2].split() == ["2", "1.50", "2.40", "1.50", "1.50", "0.00"]
+    assert lines[3].strip() == "spread: plain 1.50, / driver 1.60, / workers 1.00, / phase_cpu 1.00"

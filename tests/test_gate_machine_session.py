@@ -61,7 +61,7 @@ def test_a_slower_machine_is_inconclusive_and_a_phase_slower_than_the_machine_fa
 # The session's own workers busy during every calibration (what a change that keeps worker threads busy
 # between rounds does): the calibration no longer measures the machine alone.
 BUSY_CONFTEST = CONFTEST + """
-machine_load.busy_seconds = lambda before, after: 1.0
+machine_load.busy_seconds = lambda before, after, skip=(): 1.0
 """
 
 
@@ -78,3 +78,23 @@ def test_a_session_busy_during_its_calibrations_is_judged_in_plain_seconds(pytes
     out = busy.stdout.str()
     assert "during the calibrations (from 0.25): judged in plain seconds" in out
     assert "tolerance 0.20, the default in plain seconds" in out
+
+
+# Each calibration leaves a line in calibrations.txt: how many a session ran.
+COUNTING_CONFTEST = """
+from pytest_rlbench import machine_load
+
+def calibration_round():
+    with open("calibrations.txt", "a") as fh:
+        fh.write("x\\n")
+    return 0.010
+
+machine_load.calibration_round = calibration_round
+"""
+
+
+def test_the_machine_is_calibrated_before_each_timed_round_only(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE.format(delay=0.01))
+    pytester.makeconftest(COUNTING_CONFTEST)
+    pytester.runpytest_subprocess("--rl-rounds=5", "--rl-warmup-rounds=2").assert_outcomes(passed=1)
+    assert (pytester.path / "calibrations.txt").read_text().count("x") == 5  # none before warm-up rounds

@@ -200,6 +200,19 @@ def test_a_chosen_tolerance_always_wins_over_either_default() -> None:
     assert (from_file.verdict, from_file.tolerance) == ("fail", 0.15) and "the default" not in from_file.message
 
 
+def test_the_options_record_the_tolerance_the_verdicts_apply(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from pytest_rlbench.options import RLBenchOptions
+
+    options = RLBenchOptions(tolerance=CPU_DEFAULT)
+    monkeypatch.setattr(verdict_module, "RELATIVE_VERDICT", False)  # the default: plain seconds decide
+    assert json.dumps(options.to_dict()["tolerance"]) == "0.2"  # not the relative verdict's 0.15
+    monkeypatch.setattr(verdict_module, "RELATIVE_VERDICT", True)
+    assert options.to_dict()["tolerance"] == 0.15
+    assert RLBenchOptions(tolerance=0.3).to_dict()["tolerance"] == 0.3  # a chosen one, either way
+
+
 # ----------------------------------------------------------------------------- the session busy meanwhile
 def test_a_session_busy_during_its_calibrations_is_judged_in_plain_seconds_and_says_so() -> None:
     # the phase and the calibration both 1.4x slower because the session's own workers stayed busy:
@@ -254,3 +267,45 @@ def test_a_snapshot_counts_the_cpu_of_a_child_that_ran_and_exited() -> None:
     child_ticks = (reaped_after.ru_utime + reaped_after.ru_stime - reaped_before.ru_utime - reaped_before.ru_stime)
     assert child_ticks >= 0.4
     assert sum(after.ours.values()) - sum(before.ours.values()) >= 0.8 * child_ticks * ticks
+
+
+# ----------------------------------------------------------------------------- where the calibration runs
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
+def test_the_calibration_runs_inside_each_ray_worker_and_its_threads_are_not_counted_as_load() -> None:
+    import ray
+
+    @ray.remote
+    class Worker:
+        def pid(self) -> int:
+            return os.getpid()
+
+    class Group:  # what workers_calibration reads of a WorkerGroup: its actors and its bounded wait
+        def __init__(self, workers: list[Any]) -> None:
+            self.workers = workers
+
+        def wait(self, refs: list[Any], phase: str) -> list[Any]:
+            return ray.get(refs, timeout=120)
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never another session's
+    try:
+        actors = [Worker.remote() for _ in range(2)]
+        pids = ray.get([actor.pid.remote() for actor in actors])
+        calibrate = machine_load.workers_calibration(Group(actors))
+        seconds, threads = calibrate()
+        assert 0 < seconds < 5 and len(threads) == 2
+        # each figure was timed by a thread of a worker process, none of this one's
+        assert all(os.path.exists(f"/proc/{pid}/task/{tid}") for pid, tid in zip(pids, threads, strict=True))
+        assert not any(os.path.exists(f"/proc/{os.getpid()}/task/{tid}") for tid in threads)
+        watch = machine_load.MachineWatch(calibrate)
+        for _ in range(3):
+            watch.calibrate()
+        # the workers' calibrating threads and this thread's waiting are not the session's load
+        assert watch.figures(3)["own_cores"][0] < OWN_BUSY_CORES
+    finally:
+        ray.shutdown()
+
+
+def test_a_calibration_is_the_fastest_of_its_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    passes = iter([0.012, 0.008, 0.030])  # the third pass preempted: it does not count
+    monkeypatch.setattr(machine_load, "calibration_pass", lambda: next(passes))
+    assert machine_load.calibration_round() == 0.008
