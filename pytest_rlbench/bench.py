@@ -22,7 +22,7 @@ import pytest
 
 from pytest_rlbench.cluster import ClusterInfo
 from pytest_rlbench.compare import phase_failures
-from pytest_rlbench.fixtures import RLBenchSession, RLModel, get_session
+from pytest_rlbench.fixtures import RLBenchSession, get_session
 from pytest_rlbench.machine_load import (
     CALIBRATION,
     Calibrate,
@@ -34,6 +34,7 @@ from pytest_rlbench.machine_load import (
 from pytest_rlbench.progress import Progress, round_label
 from pytest_rlbench.record import Hardware, ModelArch, RunConfig, RunRecord, TokenCounts
 from pytest_rlbench.recorder import BenchRecorder, local_hardware, mismatch_failure
+from pytest_rlbench.resources import RLModel
 from pytest_rlbench.round_timer import time_rounds
 from pytest_rlbench.workload import run_workload
 from pytest_rlbench.workload_format import Workload

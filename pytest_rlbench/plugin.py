@@ -331,6 +331,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(line)
     for path in outcome.written:
         terminalreporter.write_line(f"wrote {path}")
+    for note in outcome.notes:
+        terminalreporter.write_line(f"pytest-rlbench: {note}")
     for problem in outcome.problems:
         terminalreporter.write_line(f"pytest-rlbench: {problem}", red=True, bold=True)
 

@@ -40,7 +40,7 @@ from pytest_rlbench.record import (
     record_to_dict,
     save_record,
 )
-from pytest_rlbench.report_chart import chart_path_for, write_chart
+from pytest_rlbench.report_chart import chart_path_for, nothing_to_draw, write_chart
 from pytest_rlbench.report_json import build_report
 from pytest_rlbench.workload_format import Workload
 from trainer.phases import PHASE_KEYS
@@ -69,6 +69,7 @@ class SessionOutcome:
     findings: list[Finding]
     written: list[Path] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # outputs not written, one line each
+    notes: list[str] = field(default_factory=list)  # outputs left out on purpose, one line each (not failures)
     write_failed: bool = False  # an output could not be written (the exit status says so)
     step_breakdown: list[dict[str, float]] = field(default_factory=list)  # whole-step rounds' own timing
     others: list[SessionOutcome] = field(default_factory=list)  # the further --rl-trainer frameworks'
@@ -238,8 +239,11 @@ class BenchRecorder:
             if update_report is not None:  # a hook may add sections to the report
                 update_report(report)
             _write(outcome, "the JSON report", report_path, lambda p: write_text_atomic(p, dumps_report(report)))
-            if self.phases:  # the chart is the step's time by phase: nothing to draw without a timed phase
-                chart = chart_path_for(report_path)
+            chart = chart_path_for(report_path)
+            empty = nothing_to_draw(run, baselines, self.step_breakdown)
+            if self.phases and empty is not None:  # e.g. save_checkpoint alone: it runs outside the step
+                outcome.notes.append(f"no chart {str(chart)!r}: {empty}")
+            elif self.phases:  # the chart is the step's time by phase: nothing to draw without a timed phase
                 draw = lambda t: write_chart(t, run, baselines, results=results, step_breakdown=self.step_breakdown)  # noqa: E731
                 _write(outcome, "the chart", chart, lambda p: write_atomic(p, draw))
         return outcome

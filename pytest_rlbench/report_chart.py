@@ -104,6 +104,18 @@ def record_step(record: RunRecord, rounds: Sequence[Mapping[str, float]] = ()) -
     return step_segments(record), PHASES_APART if apart else MEASURED_STEP
 
 
+def nothing_to_draw(
+    run: RunRecord, baselines: Sequence[RunRecord] = (), step_breakdown: Sequence[Mapping[str, float]] = ()
+) -> str | None:
+    """Why the chart would have no bar (no part of a step timed by the run or a baseline of its model), or
+    None when there is something to draw: a run of save_checkpoint alone times nothing inside the step."""
+    drawn, _ = drawn_baselines(run, baselines)
+    if record_step(run, step_breakdown)[0] or any(record_step(b)[0] for b in drawn):
+        return None
+    timed = ", ".join(run.phases) or "none"
+    return f"no phase inside the step was timed (timed: {timed}), and no baseline of this model to draw"
+
+
 def failed_phases(results: Sequence[BaselineComparison]) -> list[str]:
     """The phases with a failed gate comparison, in the order first met."""
     return list(dict.fromkeys(c.phase for r in results for c in r.failures if c.phase))
@@ -289,8 +301,9 @@ def draw_chart(
     fig.suptitle(f"Step phase breakdown: {run.name} and {len(drawn)} baseline(s) of the same model",
                  x=0.01, ha="left", fontsize=12, fontweight="bold")
     note_room = 0.3 / height if left_off else 0.0  # inches for the note under the legend
-    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, note_room), ncol=min(len(handles), 10),
-               frameon=False, fontsize=9)
+    if handles:  # none when no bar has a part (nothing_to_draw says why)
+        fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, note_room), ncol=min(len(handles), 10),
+                   frameon=False, fontsize=9)
     if left_off:
         note = "Not drawn: " + "; ".join(left_off)
         fig.text(0.01, 0.01, note, ha="left", va="bottom", fontsize=8, color="#4a5568")

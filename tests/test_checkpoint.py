@@ -196,6 +196,23 @@ def test_a_directory_in_use_by_another_run_is_refused_naming_it_and_the_holder(o
         lock.release()
 
 
+def test_python_m_trainer_in_a_directory_in_use_ends_with_one_error_line(other_run, tmp_path):
+    # before: a traceback ending in CheckpointLockError
+    root, proc = other_run
+    small = ["data.synthetic_difficulty=tiny", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer", "--workdir", str(tmp_path / "work"), "trainer.save_freq=1",
+         f"trainer.default_local_dir={root}", *small],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the checkpoint directory ") and f"pid {proc.pid}" in last, last
+
+
 def test_temporaries_of_dead_writers_are_removed_when_the_lock_is_taken(tmp_path):
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
     finished.wait(timeout=30)

@@ -350,3 +350,32 @@ def test_a_gpu_group_listens_on_loopback_only(local_ray, tmp_path: Path) -> None
     assert len(nccl) > len(gloo), "the GPU group opened no socket beyond the CPU group's: the check would be vacuous"
     exposed = [(ip, port) for ip, port in nccl if not is_loopback_ip(ip)]
     assert not exposed, f"the GPU workers listen beyond loopback: {exposed} (all: {nccl})"
+
+
+def test_closing_the_rendezvous_after_its_group_closes_no_other_descriptor(tmp_path: Path) -> None:
+    # The TCPStore closes the listening descriptor it serves on when the group goes; before, the
+    # rendezvous then closed that number again, by then perhaps another thread's file or socket.
+    import gc
+
+    import torch.distributed as dist
+
+    from trainer.workers.distributed import DataParallel, free_port
+
+    dp = DataParallel(0, 1)
+    dp.init("127.0.0.1", free_port(), "gloo", force=True)
+    served = dp.rendezvous.socket.fileno()
+    dist.destroy_process_group()
+    gc.collect()
+    opened = []  # descriptors are numbered lowest free first: fill up to the served one's number
+    while not opened or opened[-1] < served:
+        opened.append(os.open(tmp_path / f"other{len(opened)}", os.O_WRONLY | os.O_CREAT))
+    try:
+        dp.shutdown()  # closes the rendezvous
+        for fd in opened:
+            os.write(fd, b"still open")  # EBADF when the rendezvous closed it
+    finally:
+        for fd in opened:
+            try:
+                os.close(fd)
+            except OSError:
+                pass

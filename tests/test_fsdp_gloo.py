@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from op_counts import OpCounter
 
@@ -98,7 +97,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
             torch.save({"logp": logp, "metrics": metrics, "state": state, "groups": groups, "attention": attention},
                        os.path.join(out_dir, f"setting{setting}_rank{rank}.pt"))
     finally:
-        dist.destroy_process_group()
+        dp.shutdown()  # the group, then rank 0's rendezvous socket
 
 
 @pytest.fixture(scope="module")

@@ -81,3 +81,25 @@ def test_a_session_of_metrics_alone_writes_its_report_without_a_chart(tmp_path: 
     assert outcome.problems == []
     assert (tmp_path / "r.json").exists() and not (tmp_path / "r.png").exists()
     assert "rollout_panel/hf/tokens_per_s" in (tmp_path / "r.json").read_text()
+
+
+def test_a_session_of_save_checkpoint_alone_says_in_one_line_why_it_has_no_chart(tmp_path: Path) -> None:
+    # save_checkpoint runs outside the step the chart breaks down: no bar to draw, and that is no failure
+    recorder = described(tmp_path)
+    recorder.record("save_checkpoint", [0.08], "t::save_checkpoint")
+    outcome = recorder.finish([], 0.1, tmp_path / "r.json", None)
+    assert outcome.problems == [] and not outcome.write_failed
+    assert outcome.notes == [
+        f"no chart {str(tmp_path / 'r.png')!r}: no phase inside the step was timed (timed: save_checkpoint), "
+        "and no baseline of this model to draw"
+    ]
+    assert (tmp_path / "r.json").exists() and not (tmp_path / "r.png").exists()
+
+
+def test_a_session_of_save_checkpoint_and_a_step_phase_draws_the_phase(tmp_path: Path) -> None:
+    recorder = described(tmp_path)
+    recorder.record("save_checkpoint", [0.08], "t::save_checkpoint")
+    recorder.record("gen", [1.0], "t::gen")
+    outcome = recorder.finish([], 0.1, tmp_path / "r.json", None)
+    assert outcome.problems == [] and outcome.notes == []
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"

@@ -24,6 +24,7 @@ from pytest_rlbench.report_chart import (
     draw_chart,
     drawn_baselines,
     median_step_round,
+    nothing_to_draw,
     step_segments,
     work_label,
     write_chart,
@@ -321,3 +322,13 @@ def test_terminal_summary_counts_inconclusive_and_not_run_apart_from_failures() 
     assert lines[-2] == "1 inconclusive (past tolerance, but this session cannot tell whether it is real; not a failure):"
     assert "5 rounds per side can" in lines[-1]
     assert not any("regression" in line for line in lines) and result.passed
+
+
+def test_a_chart_with_no_bar_draws_without_a_legend_and_says_why() -> None:
+    run = record_from_dict({**copy.deepcopy(RUN), "phases": {"save_checkpoint": {"seconds": 0.08}}})
+    assert nothing_to_draw(run, [load_baseline("verl-7b")]) == (
+        "no phase inside the step was timed (timed: save_checkpoint), and no baseline of this model to draw"
+    )
+    assert nothing_to_draw(run_record()) is None
+    fig = draw_chart(run)  # matplotlib refuses a legend of 0 columns: none is drawn
+    assert fig.legends == []

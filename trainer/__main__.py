@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from trainer.build import build_trainer, load_dataset, ray_session
+    from trainer.driver.checkpoint_lock import CheckpointLockError
     from trainer.driver.ray_probe import RayUnreachableError
     from trainer.driver.tracking import Tracking
 
@@ -55,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         except RayUnreachableError as exc:  # a usage problem: one line, no traceback
             print(f"error: RAY_ADDRESS: {exc}", file=sys.stderr)
             return 1
-        trainer = build_trainer(cfg, workdir, dataset, Tracking(cfg.trainer.logger, log_dir))
+        try:
+            trainer = build_trainer(cfg, workdir, dataset, Tracking(cfg.trainer.logger, log_dir))
+        except CheckpointLockError as exc:  # another run saves there: a usage problem, as above
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         try:
             resumed = trainer.resume()
             if resumed:

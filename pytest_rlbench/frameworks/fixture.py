@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_rlbench.bench import describe_config, describe_hardware, describe_model, describe_workload
-from pytest_rlbench.fixtures import RLDataset, RLModel, get_session
+from pytest_rlbench.fixtures import get_session
 from pytest_rlbench.frameworks import OURS_LABEL
 from pytest_rlbench.frameworks.phase_skips import absent_phases
 from pytest_rlbench.frameworks.session import activate
+from pytest_rlbench.resources import RLDataset, RLModel
 
 if TYPE_CHECKING:
     from pytest_rlbench.cluster import ClusterInfo

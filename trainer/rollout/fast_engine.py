@@ -136,6 +136,7 @@ class FastRolloutEngine(RolloutEngine):
             # the kernel takes power-of-two head dims of 16 or more; other models keep SDPA
             d = self.shape.head_dim
             self._attend = decode_attention if split_attention and d >= 16 and not d & (d - 1) else None
+        # CUDA-graph capture seconds and graph count, cumulative: benchmarks/gpu_micro.py's engine run records them
         self.stats: dict[str, float] = {}
 
     @property

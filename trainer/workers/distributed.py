@@ -6,10 +6,10 @@ the global mini-batch (see trainer/workers/actor.py).
 
 The rendezvous (torch.distributed's TCPStore, served by rank 0) listens where rank 0 says, not on
 all interfaces: TCPStore binds its server to every interface whatever host it is given, so rank 0
-binds the listening socket itself (``Rendezvous``) and hands the store its descriptor
-(``master_listen_fd``). NCCL's own sockets (its bootstrap and proxy) listen on the interface NCCL picks,
-by default the first one that is not loopback; with the rendezvous on loopback (every worker on one
-node) they are kept on loopback too (``nccl_socket_env``).
+binds the listening socket itself (``Rendezvous``) and hands the store a copy of its descriptor
+(``master_listen_fd``), which the store closes when it goes. NCCL's own sockets (its bootstrap and
+proxy) listen on the interface NCCL picks, by default the first one that is not loopback; with the
+rendezvous on loopback (every worker on one node) they are kept on loopback too (``nccl_socket_env``).
 """
 
 from __future__ import annotations
@@ -55,6 +55,13 @@ class Rendezvous:
         self.host = host
         self.port = int(self.socket.getsockname()[1])
 
+    def store_fd(self) -> int:
+        """A descriptor of the listening socket for the TCPStore to own: the store's server (libuv's
+        ``uv_tcp_open``) closes the descriptor it is handed when the store goes, so it gets its own
+        copy; handed this socket's, ``close`` would close that number again, by then perhaps another
+        thread's file or socket."""
+        return os.dup(self.socket.fileno())
+
     def close(self) -> None:
         self.socket.close()
 
@@ -98,13 +105,15 @@ class DataParallel:
         if serving and rendezvous is None:
             rendezvous = Rendezvous(master_addr, master_port)
         self.rendezvous = rendezvous if serving else None
+        # Not closed here should the store fail: its server owns the copy from uv_tcp_open on, and
+        # closes it on the way out of any later failure (waiting for the other ranks, say).
         store = dist.TCPStore(
             master_addr,
             master_port,
             self.world_size,
             is_master=serving,
             timeout=timedelta(seconds=timeout_s),
-            master_listen_fd=rendezvous.socket.fileno() if serving else None,
+            master_listen_fd=rendezvous.store_fd() if serving else None,
         )
         dist.init_process_group(
             backend=backend,

@@ -276,10 +276,6 @@ class TrainWorker:
             self.optimizer.load_state_dict(state["optimizer"])
         self.engine.sync_from(self.actor.lm)
 
-    def rollout_stats(self) -> dict[str, float]:
-        """What the rollout engine reports about itself (the fast engine: graph capture seconds and count)."""
-        return dict(getattr(self.engine, "stats", {}))
-
     def memory_stats(self) -> dict[str, float]:
         """Peak GPU memory of this worker since the last call, GiB (empty on CPU); resets the peak."""
         if self.device.type != "cuda":
