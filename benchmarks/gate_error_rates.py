@@ -17,7 +17,8 @@ not failed, for the slowdown and contention goals as not caught; the table lists
 Between sessions the harness waits for quiescence (``settle``): until no process of an earlier
 session is left (each session's processes carry ``RUN_MARK`` in their environment, which Ray's
 processes inherit) and the machine's CPU use stays below ``--quiet-cores`` for 2 s, up to
-``--settle-timeout``; what it found (leftover processes, seconds waited) is kept with each run, with
+``--settle-timeout``, after ``--cool-down`` seconds of idling (default 0: sessions back to back; a CI
+job starts on a machine that was idle); what it found (leftover processes, seconds waited) is kept with each run, with
 the CPU the session's machine spent busy and stolen by the hypervisor (/proc/stat), and each gated
 phase's plain ratio, its ratio relative to the machine's speed, and the machine's own slowdown.
 
@@ -226,6 +227,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, baseline: Path, work: 
     command = pytest_command([*args.pytest_arg, *plugin, f"--rl-baseline={baseline}"])
     result = ScenarioResult(scenario)
     for i in range(1, args.runs + 1):
+        time.sleep(args.cool_down)
         waited = settle(args.quiet_cores, args.settle_timeout)
         if scenario == "contention":
             with cpu_contention(os.cpu_count() or 1):
@@ -310,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("gate_error_rates.json"), help="the JSON table")
     parser.add_argument("--quiet-cores", type=float, default=0.3, help="CPU use below which the machine is quiet")
     parser.add_argument("--settle-timeout", type=float, default=60, help="seconds to wait for quiescence")
+    parser.add_argument("--cool-down", type=float, default=0.0, help="seconds to idle before each session")
     parser.add_argument("--rejudge", type=Path, help="a work directory to recount (no session is run)")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="the tolerance of the recount (default: the CPU defaults; the sessions use theirs)")
