@@ -15,6 +15,7 @@ from trainer.driver.checkpoint import (
     MANIFEST,
     TRACKER,
     CheckpointError,
+    check_trainer_parts,
     complete_steps,
     latest_checkpoint,
     load_checkpoint,
@@ -123,6 +124,23 @@ def _rewrite_manifest(path, **changes):
         else:
             manifest[key] = value
     (path / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_a_checkpoint_missing_what_a_trainer_resumes_from_names_it(tmp_path):
+    # Before: a format-2 manifest without its shards section (or any without trainer.pt) passed
+    # verification and the resume ended in a bare KeyError naming no file.
+    whole = {"model": {"w": torch.ones(2)}, "optimizer": {"state": {}}, "trainer": {"global_step": 1}}
+    path = save_checkpoint(tmp_path, 1, whole)
+    parts, manifest = load_checkpoint(path)
+    with pytest.raises(CheckpointError, match=r'format_version 2 needs a "shards" section') as info:
+        check_trainer_parts(manifest, parts, path / MANIFEST)
+    assert str(path / MANIFEST) in str(info.value) and "model.pt" in str(info.value)
+    check_trainer_parts({**manifest, "format_version": 1}, parts, path / MANIFEST)  # the whole format: complete
+    without_trainer = {k: v for k, v in parts.items() if k != "trainer"}
+    with pytest.raises(CheckpointError, match=r"format_version 1 needs trainer\.pt"):
+        check_trainer_parts({**manifest, "format_version": 1}, without_trainer, path / MANIFEST)
+    with pytest.raises(CheckpointError, match=r"needs optimizer\.pt"):
+        check_trainer_parts({**manifest, "format_version": 1}, {"trainer": {}, "model": {}}, path / MANIFEST)
 
 
 @pytest.mark.parametrize(

@@ -252,6 +252,22 @@ def load_checkpoint(
     return parts, manifest
 
 
+def check_trainer_parts(manifest: dict[str, Any], parts: dict[str, Any], manifest_path: Path) -> None:
+    """Raise CheckpointError naming what a trainer's resume needs and the manifest lacks: the driver's
+    ``trainer.pt`` always, and by format the whole ``model.pt`` and ``optimizer.pt`` (1) or a
+    ``shards`` section (2), instead of a KeyError later."""
+    version = manifest.get("format_version")
+    missing = [f"{name}.pt" for name in ("trainer", *(("model", "optimizer") if version == 1 else ())) if name not in parts]
+    if version != 1 and not manifest.get("shards"):
+        missing.append('a "shards" section')
+    if missing:
+        listed = ", ".join(sorted(manifest.get("files", {}))) or "none"
+        raise CheckpointError(
+            f"{manifest_path}: format_version {version} needs {' and '.join(missing)} to resume a trainer; "
+            f"the manifest lists files {listed}"
+        )
+
+
 def latest_checkpoint(root: str | Path) -> Path | None:
     """The step named by the tracker file, if that checkpoint is complete (its manifest valid, every
     file there with its size; the workers' shards are hashed when they are loaded); None when there

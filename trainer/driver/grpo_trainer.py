@@ -19,7 +19,13 @@ from trainer.algorithms.kl import apply_kl_penalty, make_kl_controller
 from trainer.batch import Batch, concat_batches
 from trainer.config import Config
 from trainer.data.loader import PromptBatch, PromptDataset
-from trainer.driver.checkpoint import MANIFEST, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.driver.checkpoint import (
+    MANIFEST,
+    check_trainer_parts,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from trainer.driver.checkpoint_lock import CheckpointLock
 from trainer.driver.checkpoint_shards import load_shards, shard_files, write_shards
 from trainer.driver.reward import score_batch, scores_to_token_rewards
@@ -245,6 +251,7 @@ class GRPOTrainer:
         if target is None:
             return 0
         parts, manifest = load_checkpoint(target, hash_shards=False)  # the workers hash the shards
+        check_trainer_parts(manifest, parts, target / MANIFEST)
         shards = shard_files(manifest, target / MANIFEST)
         if shards:
             load_shards(self.workers, target, shards, manifest["files"])
