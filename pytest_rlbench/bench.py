@@ -5,9 +5,9 @@
 rounds, one call per round) whose timer is ``trainer.timing.device_clock``: the device is drained
 whenever the clock is read, so a round's time is the phase's wall time including its asynchronous
 GPU work, and pytest-benchmark's statistics are the figures compared. Each test's rounds are recorded
-under the phase key of its ``rl_phase`` marker for the session's comparison with baselines, and the
-phase is judged against every baseline as soon as its rounds are timed: a regression fails the test
-that timed it, with the verdict's message (the baselines are known from the session's start).
+under the phase key of its ``rl_phase`` marker for the session's comparison with baselines; the phase
+is judged once the session's other phases are timed too, by the gate test made for the benchmark
+(``pytest_rlbench.gate_items``), which fails with the verdict's message on a regression.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_rlbench.cluster import ClusterInfo
-from pytest_rlbench.compare import phase_failures
 from pytest_rlbench.fixtures import RLBenchSession, get_session
 from pytest_rlbench.machine_load import (
     CALIBRATION,
@@ -208,7 +207,6 @@ class PhaseBench:
         item: pytest.Item,
         rounds: int,
         warmup: int,
-        judge: Callable[[str], list[str]] | None = None,
         max_mismatch: float | None = None,
         progress: Progress | None = None,
         watch_machine: Calibrate | None = None,
@@ -221,7 +219,6 @@ class PhaseBench:
         self.item = item
         self.rounds = rounds
         self.warmup = warmup
-        self.judge = judge  # phase -> the messages of its regressions
         self.samples: list[float] = []
 
     @property
@@ -296,9 +293,6 @@ class PhaseBench:
         if problem is not None:
             pytest.fail(problem, pytrace=False)
         self._describe(phase, counts)
-        regressions = self.judge(phase) if self.judge is not None else []
-        if regressions:
-            pytest.fail("\n".join(regressions), pytrace=False)  # the first line is pytest's short summary
         return result
 
     def _describe(self, phase: str, counts: TokenCounts | None) -> None:
@@ -315,16 +309,10 @@ class PhaseBench:
 def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytest.Config) -> PhaseBench:
     """Time a phase (see PhaseBench); the test must carry ``@pytest.mark.rl_phase(KEY)``."""
     state, recorder = get_session(pytestconfig), get_recorder(pytestconfig)
-    baselines = pytestconfig.stash.get(BASELINES_KEY, [])
-
-    def judge(phase: str) -> list[str]:
-        complete_context(recorder, state)
-        return [c.message for c in phase_failures(recorder.build_record(), baselines, phase, state.opts.tolerance)]
-
     opts = state.opts
     calibrate = machine_calibration(request) if opts.embedded and not opts.gpu else None
     return PhaseBench(
-        benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, judge, opts.max_mismatch,
+        benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, opts.max_mismatch,
         state.progress(), watch_machine=calibrate,
     )
 

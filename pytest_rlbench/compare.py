@@ -72,6 +72,7 @@ from pytest_rlbench.metrics import (
     format_value,
 )
 from pytest_rlbench.record import RunRecord
+from pytest_rlbench.session_pace import session_paces
 from pytest_rlbench.verdict import ALPHA as ALPHA  # the rank test's level, for the reports
 from pytest_rlbench.verdict import Comparison, MachineEvidence, Mode, judge, tolerance_for
 from pytest_rlbench.verdict import Verdict as Verdict
@@ -206,6 +207,8 @@ def _gate_rows(
     read_as = hardware_assumptions(run, baseline, basis)[0] if basis != SAME_MACHINE else baseline
     ours, theirs = derive(run), derive(read_as)
     custom = custom_metrics(run, baseline) if basis == SAME_MACHINE else set()
+    # on CPU workers the host's pace drifts between sessions: each phase is judged against its peers too
+    paces = session_paces(run, baseline) if basis == SAME_MACHINE and run.hardware.device == "cpu" else {}
     rows = []
     for metric in sorted(theirs, key=_order):
         base_fig, family = theirs[metric], family_of(metric)
@@ -223,6 +226,7 @@ def _gate_rows(
                 run_time=timed.value if timed is not None else None,
                 device=run.hardware.device,
                 machine=machine_evidence(run, baseline, base_fig.phase) if same_machine else None,
+                pace=paces.get(base_fig.phase) if same_machine else None,
             )
         )
     beside = _beside_text(rows)
@@ -285,10 +289,15 @@ def compare_all(
     return [compare(run, b, tolerance) for b in baselines]
 
 
+def phase_comparisons(
+    run: RunRecord, baselines: Sequence[RunRecord], phase: str, tolerance: float = DEFAULT_TOLERANCE
+) -> list[BaselineComparison]:
+    """One phase's figures against every baseline: what that phase's gate test judges."""
+    return [compare(run, b, tolerance, phase=phase) for b in baselines]
+
+
 def phase_failures(
     run: RunRecord, baselines: Sequence[RunRecord], phase: str, tolerance: float = DEFAULT_TOLERANCE
 ) -> list[Comparison]:
-    """The regressions of one phase's figures against every baseline: what fails that phase's test
-    (only that phase's figures are compared)."""
-    return [c for b in baselines for c in compare(run, b, tolerance, phase=phase).failures]
-
+    """The regressions of one phase's figures against every baseline."""
+    return [c for r in phase_comparisons(run, baselines, phase, tolerance) for c in r.failures]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pytest_rlbench.derived import num_sequences
 from pytest_rlbench.metrics import PROMPT_AND_RESPONSE, TOKEN_BASIS
 from pytest_rlbench.record import PER_GPU_TOKENS_PER_S, PublishedFigure, RunRecord
-from trainer.phases import OUTSIDE_STEP, STEP_PHASES
+from trainer.phases import SPANS
 
 CONSISTENT = "consistent"
 INCONSISTENT = "inconsistent"
@@ -38,12 +38,7 @@ UNCHECKABLE = "cannot check"
 
 DEFAULT_RTOL = 0.02
 
-# Spans and the phases timed inside them (generate_sequences and reshard are nested in gen).
-_NESTED_IN_GEN: tuple[str, ...] = ("generate_sequences", "reshard")
-SPANS: dict[str, tuple[str, ...]] = {
-    "gen": _NESTED_IN_GEN,
-    "step": tuple(p for p in STEP_PHASES if p not in _NESTED_IN_GEN and p not in OUTSIDE_STEP),
-}
+# Spans and the phases timed directly inside them: trainer.phases.SPANS.
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,11 @@ Loaded through the ``pytest11`` entry point. The order of a session:
    runs; a failure ends the session at once (exit 4) with a message naming what is wrong.
 5. the tests (once per framework when ``--rl-trainer`` names several, ids ``[ours]``/``[trl]``; a
    phase the trainer cannot time is skipped with the reason, ``frameworks/phase_skips.py``):
-   ``rl_bench`` records each phase's timed rounds and judges that phase against every
-   baseline at once (pytest_rlbench/bench.py): a regression fails the test that timed the phase, so
-   pytest counts it as failed and ``-x`` and ``--lf`` see it; phases the baselines have but the
-   session did not run (``-k``) are "not run", neither pass nor fail.
+   ``rl_bench`` records each phase's timed rounds (pytest_rlbench/bench.py); where a baseline can
+   gate, a gate test per phase benchmark (``test_ref[gate]``, pytest_rlbench/gate_items.py), run
+   after every other test, judges the phase against every baseline: a regression fails that gate
+   test, so pytest counts it as failed and ``-x``, ``-k`` and ``--lf`` see it; phases the baselines
+   have but the session did not run (``-k``) are "not run", neither pass nor fail.
 6. ``pytest_sessionfinish`` (last: after the session fixtures' teardown stopped the trainer's
    workers): the run record (one per ``--rl-trainer`` framework) is built and compared with every
    baseline; the JSON report, its chart and the saved baseline are written, each on its own
@@ -65,6 +66,7 @@ from pytest_rlbench.frameworks.fixture import rl_framework, rl_trainer  # noqa: 
 from pytest_rlbench.frameworks.phase_skips import absent_phases
 from pytest_rlbench.frameworks.session import extra_outputs, finish_frameworks, install_recorders
 from pytest_rlbench.frameworks.side_by_side import session_lines
+from pytest_rlbench.gate_items import GatePlugin
 from pytest_rlbench.metrics import applied_tolerance
 from pytest_rlbench.option_table import OPTIONS
 from pytest_rlbench.options import OptionError, RawValue, parse_options
@@ -157,6 +159,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(FaultHandling(config), FaultHandling.NAME)
     config.pluginmanager.register(framework_hooks, framework_hooks.NAME)  # --rl-trainer
+    config.pluginmanager.register(GatePlugin(phase_of), GatePlugin.NAME)  # a gate test per phase benchmark
     config.stash[BASELINES_KEY] = load_baselines(session)
     install_recorders(config, opts)  # one per --rl-trainer framework
 

@@ -62,6 +62,7 @@ from pytest_rlbench.metrics import (
 )
 from pytest_rlbench.rank_test import p_greater, rounds_needed, smallest_p
 from pytest_rlbench.record import RunRecord
+from pytest_rlbench.session_pace import SessionPace
 
 ALPHA = 0.01  # the one-sided level of the rank test
 # Average cores used by processes outside the session during a phase's rounds from which its timing
@@ -74,6 +75,10 @@ CONTENTION_CORES = 0.25
 # idle embedded Ray with two actors used 0.03-0.10 (its raylet, GCS and io threads; 2-core VM, over 5
 # calibrations); one worker thread kept busy uses up to a core.
 OWN_BUSY_CORES = 0.25
+# A phase slower than this in plain seconds fails even where every phase of the session slowed alike
+# (``SessionPace``): the largest whole-session drift measured on the 2-core CI VM with nothing else
+# running was 1.65x (docs/benchmarks.md, "The gate's error rates"); beyond it the host is no excuse.
+HOST_DRIFT_LIMIT = 1.7
 
 Verdict = Literal["pass", "fail", "inconclusive", "reference", "not run"]
 Mode = Literal["gate", "reference"]
@@ -92,7 +97,7 @@ class Comparison:
     tolerance: float
     verdict: Verdict
     # "within tolerance", "below the noise floor", "not significant", "too few rounds", "machine slower",
-    # "slower", "lower", "higher", "missing", "not run", "reference"
+    # "session slower", "slower", "lower", "higher", "missing", "not run", "reference"
     reason: str
     message: str
     unit: str = ""
@@ -229,16 +234,22 @@ def gate_verdict(
     run_time: float | None = None,
     device: str = "cpu",
     machine: MachineEvidence | None = None,
+    pace: SessionPace | None = None,
 ) -> tuple[Verdict, str, str]:
     """(verdict, reason, detail) for two present values by the rules of the module docstring.
     ``run_time``: the run's median seconds of the figure's phase (None: no floor applies); ``machine``:
-    the machine's figures of both sessions for a phase's time (None: plain seconds decide)."""
+    the machine's figures of both sessions for a phase's time (None: plain seconds decide); ``pace``:
+    the session's pace around the phase (None: plain seconds decide)."""
     verdict, reason, why = plain_verdict(run_fig, base_fig, tolerance, run_time, device)
-    if machine is None or base_fig.family != TIMING or not run_fig.samples or not base_fig.samples:
+    if base_fig.family != TIMING or not run_fig.samples or not base_fig.samples:
         return verdict, reason, why
-    if machine.contended:
+    if machine is not None and machine.contended:
         if verdict == "fail" or reason == "not significant":
             why += f"; {machine.describe()}: CPU contention"
+        return verdict, reason, why
+    if pace is not None and verdict == "fail":
+        verdict, reason, why = against_pace(run_fig, base_fig, tolerance, run_time, device, pace, why)
+    if machine is None:
         return verdict, reason, why
     if not RELATIVE_VERDICT:
         if verdict == "fail":
@@ -260,6 +271,33 @@ def gate_verdict(
         )
         return "inconclusive", "machine slower", why
     return verdict, reason, why
+
+
+def against_pace(
+    run_fig: Figure, base_fig: Figure, tolerance: float, run_time: float | None, device: str, pace: SessionPace,
+    why: str,
+) -> tuple[Verdict, str, str]:
+    """The verdict on a phase's time that failed in plain seconds, judged again with its rounds divided
+    by the session's pace: a fail there is a regression; a pass or inconclusive there leaves the phase
+    "inconclusive" (reason "session slower"), unless it is slower than any host drift measured."""
+    factor = pace.factor
+    paced = replace(run_fig, value=run_fig.value / factor, samples=tuple(t / factor for t in run_fig.samples))
+    paced_time = run_time / factor if run_time is not None else None
+    verdict, reason, paced_why = plain_verdict(paced, base_fig, tolerance, paced_time, device)
+    ratio = paced.value / base_fig.value
+    if verdict == "fail":
+        return "fail", reason, f"{why}; against the session's pace too, at ratio {ratio:.2f}{paced_why}: {pace.describe()}"
+    plain_ratio = run_fig.value / base_fig.value
+    if plain_ratio > HOST_DRIFT_LIMIT:
+        return "fail", _worse(base_fig), (
+            f"{why}; {pace.describe()}, but {plain_ratio:.2f}x is past the largest drift of a whole session "
+            f"measured on a CPU host ({HOST_DRIFT_LIMIT:g}x)"
+        )
+    return "inconclusive", "session slower", (
+        f": slower in seconds{why}, but {pace.describe()}, and against that pace the phase is at ratio {ratio:.2f} "
+        f"({reason}): the host ran slower, or a change slowed every phase alike, which one session cannot tell "
+        "apart (rerun, or save the baseline again)"
+    )
 
 
 def plain_verdict(
@@ -304,7 +342,7 @@ def plain_verdict(
 def judge(
     run_fig: Figure | None, base_fig: Figure, baseline_name: str, tolerance: float, mode: Mode = "gate", *,
     judged: bool = True, phase_ran: bool = True, run_time: float | None = None, device: str = "cpu",
-    machine: MachineEvidence | None = None,
+    machine: MachineEvidence | None = None, pace: SessionPace | None = None,
 ) -> Comparison:
     """Compare one figure of the run with the baseline's (see the module docstring for the rules).
 
@@ -332,7 +370,7 @@ def judge(
         detail = f"{numbers} ({ratio_text}): {role}"
     else:
         assert run_fig is not None
-        verdict, reason, why = gate_verdict(run_fig, base_fig, applied, run_time, device, machine)
+        verdict, reason, why = gate_verdict(run_fig, base_fig, applied, run_time, device, machine, pace)
         detail = f"{numbers} ({ratio_text}, tolerance {applied:.2f}{_default_text(tolerance, relative)}): {reason}{why}"
     message = f"{metric_label(base_fig.metric)}: {detail}"
     return Comparison(

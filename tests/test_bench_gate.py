@@ -61,23 +61,31 @@ def test_a_run_within_tolerance_passes_and_a_slower_one_fails(pytester: pytest.P
 
     slower = run(pytester, 0.10, f"--rl-baseline={saved}", "--rl-tolerance=0.10")
     assert slower.ret == pytest.ExitCode.TESTS_FAILED
-    # A regression is a failed test: pytest's summary counts it, and the session summary lists it too.
-    slower.assert_outcomes(failed=2)
-    assert re.search(r"=+ 2 failed(, \d+ warnings?)? in ", slower.stdout.lines[-1]), slower.stdout.lines[-1]
+    # A regression is a failed test: each phase's gate test, run after every benchmark of the session
+    # (its verdict reads the session's other phases), and pytest's summary counts it.
+    slower.assert_outcomes(passed=2, failed=2)
+    assert re.search(r"=+ 2 failed, 2 passed(, \d+ warnings?)? in ", slower.stdout.lines[-1]), slower.stdout.lines[-1]
     out = slower.stdout.str()
     assert "2 regression(s)" in out
-    # The test's failure is the verdict's message: phase, metric, baseline, ratio and the rank test.
-    assert "FAILED test_suite.py::test_update_actor - Failed: update_actor seconds" in out
+    order = [line.split(" ")[0] for line in out.splitlines() if line.startswith("test_suite.py::")]
+    assert not order or order[-2:] == ["test_suite.py::test_old_log_prob[gate]", "test_suite.py::test_update_actor[gate]"]
+    # The gate's failure is the verdict's message: phase, metric, baseline, ratio and the rank test.
+    assert "FAILED test_suite.py::test_update_actor[gate] - Failed: update_actor seconds" in out
     failed = next(x for x in out.splitlines() if x.startswith("update_actor seconds") and "'base'" in x)
     ratio = float(re.search(r"ratio ([0-9.]+)", failed).group(1))
     assert 1.8 < ratio < 2.3 and "slower (p = 0.004 < 0.01, 5 vs 5 rounds)" in failed, failed
 
-    # -x stops at the first regression; --lf reruns the phases whose regression was not yet fixed
-    run(pytester, 0.10, f"--rl-baseline={saved}", "-x").assert_outcomes(failed=1)
-    run(pytester, 0.05, f"--rl-baseline={saved}", "-k", "old_log_prob").assert_outcomes(passed=1, deselected=1)
-    last_failed = run(pytester, 0.10, f"--rl-baseline={saved}", "--lf")
-    last_failed.assert_outcomes(failed=1)  # old_log_prob, fixed, is not rerun
-    assert "FAILED test_suite.py::test_update_actor" in last_failed.stdout.str()
+    # -x stops at the first regression: both phases timed, the first gate failed
+    run(pytester, 0.10, f"--rl-baseline={saved}", "-x").assert_outcomes(passed=2, failed=1)
+    # -k selects a benchmark and its gate alike
+    run(pytester, 0.05, f"--rl-baseline={saved}", "-k", "old_log_prob").assert_outcomes(passed=2, deselected=1)
+    # --lf reruns the phases whose regression was not yet fixed (update_actor: its gate never ran
+    # again after -x stopped), benchmark and gate; old_log_prob, fixed, is not rerun
+    last_failed = run(pytester, 0.10, f"--rl-baseline={saved}", "--lf", "-v")
+    last_failed.assert_outcomes(passed=1, failed=1)
+    out = last_failed.stdout.str()
+    assert "test_suite.py::test_update_actor PASSED" in out and "old_log_prob PASSED" not in out, out
+    assert "FAILED test_suite.py::test_update_actor[gate]" in out
 
 
 def test_a_subset_gates_what_ran_and_a_metric_its_phase_lacks_fails(pytester: pytest.Pytester) -> None:
@@ -86,7 +94,7 @@ def test_a_subset_gates_what_ran_and_a_metric_its_phase_lacks_fails(pytester: py
     # -k: the phase that did not run is "not run", neither a pass nor a missing failure
     partial = run(pytester, 0.01, f"--rl-baseline={saved}", "-k", "old_log_prob")
     assert partial.ret == pytest.ExitCode.OK, partial.stdout.str()
-    partial.assert_outcomes(passed=1, deselected=1)
+    partial.assert_outcomes(passed=2, deselected=1)  # the benchmark and its gate
     out = partial.stdout.str()
     assert "gate, all 1 passed, 1 phase not run" in out and "missing" not in out
     # a phase that ran but lacks a figure the baseline has (its throughput: no token counts) fails
@@ -94,7 +102,7 @@ def test_a_subset_gates_what_ran_and_a_metric_its_phase_lacks_fails(pytester: py
     record["phases"]["update_actor"]["tokens"] = {"prompt_tokens": 100, "response_tokens": 100}
     saved.write_text(json.dumps(record))
     lacking = run(pytester, 0.01, f"--rl-baseline={saved}")
-    lacking.assert_outcomes(passed=1, failed=1)
+    lacking.assert_outcomes(passed=3, failed=1)  # update_actor's gate
     assert "update_actor tokens/s per GPU: missing from this run" in lacking.stdout.str()
 
 
@@ -151,6 +159,6 @@ def test_the_real_suites_write_every_phase_key_and_gate_against_their_own_baseli
     assert modes == {"gate"}, data["baselines"]
     # Two rounds a side cannot reach the rank test's level (at best p = 1/6): a phase past the
     # tolerance is "inconclusive", never a failure, however far timing moves on a shared machine.
-    second.assert_outcomes(passed=10)
+    second.assert_outcomes(passed=20)  # ten benchmarks and their gates
     assert second.ret == pytest.ExitCode.OK, second.stdout.str()[-3000:]
     assert {c["verdict"] for c in data["comparisons"]} <= {"pass", "inconclusive", "reference"}

@@ -50,7 +50,7 @@ def test_a_saved_baseline_replayed_does_the_recorded_work_and_is_a_gate(pytester
 
     report_path = pytester.path / "replay.json"
     replay = session(pytester, f"--rl-workload={saved}", f"--rl-report={report_path}", "--rl-tolerance=0.9")
-    replay.assert_outcomes(passed=1)
+    replay.assert_outcomes(passed=2)  # the benchmark and its gate
     report = json.loads(report_path.read_text())
     assert report["run"]["config"] == baseline["config"]  # the same work, key for key
     assert report["run"]["workload"] == baseline["workload"]
@@ -69,7 +69,7 @@ def test_work_changed_on_top_of_a_replay_makes_it_a_reference_and_says_why(pytes
     replay = session(
         pytester, f"--rl-workload={saved}", "--rl-config=actor_rollout_ref.rollout.n=4", f"--rl-report={report_path}"
     )
-    replay.assert_outcomes(passed=1)
+    replay.assert_outcomes(passed=1, skipped=1)  # the gate: no baseline gates the phase
     out = replay.stdout.str()
     assert "actor_rollout_ref.rollout.n=4 (from --rl-config actor_rollout_ref.rollout.n=4) instead of the replay's 2" in out
     report = json.loads(report_path.read_text())
@@ -106,7 +106,7 @@ def test_a_replay_replaces_the_ini_file_s_default_work_and_the_command_line_wins
     )
     report_path = pytester.path / "replay.json"
     replay = session(pytester, f"--rl-workload={saved}", f"--rl-report={report_path}", "--rl-tolerance=0.9")
-    replay.assert_outcomes(passed=1)
+    replay.assert_outcomes(passed=2)
     report = json.loads(report_path.read_text())
     baseline = json.loads(saved.read_text())
     assert report["run"]["config"] == baseline["config"]  # the workload, not the ini file's work
@@ -123,5 +123,5 @@ def test_a_length_shape_set_on_top_of_a_replay_keeps_the_workload_s_other_values
     replay = session(
         pytester, f"--rl-workload={saved}", "--rl-config=actor_rollout_ref.rollout.target_lengths.distribution=constant"
     )
-    replay.assert_outcomes(passed=1)
+    replay.assert_outcomes(passed=2)  # the benchmark and its gate
     assert "target_lengths.distribution='constant' (from --rl-config" in replay.stdout.str()

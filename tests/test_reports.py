@@ -101,7 +101,8 @@ def test_terminal_summary(results) -> None:
     # one regression per measurement: the time's message carries its throughput beside it
     assert lines[-2] == "1 regression(s):"
     assert lines[-1].strip().startswith("update_actor seconds: 1.60 s vs 1.00 s in baseline 'local-ci' (ratio 1.60")
-    assert "slower (p = 0.004 < 0.01, 5 vs 5 rounds); tokens/s per GPU " in lines[-1]
+    assert "slower (p = 0.004 < 0.01, 5 vs 5 rounds); against the session's pace too" in lines[-1]
+    assert "; tokens/s per GPU " in lines[-1]
     assert all("\n" not in line for line in lines)
 
 

@@ -35,6 +35,27 @@ PHASE_KEYS: tuple[str, ...] = (
 OUTSIDE_STEP: tuple[str, ...] = ("save_checkpoint",)
 
 
+# Spans and the phases timed directly inside them: gen holds generate_sequences and reshard; step holds
+# gen and the phases after it (save_checkpoint is timed after the step).
+SPANS: dict[str, tuple[str, ...]] = {
+    "gen": ("generate_sequences", "reshard"),
+    "step": tuple(p for p in STEP_PHASES if p not in ("generate_sequences", "reshard")),
+}
+
+
+def phases_within(span: str) -> frozenset[str]:
+    """Every phase timed inside ``span``, at any depth (empty for a phase that holds none)."""
+    inner = set(SPANS.get(span, ()))
+    for phase in tuple(inner):
+        inner |= phases_within(phase)
+    return frozenset(inner)
+
+
+def nested(a: str, b: str) -> bool:
+    """Whether one of the two phases is timed inside the other (their times share work)."""
+    return a in phases_within(b) or b in phases_within(a)
+
+
 def check_phase_key(name: str) -> str:
     """Return ``name`` if it is a known phase key, else raise ValueError listing the valid ones."""
     if name not in PHASE_KEYS:

@@ -1,0 +1,101 @@
+"""A phase judged against the session's pace on CPU workers: a whole session that slowed alike is
+inconclusive, one phase slower than its peers fails, and plain seconds decide where no pace can be read."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from pytest_rlbench.compare import compare
+from pytest_rlbench.record import RunRecord, record_from_dict
+from pytest_rlbench.session_pace import PACE_MIN_S, pace_peers, session_paces
+from pytest_rlbench.verdict import HOST_DRIFT_LIMIT
+
+# A CPU session of the embedded default's shape: five rounds of each phase, in seconds.
+PHASES = {
+    "reshard": 0.001, "generate_sequences": 0.29, "gen": 0.30, "reward": 0.003, "old_log_prob": 0.10,
+    "ref": 0.10, "adv": 0.0001, "update_actor": 0.27, "step": 0.80, "save_checkpoint": 0.03,
+}
+ROUNDS = (0.98, 0.99, 1.0, 1.01, 1.02)  # each phase's rounds around its median
+BASE: dict[str, Any] = {
+    "format_version": 1,
+    "name": "base",
+    "provenance": {"source": "pytest-rlbench run"},
+    "hardware": {"device": "cpu", "nodes": 1, "world_size": 2, "gpus_per_node": 0, "cpu_model": "AMD EPYC",
+                 "cpus_per_node": 2},
+    "model": {"name": "tiny", "num_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
+              "num_kv_heads": 2, "head_dim": 16, "vocab_size": 100},
+    "config": {"train_batch_size": 16, "rollout_n": 4, "max_prompt_length": 256, "max_response_length": 64},
+}
+
+
+def session(name: str, scale: dict[str, float] | None = None, everything: float = 1.0, **changes: Any) -> RunRecord:
+    """A session whose every phase ran ``everything`` times the baseline's, and each phase in ``scale``
+    that many times more."""
+    data = copy.deepcopy(BASE) | {"name": name}
+    factors = {p: everything * (scale or {}).get(p, 1.0) for p in PHASES}
+    data["phases"] = {p: {"seconds": [t * factors[p] * r for r in ROUNDS]} for p, t in PHASES.items()}
+    for section, value in changes.items():
+        data[section] = {**data[section], **value}
+    return record_from_dict(data)
+
+
+def verdicts(run: RunRecord) -> dict[str, tuple[str, str]]:
+    result = compare(run, session("base"), 0.20)
+    assert result.mode == "gate", result.mismatches
+    return {c.phase: (c.verdict, c.reason) for c in result.comparisons if c.metric.startswith("timing_s/")}
+
+
+def test_peers_leave_out_the_phase_and_those_nested_with_it() -> None:
+    candidates = ["generate_sequences", "gen", "old_log_prob", "ref", "update_actor", "step"]
+    assert pace_peers("gen", candidates) == ["old_log_prob", "ref", "update_actor"]
+    assert pace_peers("generate_sequences", candidates) == ["old_log_prob", "ref", "update_actor"]
+    assert pace_peers("ref", candidates) == ["generate_sequences", "gen", "old_log_prob", "update_actor"]
+    # step holds every other phase: the phases inside it pace it
+    assert pace_peers("step", candidates) == ["generate_sequences", "gen", "old_log_prob", "ref", "update_actor"]
+    # phases shorter than PACE_MIN_S in the baseline pace nothing, but are paced themselves
+    paces = session_paces(session("run", everything=1.3), session("base"))
+    assert PHASES["reshard"] < PACE_MIN_S and "reshard" in paces
+    assert all(p not in dict(pace.peers) for pace in paces.values() for p in ("reshard", "adv", "save_checkpoint"))
+    assert paces["ref"].factor == pytest.approx(1.3)
+
+
+def test_a_whole_session_slower_alike_is_inconclusive_not_a_regression() -> None:
+    judged = verdicts(session("run", everything=1.35))
+    long_phases = ("generate_sequences", "gen", "old_log_prob", "ref", "update_actor", "step")
+    assert {judged[p] for p in long_phases} == {("inconclusive", "session slower")}
+    result = compare(session("run", everything=1.35), session("base"), 0.20)
+    assert result.passed  # inconclusive does not fail the session
+    ref = next(c for c in result.comparisons if c.metric == "timing_s/ref")
+    assert "the session's other phases ran at 1.35x their baseline's" in ref.message
+    assert "one session cannot tell" in ref.message
+
+
+def test_one_phase_slower_than_its_peers_fails_even_in_a_slower_session() -> None:
+    assert verdicts(session("run", {"old_log_prob": 1.25}))["old_log_prob"] == ("fail", "slower")
+    judged = verdicts(session("run", {"old_log_prob": 1.3}, everything=1.3))
+    assert judged["old_log_prob"] == ("fail", "slower")
+    assert judged["ref"] == ("inconclusive", "session slower")
+    result = compare(session("run", {"old_log_prob": 1.3}, everything=1.3), session("base"), 0.20)
+    message = next(c.message for c in result.failures)
+    assert "against the session's pace too, at ratio 1.30" in message
+
+
+def test_a_session_slower_than_any_host_drift_measured_fails() -> None:
+    judged = verdicts(session("run", everything=HOST_DRIFT_LIMIT + 0.1))
+    assert judged["update_actor"] == ("fail", "slower")
+
+
+def test_plain_seconds_decide_on_gpus_and_without_enough_peers() -> None:
+    gpu = {"device": "gpu", "gpus_per_node": 2, "gpu_model": "NVIDIA H100 80GB HBM3", "cpu_model": None}
+    run, base = session("run", everything=1.35, hardware=gpu), session("base", hardware=gpu)
+    result = compare(run, base, 0.20)
+    assert {c.verdict for c in result.comparisons if c.metric == "timing_s/ref"} == {"fail"}
+    # one long phase alone (a -k subset): nothing to read the session's pace from
+    alone = session("run", everything=1.35)
+    alone.phases = {p: s for p, s in alone.phases.items() if p in ("ref", "adv")}
+    judged = {c.phase: c.verdict for c in compare(alone, session("base"), 0.20).comparisons
+              if c.metric.startswith("timing_s/") and c.verdict != "not run"}
+    assert judged["ref"] == "fail"
