@@ -20,7 +20,8 @@ processes inherit) and the machine's CPU use stays below ``--quiet-cores`` for 2
 ``--settle-timeout``, after ``--cool-down`` seconds of idling (default 0: sessions back to back; a CI
 job starts on a machine that was idle); what it found (leftover processes, seconds waited) is kept with each run, with
 the CPU the session's machine spent busy and stolen by the hypervisor (/proc/stat), and each gated
-phase's plain ratio, its ratio relative to the machine's speed, and the machine's own slowdown.
+phase's plain ratio, the session's pace around it (the factor the gate divides by,
+``pytest_rlbench.session_pace``) and the cores used beside its rounds by other processes and stolen.
 
 The table (scenario, runs, passed, failed, inconclusive, errors) is printed, and written with all of
 that as JSON to ``--out``; every session's JSON report (which holds its run record) is kept in the
@@ -50,11 +51,11 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from pytest_rlbench.machine_load import CALIBRATION, OTHER_CORES, STEAL_CORES, cpu_snapshot, machine_metric  # noqa: E402
+from pytest_rlbench.machine_load import OTHER_CORES, STEAL_CORES, cpu_snapshot, machine_metric  # noqa: E402
 from pytest_rlbench.metrics import DefaultTolerance, default_tolerance  # noqa: E402
 from pytest_rlbench.record import FORMAT_VERSION, RunRecord, load_record, record_from_dict  # noqa: E402
 from pytest_rlbench.rollout_panel import PANEL_FIGURES  # noqa: E402
-from pytest_rlbench.verdict import relative_samples  # noqa: E402
+from pytest_rlbench.session_pace import session_paces  # noqa: E402
 
 SCENARIOS = ("unchanged", "contention", "slowdown")
 BUSY_LOOP = "while True:\n    pass\n"
@@ -71,7 +72,7 @@ class RunResult:
     verdicts: list[str] = field(default_factory=list)  # "verdict: message" of each figure not passed
     settle: dict = field(default_factory=dict)  # what the wait before the session found
     machine: dict = field(default_factory=dict)  # busy and stolen cores over the whole session
-    phases: dict = field(default_factory=dict)  # per gated phase: ratios and the machine's slowdown
+    phases: dict = field(default_factory=dict)  # per gated phase: plain ratio, session pace, cores beside
 
 
 @dataclass
@@ -137,17 +138,15 @@ def settle(quiet_cores: float, timeout: float) -> dict:
 
 
 def phase_figures(run: RunRecord, base: RunRecord) -> dict:
-    """Per phase timed by both: the plain ratio of medians, the ratio relative to the machine's speed,
-    the machine's own slowdown (calibration ratio) and the cores used beside the session."""
+    """Per phase timed by both: the plain ratio of medians, the session's pace around it (the median
+    ratio of its peers, where it has enough) and the cores used beside the session."""
     out = {}
+    paces = session_paces(run, base)
     for phase in sorted(set(run.phases) & set(base.phases)):
         ours, theirs = run.phases[phase].seconds, base.phases[phase].seconds
         row = {"ratio": statistics.median(ours) / statistics.median(theirs)}
-        cal = [m.metrics.get(machine_metric(CALIBRATION, phase)) for m in (run, base)]
-        if all(c is not None and c.value for c in cal):
-            rel = [relative_samples(tuple(t), tuple(c.value)) for t, c in zip((ours, theirs), cal, strict=True)]
-            row["relative"] = statistics.median(rel[0]) / statistics.median(rel[1])
-            row["machine"] = statistics.median(cal[0].value) / statistics.median(cal[1].value)
+        if phase in paces:
+            row["pace"] = paces[phase].factor
         for figure in (OTHER_CORES, STEAL_CORES):
             metric = run.metrics.get(machine_metric(figure, phase))
             if metric is not None and metric.value:
@@ -245,49 +244,26 @@ def run_scenario(scenario: str, args: argparse.Namespace, baseline: Path, work: 
     return result
 
 
-@contextmanager
-def verdict_mode(relative: bool) -> Iterator[None]:
-    """The gate's verdict for the block: relative to the machine's calibration, or plain seconds."""
-    from pytest_rlbench import verdict
-
-    saved, verdict.RELATIVE_VERDICT = verdict.RELATIVE_VERDICT, relative
-    try:
-        yield
-    finally:
-        verdict.RELATIVE_VERDICT = saved
-
-
-def rejudge(work: Path, tolerance: float, relative: bool | None = None) -> list[str]:
-    """The table recounted from the run records kept in ``work``, judged at ``tolerance``: relative to
-    the machine's calibration (``relative`` True), in plain seconds (False), or as the gate now does
-    by default (None)."""
-    from pytest_rlbench import verdict
+def rejudge(work: Path, tolerance: float) -> list[str]:
+    """The table recounted from the run records kept in ``work``, judged at ``tolerance`` as the gate
+    judges a session (plain seconds, the session's pace, contention)."""
     from pytest_rlbench.compare import compare
 
     base = load_record(work / "base.json")
     results: dict[str, ScenarioResult] = {}
     runs = [(path, *path.name.split(".")[0].rsplit("-", 1)) for path in work.glob("*-*.report.json")]
-    with verdict_mode(verdict.RELATIVE_VERDICT if relative is None else relative):
-        for path, scenario, index in sorted(runs, key=lambda run: (run[1], int(run[2]))):
-            rows = compare(record_of_report(json.loads(path.read_text())), base, tolerance).comparisons
-            verdicts = {c.verdict for c in rows}
-            outcome = "failed" if "fail" in verdicts else "inconclusive" if "inconclusive" in verdicts else "passed"
-            results.setdefault(scenario, ScenarioResult(scenario)).runs.append(RunResult(int(index), outcome, None, 0.0))
+    for path, scenario, index in sorted(runs, key=lambda run: (run[1], int(run[2]))):
+        rows = compare(record_of_report(json.loads(path.read_text())), base, tolerance).comparisons
+        verdicts = {c.verdict for c in rows}
+        outcome = "failed" if "fail" in verdicts else "inconclusive" if "inconclusive" in verdicts else "passed"
+        results.setdefault(scenario, ScenarioResult(scenario)).runs.append(RunResult(int(index), outcome, None, 0.0))
     return table([results[s] for s in SCENARIOS if s in results])
-
-
-def both_verdicts(work: Path, tolerance: float) -> list[str]:
-    """The sessions kept in ``work`` counted twice: in plain seconds and relative to the machine."""
-    lines = []
-    for relative, title in ((False, "plain seconds"), (True, "relative to the machine's calibration")):
-        lines += [f"{title}:", *rejudge(work, tolerance, relative), ""]
-    return lines[:-1]
 
 
 def tolerance_text(tolerance: float) -> str:
     """Which tolerance a recount applies, in words."""
     if isinstance(tolerance, DefaultTolerance):
-        return f"tolerance: the CPU defaults, {tolerance.uncalibrated:g} in plain seconds, {float(tolerance):g} relative"
+        return f"tolerance {tolerance:g} (the CPU default)"
     return f"tolerance {tolerance:g}"
 
 
@@ -315,12 +291,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cool-down", type=float, default=0.0, help="seconds to idle before each session")
     parser.add_argument("--rejudge", type=Path, help="a work directory to recount (no session is run)")
     parser.add_argument("--tolerance", type=float, default=None,
-                        help="the tolerance of the recount (default: the CPU defaults; the sessions use theirs)")
+                        help="the tolerance of the recount (default: the CPU default; the sessions use theirs)")
     args = parser.parse_args(argv)
     if args.rejudge is not None:
         tolerance = args.tolerance if args.tolerance is not None else default_tolerance(gpu=False)
         print(tolerance_text(tolerance))
-        print("\n".join(both_verdicts(args.rejudge, tolerance)))
+        print("\n".join(rejudge(args.rejudge, tolerance)))
         return 0
     work = Path(tempfile.mkdtemp(prefix="gate-error-rates-"))
     baseline = work / "base.json"
@@ -337,8 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = table(results)
     print("\n".join(lines))
     tolerance = args.tolerance if args.tolerance is not None else default_tolerance(gpu=False)
-    recounted = [tolerance_text(tolerance), *both_verdicts(work, tolerance)]
-    print("the same sessions recounted both ways, " + "\n".join(recounted))
+    recounted = [tolerance_text(tolerance), *rejudge(work, tolerance)]
+    print("the same sessions recounted from their records, " + "\n".join(recounted))
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     out = {"settings": settings, "cpus": os.cpu_count(), "work": str(work), "table": lines, "recounted": recounted,
            "scenarios": [asdict(r) for r in results]}

@@ -22,14 +22,7 @@ import pytest
 
 from pytest_rlbench.cluster import ClusterInfo
 from pytest_rlbench.fixtures import RLBenchSession, get_session
-from pytest_rlbench.machine_load import (
-    CALIBRATION,
-    Calibrate,
-    MachineWatch,
-    driver_calibration,
-    machine_metric,
-    workers_calibration,
-)
+from pytest_rlbench.machine_load import MachineWatch, machine_metric
 from pytest_rlbench.progress import Progress, round_label
 from pytest_rlbench.record import Hardware, ModelArch, RunConfig, RunRecord, TokenCounts
 from pytest_rlbench.recorder import BenchRecorder, local_hardware, mismatch_failure
@@ -196,9 +189,9 @@ class PhaseBench:
     step's ``result.timing_s``); the report keeps one breakdown per round.
     A round that returns a StepResult also hands its figures (``result.metrics``, the rollout_fidelity/*
     ones among them) to the recorder; one above ``max_mismatch`` (--rl-max-mismatch) fails the test.
-    With ``watch_machine`` (CPU workers of the embedded Ray) the machine's own figures are recorded too:
-    a calibration before each round (by ``watch_machine``, where the phase runs) and the CPU used beside
-    the rounds (pytest_rlbench.machine_load)."""
+    With ``watch_machine`` (CPU workers of the embedded Ray) the CPU that other processes used and the
+    hypervisor took beside the rounds is recorded too (``machine/other_cores/<phase>`` and
+    ``machine/steal_cores/<phase>``, pytest_rlbench.machine_load): what tells CPU contention apart."""
 
     def __init__(
         self,
@@ -209,10 +202,10 @@ class PhaseBench:
         warmup: int,
         max_mismatch: float | None = None,
         progress: Progress | None = None,
-        watch_machine: Calibrate | None = None,
+        watch_machine: bool = False,
     ) -> None:
         self.max_mismatch = max_mismatch
-        self.watch_machine = watch_machine  # the calibration of the machine's figures; None: none recorded
+        self.watch_machine = watch_machine  # record the CPU used beside the rounds
         self.benchmark = benchmark
         self.progress = progress or Progress(enabled=False, terminal=False)
         self.recorder = recorder
@@ -241,18 +234,13 @@ class PhaseBench:
 
         phase = self.phase
         warmup, rounds = (0, 1) if self.benchmark.disabled else (self.warmup, self.rounds)
-        watch = MachineWatch(self.watch_machine) if self.watch_machine is not None else None
+        watch = MachineWatch() if self.watch_machine else None
         results: list[Any] = []
 
-        def before_round() -> None:  # outside the round's time
-            if watch is not None and len(results) >= warmup:  # a timed round's (results: the rounds so far)
-                watch.calibrate()  # the machine's own speed now, where the phase runs
+        def prepare() -> None:
+            stage.step(round_label(len(results), warmup, rounds))  # outside the timed call
             if setup is not None:
                 setup()
-
-        def prepare() -> None:
-            stage.step(round_label(len(results), warmup, rounds))
-            before_round()
             device_clock()  # drain what setup queued before the round's clock starts
 
         def round_() -> Any:
@@ -263,7 +251,7 @@ class PhaseBench:
             if watch is not None:
                 watch.start()
             if self.benchmark.disabled:  # --benchmark-disable: pytest-benchmark times nothing; time it here
-                self.samples, results = time_rounds(fn, 0, 1, stage, before_round)
+                self.samples, results = time_rounds(fn, 0, 1, stage, setup)
             else:
                 self.benchmark._timer = device_clock  # pytest-benchmark reads the clock around each call
                 self.benchmark.pedantic(
@@ -284,9 +272,8 @@ class PhaseBench:
         if breakdown is not None:
             self.recorder.add_step_breakdown([breakdown(r) for r in timed])
         if watch is not None:
-            for figure, values in watch.figures(len(self.samples)).items():
-                unit = "s" if figure == CALIBRATION else "cores"
-                self.recorder.add_metric(machine_metric(figure, phase), values, unit, higher_is_better=False)
+            for figure, values in watch.figures().items():
+                self.recorder.add_metric(machine_metric(figure, phase), values, "cores", higher_is_better=False)
         step_figures = [r.metrics for r in timed if isinstance(getattr(r, "metrics", None), dict)]
         self.recorder.add_step_metrics(step_figures)
         problem = mismatch_failure(step_figures, self.max_mismatch)
@@ -310,19 +297,8 @@ def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytes
     """Time a phase (see PhaseBench); the test must carry ``@pytest.mark.rl_phase(KEY)``."""
     state, recorder = get_session(pytestconfig), get_recorder(pytestconfig)
     opts = state.opts
-    calibrate = machine_calibration(request) if opts.embedded and not opts.gpu else None
     return PhaseBench(
         benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, opts.max_mismatch,
-        state.progress(), watch_machine=calibrate,
+        state.progress(), watch_machine=opts.embedded and not opts.gpu,
     )
 
-
-def machine_calibration(request: pytest.FixtureRequest) -> Calibrate:
-    """Where a test's phase runs, the machine's calibration runs: inside the Ray workers of the trainer
-    the test uses (its ``rl_trainer``: our GRPOTrainer's WorkerGroup), else in this process. The phases
-    a trainer runs in the driver (reward, adv: a few ms) are judged by the workers' calibration too."""
-    from trainer.driver.worker_group import WorkerGroup
-
-    trainer = request.getfixturevalue("rl_trainer") if "rl_trainer" in request.fixturenames else None
-    group = getattr(trainer, "workers", None)
-    return workers_calibration(group) if isinstance(group, WorkerGroup) else driver_calibration

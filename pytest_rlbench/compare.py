@@ -18,9 +18,11 @@ threshold alone against a single figure) is ``pytest_rlbench.verdict``'s; a verd
 fail the session). A metric the baseline has and the run lacks fails with reason "missing" when its
 phase ran, and is "not run" (neither pass nor fail) when the session did not run that phase (``-k``).
 The tolerance is the baseline file's ``tolerances`` entry for the metric id ("timing_s/gen"), else for
-its family ("timing_s"), else the default. A phase's time on CPU workers is judged relative to the
-machine's speed where both records hold the machine's figures (``machine_evidence``; the rules are
-``pytest_rlbench.verdict``'s); those figures (machine/*) are evidence, never judged themselves.
+its family ("timing_s"), else the default. On the same machine a phase's time on CPU workers is
+judged against the session's pace too (``pytest_rlbench.session_pace``), unless either session ran
+beside CPU contention (``machine_evidence``: the CPU other processes used beside the phase's rounds);
+the rules are ``pytest_rlbench.verdict``'s. Those figures (machine/*) are evidence, never judged
+themselves.
 
 In a reference, the baseline's times, throughputs and efficiency figures, and the run's own
 efficiency figures (MFU, memory-bandwidth use: they carry across hardware), are listed side by side
@@ -53,14 +55,7 @@ from pytest_rlbench.gate_basis import (
     normalise_gpu,
     per_gpu_gate,
 )
-from pytest_rlbench.machine_load import (
-    CALIBRATION,
-    MACHINE,
-    OTHER_CORES,
-    OWN_CORES,
-    STEAL_CORES,
-    machine_metric,
-)
+from pytest_rlbench.machine_load import MACHINE, OTHER_CORES, STEAL_CORES, machine_metric
 from pytest_rlbench.metrics import (
     DEFAULT_TOLERANCE,
     EFFICIENCY_FAMILIES,
@@ -187,15 +182,13 @@ def custom_metrics(run: RunRecord, baseline: RunRecord) -> set[str]:
 
 
 def machine_evidence(run: RunRecord, baseline: RunRecord, phase: str) -> MachineEvidence | None:
-    """Both sessions' machine figures around ``phase``'s rounds, where both recorded a calibration."""
-    calibration = machine_metric(CALIBRATION, phase)
-    run_cal, base_cal = run.metrics.get(calibration), baseline.metrics.get(calibration)
-    if run_cal is None or base_cal is None or not run_cal.value or not base_cal.value:
-        return None
-    sides = ((run, OTHER_CORES), (run, STEAL_CORES), (baseline, OTHER_CORES), (run, OWN_CORES), (baseline, OWN_CORES))
+    """The CPU used beside ``phase``'s rounds in both sessions, where either recorded it (None: neither)."""
+    sides = ((run, OTHER_CORES), (run, STEAL_CORES), (baseline, OTHER_CORES))
     load = [r.metrics.get(machine_metric(f, phase)) for r, f in sides]
-    other, steal, base_other, own, base_own = (m.value[0] if m is not None and m.value else None for m in load)
-    return MachineEvidence(tuple(run_cal.value), tuple(base_cal.value), other, steal, base_other, own, base_own)
+    other, steal, base_other = (m.value[0] if m is not None and m.value else None for m in load)
+    if other is None and steal is None and base_other is None:
+        return None
+    return MachineEvidence(other, steal, base_other)
 
 
 def _gate_rows(

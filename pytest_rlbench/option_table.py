@@ -10,10 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pytest_rlbench.metrics import (
-    DEFAULT_TOLERANCE,
-    DEFAULT_UNCALIBRATED_CPU_TOLERANCE,
-)
+from pytest_rlbench.metrics import DEFAULT_CPU_TOLERANCE, DEFAULT_TOLERANCE
 from trainer.config.schema import TrainerSection
 from trainer.driver.ray_probe import DEFAULT_CONNECT_TIMEOUT_S as DEFAULT_TIMEOUT_S
 
@@ -107,7 +104,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--rl-tolerance",
         "float",
         f"Allowed fraction of slowdown against a baseline, 0 <= t < 1 (default {DEFAULT_TOLERANCE} with --gpu, "
-        f"{DEFAULT_UNCALIBRATED_CPU_TOLERANCE} on CPU workers).",
+        f"{DEFAULT_CPU_TOLERANCE} on CPU workers).",
         "FRACTION",
     ),
     OptionSpec(

@@ -45,7 +45,6 @@ from pytest_rlbench.option_table import (
     SPECS,
 )
 from pytest_rlbench.option_values import OptionError, RawValue
-from pytest_rlbench.verdict import session_tolerance
 from trainer.config import ConfigError, Override
 from trainer.config.schema import TrainerSection
 
@@ -114,7 +113,7 @@ class RLBenchOptions:
             "config_overrides": list(self.config_overrides),
             "baselines": list(self.baselines),
             "workload": self.workload,
-            "tolerance": session_tolerance(self.tolerance),  # a number: what the verdicts apply
+            "tolerance": float(self.tolerance),  # a number: what the verdicts apply (the default's too)
             "max_mismatch": self.max_mismatch,
             "rounds": self.rounds,
             "warmup_rounds": self.warmup_rounds,

@@ -20,31 +20,25 @@ A strict level because a session judges a dozen figures at once: at 0.01 an unch
 twelve phases is wrongly failed by chance in about 1 session in 8 at worst (1 - 0.99^12), and far
 less where the tolerance already passes most of them.
 
-With ``RELATIVE_VERDICT`` on, a phase's time on CPU workers, where both sessions recorded the
-machine's own figures (``MachineEvidence``, from ``pytest_rlbench.machine_load``: a calibration timed
-inside the trainer's workers before each timed round), is judged relative to the machine's speed:
-each round's seconds divided by the median of that phase's calibrations, on both sides, by the rules
-above. Then
-- under CPU contention (processes outside the session used ``CONTENTION_CORES`` or more during the
-  run's rounds, or during the baseline's) the plain verdict stands and a failure names the
-  contention: the calibration slows under contention as the phase does, so dividing by it would
-  hide it;
-- where the session's own processes used ``OWN_BUSY_CORES`` or more during its calibrations (in the
-  run or the baseline), plain seconds decide too, and the verdict says why: workers kept busy between
-  rounds slow the calibration as they slow the phase, and dividing by it would hide that;
-- otherwise a phase that fails in plain seconds but not relative to the machine (the relative
-  verdict passes, or is itself inconclusive) is "inconclusive" (reason "machine slower"), naming
-  how much slower the machine itself ran: a slower host, which no single session can tell from a
-  regression; it does not fail the session;
-- and a phase slower relative to the machine fails, even where the machine ran faster and hid it.
-The default tolerance on CPU workers (``metrics.default_tolerance``) is 0.15 for a verdict relative to
-the machine and 0.20 wherever plain seconds decide (no machine figures on a side, contention, a busy
-session); a tolerance from --rl-tolerance, the ini file or the baseline file applies to both.
+A phase's time on CPU workers, judged against a baseline on the same machine, is read beside two
+things the session knows of itself:
+- CPU contention: where processes outside the session used ``CONTENTION_CORES`` or more during the
+  phase's rounds, in the run or in the baseline's session (``MachineEvidence``, from
+  ``pytest_rlbench.machine_load``), the verdict in plain seconds stands, and a failure (or a
+  difference the rank test could not call real) names the contention;
+- otherwise the session's pace (``pytest_rlbench.session_pace``: the median ratio of its other phases
+  to their baselines): a phase that fails in plain seconds is judged again with its rounds divided by
+  that pace. A fail there too is a regression; a pass or inconclusive there leaves the phase
+  "inconclusive" (reason "session slower"), not failing the session: every phase slowed alike,
+  which one session cannot tell from a slower host. Unless the phase is more than
+  ``HOST_DRIFT_LIMIT`` times slower in seconds: then it fails whatever its peers did.
+A failure without contention lists the CPU used beside the rounds, for the record.
+The default tolerance (``metrics.default_tolerance``) is 0.20 on CPU workers and 0.10 on GPUs; a
+tolerance from --rl-tolerance, the ini file or the baseline file always wins.
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -53,7 +47,6 @@ from pytest_rlbench.metrics import (
     FAMILIES,
     TIMING,
     DefaultTolerance,
-    applied_tolerance,
     family_of,
     format_value,
     metric_label,
@@ -70,11 +63,6 @@ ALPHA = 0.01  # the one-sided level of the rank test
 # and agent, in ps); one busy loop beside a session whose two workers are busy gets about two thirds
 # of a core of a 2-core machine, and with 2x contention the busy loops took 1.65-1.8 cores.
 CONTENTION_CORES = 0.25
-# Average cores used by the session's own threads and processes (all but the calibrating thread)
-# during a phase's calibrations from which the calibration no longer measures the machine alone. An
-# idle embedded Ray with two actors used 0.03-0.10 (its raylet, GCS and io threads; 2-core VM, over 5
-# calibrations); one worker thread kept busy uses up to a core.
-OWN_BUSY_CORES = 0.25
 # A phase slower than this in plain seconds fails even where every phase of the session slowed alike
 # (``SessionPace``): the largest whole-session drift measured on the 2-core CI VM with nothing else
 # running was 1.65x (docs/benchmarks.md, "The gate's error rates"); beyond it the host is no excuse.
@@ -96,7 +84,7 @@ class Comparison:
     ratio: float | None  # measured / baseline
     tolerance: float
     verdict: Verdict
-    # "within tolerance", "below the noise floor", "not significant", "too few rounds", "machine slower",
+    # "within tolerance", "below the noise floor", "not significant", "too few rounds",
     # "session slower", "slower", "lower", "higher", "missing", "not run", "reference"
     reason: str
     message: str
@@ -106,79 +94,31 @@ class Comparison:
 
 @dataclass(frozen=True)
 class MachineEvidence:
-    """The machine's own figures around one phase's rounds, in the run and in the baseline's session."""
+    """The CPU used beside one phase's rounds (``pytest_rlbench.machine_load``), in the run and in the
+    baseline's session, in cores on average; None where a session did not record it."""
 
-    run_calibration: tuple[float, ...]  # seconds of the calibration before each timed round
-    base_calibration: tuple[float, ...]
     other_cores: float | None = None  # the run: cores used by processes outside the session
     steal_cores: float | None = None  # the run: cores taken by the hypervisor
     base_other_cores: float | None = None  # the baseline's session: cores used outside it
-    own_cores: float | None = None  # the run: cores the session's own processes used during calibrations
-    base_own_cores: float | None = None
-
-    @property
-    def speed_ratio(self) -> float:
-        """How much slower the machine ran than in the baseline's session (below 1: faster)."""
-        return statistics.median(self.run_calibration) / statistics.median(self.base_calibration)
 
     @property
     def contended(self) -> bool:
-        """Whether either session ran beside CPU contention: then its calibration measured the
-        contention as much as the machine, and relative figures would mislead."""
+        """Whether either session ran beside CPU contention: then its seconds measured the contention
+        as much as the phase, and no pace read from the session's other phases may excuse them."""
         return any(c is not None and c >= CONTENTION_CORES for c in (self.other_cores, self.base_other_cores))
 
-    @property
-    def session_busy(self) -> bool:
-        """Whether either session's own processes were busy during its calibrations."""
-        return any(c is not None and c >= OWN_BUSY_CORES for c in (self.own_cores, self.base_own_cores))
-
-    @property
-    def calibrated(self) -> bool:
-        """Whether a verdict may divide by the calibrations: no contention, no busy session."""
-        return not self.contended and not self.session_busy
-
-    def busy_text(self) -> str:
-        sides = [f"{name} {c:.2f} cores" for name, c in (("the run's", self.own_cores), ("the baseline's",
-                 self.base_own_cores)) if c is not None and c >= OWN_BUSY_CORES]
-        return (f"the session's own processes used {' and '.join(sides)} during the calibrations (from "
-                f"{OWN_BUSY_CORES:g}): judged in plain seconds")
-
-    def figures(self) -> str:
-        """The machine's figures of both sessions as measured, claiming nothing about the phase."""
-        run_c, base_c = statistics.median(self.run_calibration), statistics.median(self.base_calibration)
-        text = f"calibration {_seconds(run_c)} vs {_seconds(base_c)} in the baseline's session"
-        if self.other_cores is not None:
-            text += f", other processes {self.other_cores:.2f} cores"
-        if self.steal_cores:
-            text += f", hypervisor {self.steal_cores:.2f} cores"
-        return text
-
     def describe(self) -> str:
-        speed = self.speed_ratio
-        pace = f"{speed:.2f}x slower" if speed >= 1 else f"{1 / speed:.2f}x faster"
-        run_c, base_c = statistics.median(self.run_calibration), statistics.median(self.base_calibration)
-        text = f"the machine itself ran {pace} than in the baseline's session (calibration {_seconds(run_c)} vs "
-        text += f"{_seconds(base_c)})"
+        """The figures in words: "other processes used 1.70 cores, the hypervisor took 0.05 cores"."""
+        parts = []
         if self.other_cores is not None:
-            text += f", other processes used {self.other_cores:.2f} cores"
+            parts.append(f"other processes used {self.other_cores:.2f} cores")
         if self.steal_cores:
-            text += f", the hypervisor took {self.steal_cores:.2f} cores"
+            parts.append(f"the hypervisor took {self.steal_cores:.2f} cores")
+        text = ", ".join(parts)
         if self.base_other_cores is not None and self.base_other_cores >= CONTENTION_CORES:
-            text += f" (and {self.base_other_cores:.2f} cores beside the baseline's own session)"
+            beside = f"{self.base_other_cores:.2f} cores beside the baseline's own session"
+            text = f"{text} (and {beside})" if text else f"other processes used {beside}"
         return text
-
-
-def relative_samples(samples: tuple[float, ...], calibration: tuple[float, ...]) -> tuple[float, ...]:
-    """Each round's seconds per second of the phase's median calibration. One scale per phase and
-    session, not each round by its own calibration: a scheduler hiccup in one calibration then moves
-    no round against the others, and the phase's rounds (a second or two) see one machine speed."""
-    scale = statistics.median(calibration)
-    return tuple(t / scale for t in samples)
-
-
-def _relative(fig: Figure, calibration: tuple[float, ...]) -> Figure:
-    samples = relative_samples(fig.samples, calibration)
-    return replace(fig, value=statistics.median(samples), samples=samples)
 
 
 def tolerance_for(metric: str, baseline: RunRecord, default: float) -> float:
@@ -204,29 +144,6 @@ def _worse(fig: Figure) -> str:
     return "slower" if fig.family == TIMING else "higher"
 
 
-# Judging a phase's time relative to the machine's calibration is OFF until it is shown to meet issue
-# 12's goals. Measured on the 2-core CI VM (2026-11-23, docs/benchmarks.md "The gate's error rates"):
-# timed in the driver, the calibration came out at 5-7 ms or at 11-17 ms by which phase had run just
-# before, so dividing by it failed 8 of 8 same-code runs. Timed inside the workers (machine_load) it
-# has no second mode, but in probes of quiet sessions (benchmarks/gate_calibration_probe.py) it did
-# not follow the phases' session-to-session drift either; benchmarks/gate_error_rates.py counts one
-# set of sessions both ways (plain and relative) to decide. Meanwhile plain seconds decide; the
-# machine's figures are recorded and shown beside a failure.
-RELATIVE_VERDICT = False
-
-
-def session_tolerance(tolerance: float) -> float:
-    """The tolerance a session's verdicts apply, as one number (the session header, the options' dict):
-    a default one's plain-seconds value (0.20 on CPU) unless the relative verdict is on."""
-    return applied_tolerance(tolerance, calibrated=RELATIVE_VERDICT)
-
-
-def judged_relative(run_fig: Figure, base_fig: Figure, machine: MachineEvidence | None) -> bool:
-    """Whether the figure is a phase's time judged relative to the machine's speed (RELATIVE_VERDICT)."""
-    usable = RELATIVE_VERDICT and machine is not None and machine.calibrated
-    return usable and base_fig.family == TIMING and bool(run_fig.samples) and bool(base_fig.samples)
-
-
 def gate_verdict(
     run_fig: Figure,
     base_fig: Figure,
@@ -238,8 +155,8 @@ def gate_verdict(
 ) -> tuple[Verdict, str, str]:
     """(verdict, reason, detail) for two present values by the rules of the module docstring.
     ``run_time``: the run's median seconds of the figure's phase (None: no floor applies); ``machine``:
-    the machine's figures of both sessions for a phase's time (None: plain seconds decide); ``pace``:
-    the session's pace around the phase (None: plain seconds decide)."""
+    the CPU used beside the phase's rounds in both sessions (None: not recorded, no contention known);
+    ``pace``: the session's pace around the phase (None: plain seconds decide)."""
     verdict, reason, why = plain_verdict(run_fig, base_fig, tolerance, run_time, device)
     if base_fig.family != TIMING or not run_fig.samples or not base_fig.samples:
         return verdict, reason, why
@@ -249,27 +166,8 @@ def gate_verdict(
         return verdict, reason, why
     if pace is not None and verdict == "fail":
         verdict, reason, why = against_pace(run_fig, base_fig, tolerance, run_time, device, pace, why)
-    if machine is None:
-        return verdict, reason, why
-    if not RELATIVE_VERDICT:
-        if verdict == "fail":
-            why += f"; the machine's figures, not used by the verdict: {machine.figures()}"
-        return verdict, reason, why
-    if machine.session_busy:
-        return verdict, reason, f"{why}; {machine.busy_text()}"
-    run_rel, base_rel = _relative(run_fig, machine.run_calibration), _relative(base_fig, machine.base_calibration)
-    rel_verdict, rel_reason, rel_why = plain_verdict(run_rel, base_rel, tolerance, run_time, device)
-    rel_ratio = run_rel.value / base_rel.value if run_rel.value and base_rel.value else float("nan")
-    if rel_verdict == "fail":
-        why += f"; relative to the machine's speed ratio {rel_ratio:.2f}{rel_why}: {machine.describe()}"
-        return "fail", rel_reason, why
-    if verdict == "fail":
-        why = (
-            f": slower in seconds{why} but {machine.describe()}, and relative to it the phase is at ratio "
-            f"{rel_ratio:.2f} ({rel_reason}): a slower machine, not a regression this session can tell (rerun on "
-            "a quiet machine, or save the baseline again)"
-        )
-        return "inconclusive", "machine slower", why
+    if machine is not None and verdict == "fail" and (beside := machine.describe()):
+        why += f"; beside the rounds {beside}"
     return verdict, reason, why
 
 
@@ -351,8 +249,7 @@ def judge(
     did not run (``-k``) as "not run" rather than missing."""
     measured = run_fig.value if run_fig is not None else None
     base, unit = base_fig.value, base_fig.unit
-    relative = run_fig is not None and judged_relative(run_fig, base_fig, machine)
-    applied = applied_tolerance(tolerance, relative)  # a default one: by whether plain seconds decide
+    applied = float(tolerance)
     ratio = measured / base if measured is not None and base else None
     ratio_text = f"ratio {ratio:.2f}" if ratio is not None else "ratio n/a"
     numbers = f"{format_value(measured, unit)} vs {format_value(base, unit)} in baseline '{baseline_name}'"
@@ -371,15 +268,13 @@ def judge(
     else:
         assert run_fig is not None
         verdict, reason, why = gate_verdict(run_fig, base_fig, applied, run_time, device, machine, pace)
-        detail = f"{numbers} ({ratio_text}, tolerance {applied:.2f}{_default_text(tolerance, relative)}): {reason}{why}"
+        detail = f"{numbers} ({ratio_text}, tolerance {applied:.2f}{_default_text(tolerance)}): {reason}{why}"
     message = f"{metric_label(base_fig.metric)}: {detail}"
     return Comparison(
         base_fig.metric, base_fig.phase, measured, base, baseline_name, ratio, applied, verdict, reason, message, unit
     )
 
 
-def _default_text(tolerance: float, relative: bool) -> str:
-    """Which default a tolerance nobody chose is, in the verdict's text."""
-    if not isinstance(tolerance, DefaultTolerance):
-        return ""
-    return ", the default relative to the machine's speed" if relative else ", the default in plain seconds"
+def _default_text(tolerance: float) -> str:
+    """A tolerance nobody chose, named as the default in the verdict's text."""
+    return ", the default" if isinstance(tolerance, DefaultTolerance) else ""

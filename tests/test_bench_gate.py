@@ -16,12 +16,11 @@ pytestmark = pytest.mark.usefixtures("plugin_deps_loaded", "steady_machine")  # 
 
 @pytest.fixture
 def steady_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The machine as the gate sees it holds still: a fixed calibration, nobody else on the CPU. The
-    phases here are sleeps, which a busy CI machine does not slow while it slows a real calibration;
-    the machine evidence itself is tested in tests/test_gate_machine_session.py."""
+    """Nobody else on the CPU, as the gate sees it: the phases here are sleeps, which a busy CI machine
+    does not slow, so its contention must not change how they are judged; CPU contention itself is
+    tested in tests/test_gate_machine_session.py."""
     from pytest_rlbench import machine_load
 
-    monkeypatch.setattr(machine_load, "calibration_round", lambda: 0.010)
     monkeypatch.setattr(machine_load, "cores_used", lambda before, after, ticks_per_s: (0.0, 0.0))
 
 SUITE = """
@@ -146,8 +145,9 @@ def test_the_real_suites_write_every_phase_key_and_gate_against_their_own_baseli
     assert all(data["phases"][k]["seconds"] is not None for k in PHASE_KEYS)
     assert {c["verdict"] for c in data["comparisons"]} == {"reference"}  # built-in baselines: GPUs
     assert data["extra"]["step_breakdown"] and "gen" in data["extra"]["step_breakdown"][0]
-    # the machine's calibration, timed in the trainer's workers before each timed round
-    assert all(len(data["metrics"][f"machine/calibration_s/{k}"]["samples"]) == 2 for k in PHASE_KEYS)
+    # the CPU other processes used and the hypervisor took beside each phase's rounds
+    for figure in ("other_cores", "steal_cores"):
+        assert all(len(data["metrics"][f"machine/{figure}/{k}"]["samples"]) == 1 for k in PHASE_KEYS)
 
     second = pytester.runpytest_subprocess(
         str(suites / "test_phases.py"), str(suites / "test_step.py"), *small,

@@ -61,30 +61,33 @@ def test_the_settle_finds_a_process_that_carries_an_earlier_sessions_mark() -> N
     assert not any(line.split()[0] == str(child.pid) for line in marked_processes())
 
 
-def test_each_phases_plain_and_machine_relative_ratios() -> None:
+def test_each_phases_plain_ratio_the_sessions_pace_and_the_cores_beside() -> None:
     from gate_error_rates import phase_figures
-    from test_verdict_machine import BASE_CAL, BASE_ROUNDS, SLOWER, cpu_record
+    from test_session_pace import session
+    from test_verdict_machine import BASE_ROUNDS, SLOWER, cpu_record, with_cores
 
-    base = cpu_record("base", BASE_ROUNDS, BASE_CAL)
-    run = cpu_record("run", SLOWER, [c * 1.4 for c in BASE_CAL], other=0.5)
-    row = phase_figures(run, base)["update_actor"]
-    assert row["ratio"] == pytest.approx(1.42 / 1.02)
-    assert row["machine"] == pytest.approx(1.4) and row["relative"] == pytest.approx(0.99, abs=0.01)
-    assert row["other_cores"] == 0.5 and row["steal_cores"] == 0.0
+    run = with_cores(session("run", {"old_log_prob": 1.3}, everything=1.2), 0.5)
+    row = phase_figures(run, session("base"))["old_log_prob"]
+    assert row["ratio"] == pytest.approx(1.56) and row["pace"] == pytest.approx(1.2)
+    assert row["other_cores"] == 0.5
+    # too few peers to pace update_actor (gen alone): no pace, the plain ratio and the cores still
+    row = phase_figures(cpu_record("run", SLOWER, other=0.5, steal=0.1), cpu_record("base", BASE_ROUNDS))["update_actor"]
+    assert row["ratio"] == pytest.approx(1.42 / 1.02) and "pace" not in row
+    assert row["other_cores"] == 0.5 and row["steal_cores"] == 0.1
 
 
 def test_rejudge_recounts_the_kept_reports_at_another_tolerance(tmp_path: Path) -> None:
     from gate_error_rates import rejudge
-    from test_verdict_machine import BASE_CAL, BASE_ROUNDS, cpu_record
+    from test_verdict_machine import BASE_ROUNDS, cpu_record
 
     from pytest_rlbench.compare import compare
     from pytest_rlbench.record import save_record
     from pytest_rlbench.report_json import build_report
 
-    base = cpu_record("base", BASE_ROUNDS, BASE_CAL)
+    base = cpu_record("base", BASE_ROUNDS)
     save_record(base, tmp_path / "base.json")
     for name, seconds in (("unchanged-1", [t * 1.18 for t in BASE_ROUNDS]), ("unchanged-2", BASE_ROUNDS)):
-        run = cpu_record(name, seconds, BASE_CAL)  # the first 1.18x: past 0.15, within 0.20
+        run = cpu_record(name, seconds)  # the first 1.18x: past 0.15, within 0.20
         report = build_report(run, [compare(run, base, 0.15)])
         (tmp_path / f"{name}.report.json").write_text(json.dumps(report))
     assert rejudge(tmp_path, 0.15)[1].split() == ["unchanged", "2", "1", "1", "0", "0"]
@@ -93,47 +96,34 @@ def test_rejudge_recounts_the_kept_reports_at_another_tolerance(tmp_path: Path) 
 
 def test_a_reports_run_record_keeps_the_rounds_and_the_machines_figures() -> None:
     from gate_error_rates import record_of_report
-    from test_verdict_machine import BASE_CAL, BASE_ROUNDS, cpu_record
+    from test_verdict_machine import BASE_ROUNDS, cpu_record
 
     from pytest_rlbench.report_json import build_report
 
-    run = cpu_record("run", BASE_ROUNDS, BASE_CAL, other=0.5)
+    run = cpu_record("run", BASE_ROUNDS, other=0.5, steal=0.1)
     back = record_of_report(json.loads(json.dumps(build_report(run, []))))
     assert back.phases["update_actor"].seconds == BASE_ROUNDS
-    assert back.metrics["machine/calibration_s/update_actor"].value == BASE_CAL
     assert back.metrics["machine/other_cores/update_actor"].value == [0.5]
+    assert back.metrics["machine/steal_cores/update_actor"].value == [0.1]
 
 
-def test_one_set_of_sessions_is_counted_in_plain_seconds_and_relative_to_the_machine(tmp_path: Path) -> None:
-    from gate_error_rates import both_verdicts
-    from test_verdict_machine import BASE_CAL, BASE_ROUNDS, SLOWER, cpu_record
+def test_the_recount_judges_as_the_gate_does_pace_and_contention(tmp_path: Path) -> None:
+    from gate_error_rates import rejudge
+    from test_session_pace import session
+    from test_verdict_machine import with_cores
 
     from pytest_rlbench.record import save_record
     from pytest_rlbench.report_json import build_report
 
-    save_record(cpu_record("base", BASE_ROUNDS, BASE_CAL), tmp_path / "base.json")
-    sessions = {  # 1.4x slower in seconds; the machine 1.4x slower too, or not
-        "unchanged-1": [c * 1.4 for c in BASE_CAL],
-        "slowdown-1": BASE_CAL,
+    save_record(with_cores(session("base"), 0.0), tmp_path / "base.json")
+    sessions = {
+        "unchanged-1": with_cores(session("unchanged-1", everything=1.4), 0.0),  # slower alike: inconclusive
+        "contention-1": with_cores(session("contention-1", everything=1.4), 1.7),  # the same, contended: fails
+        "slowdown-1": with_cores(session("slowdown-1", {"old_log_prob": 1.25}), 0.0),  # one phase: fails
     }
-    for name, calibration in sessions.items():
-        report = build_report(cpu_record(name, SLOWER, calibration), [])
-        (tmp_path / f"{name}.report.json").write_text(json.dumps(report))
-    lines = both_verdicts(tmp_path, 0.20)
-    plain, relative = lines.index("plain seconds:"), lines.index("relative to the machine's calibration:")
-    assert lines[plain + 2].split() == ["unchanged", "1", "0", "1", "0", "0"]  # fails in seconds
-    assert lines[plain + 3].split() == ["slowdown", "1", "0", "1", "0", "0"]
-    assert lines[relative + 2].split() == ["unchanged", "1", "0", "0", "1", "0"]  # a slower machine
-    assert lines[relative + 3].split() == ["slowdown", "1", "0", "1", "0", "0"]
-
-
-def test_the_probe_shows_a_calibration_that_tracks_the_phase_taking_the_spread_out() -> None:
-    from gate_calibration_probe import summary
-
-    def session(speed: float, driver: float) -> list[dict]:  # the host `speed` times slower
-        return [{"phase": "gen", "seconds": 0.3 * speed, "driver": driver, "workers": 0.008 * speed,
-                 "phase_cpu": 0.28 * speed, "other_cores": 0.0} for _ in range(3)]
-
-    lines = summary([session(1.0, 0.005), session(1.5, 0.012)])
-    assert lines[2].split() == ["2", "1.50", "2.40", "1.50", "1.50", "0.00"]
-    assert lines[3].strip() == "spread: plain 1.50, / driver 1.60, / workers 1.00, / phase_cpu 1.00"
+    for name, run in sessions.items():
+        (tmp_path / f"{name}.report.json").write_text(json.dumps(build_report(run, [])))
+    lines = rejudge(tmp_path, 0.20)
+    assert lines[1].split() == ["unchanged", "1", "0", "0", "1", "0"]
+    assert lines[2].split() == ["contention", "1", "0", "1", "0", "0"]
+    assert lines[3].split() == ["slowdown", "1", "0", "1", "0", "0"]

@@ -39,10 +39,9 @@ def test_one_default_tolerance() -> None:
     assert compare.compare.__defaults__ == (metrics.DEFAULT_TOLERANCE,)
 
 
-def test_the_cpu_default_tolerance_depends_on_the_calibration_a_chosen_one_does_not() -> None:
+def test_the_default_tolerance_is_020_on_cpu_and_010_on_gpus() -> None:
     cpu, gpu = metrics.default_tolerance(gpu=False), metrics.default_tolerance(gpu=True)
-    assert (metrics.applied_tolerance(cpu, True), metrics.applied_tolerance(cpu, False)) == (0.15, 0.20)
-    assert metrics.applied_tolerance(gpu, False) == 0.10 and metrics.applied_tolerance(0.15, False) == 0.15
+    assert (cpu, gpu) == (0.20, 0.10) and isinstance(cpu, metrics.DefaultTolerance)
 
 
 def test_the_architecture_fields_are_defined_once() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlbench.metrics import DEFAULT_CPU_TOLERANCE, DefaultTolerance, applied_tolerance
+from pytest_rlbench.metrics import DEFAULT_CPU_TOLERANCE, DefaultTolerance
 from pytest_rlbench.option_table import OPTIONS
 from pytest_rlbench.options import (
     DEFAULT_TOLERANCE,
@@ -46,8 +46,8 @@ def test_defaults_are_a_plain_local_cpu_run(tmp_path: Path) -> None:
     assert (opts.nodes, opts.gpus_per_node, opts.gpu) == (1, None, False)
     assert opts.embedded and opts.ray_address is None
     assert (opts.model, opts.rollout, opts.dataset) == ("tiny", "hf", None)
-    assert opts.tolerance == DEFAULT_CPU_TOLERANCE == 0.15  # CPU workers: judged relative to the machine
-    assert isinstance(opts.tolerance, DefaultTolerance) and opts.tolerance.uncalibrated == 0.20  # plain seconds
+    assert opts.tolerance == DEFAULT_CPU_TOLERANCE == 0.20  # CPU workers: the host's drift is in the seconds
+    assert isinstance(opts.tolerance, DefaultTolerance)  # nobody chose it: verdicts name it the default
     assert parse(tmp_path, rl_gpu=True).tolerance == DEFAULT_TOLERANCE == 0.10
     assert opts.config_overrides == () and opts.baselines == ()
     cfg = build_trainer_config(opts)
@@ -97,12 +97,10 @@ def test_rl_config_may_set_an_owned_key_when_its_option_is_not_given(tmp_path: P
 def test_tolerance_zero_is_allowed_and_ray_address_comes_from_the_environment(tmp_path: Path) -> None:
     assert parse(tmp_path, rl_tolerance="0").tolerance == 0.0
     assert parse(tmp_path, rl_tolerance="0.25").tolerance == 0.25
-    chosen = parse(tmp_path, rl_tolerance="0.15").tolerance  # chosen: it applies to plain seconds too
-    assert chosen == 0.15 and applied_tolerance(chosen, calibrated=False) == 0.15
-    default = parse(tmp_path).tolerance
-    assert (applied_tolerance(default, calibrated=True), applied_tolerance(default, calibrated=False)) == (0.15, 0.20)
-    copied = pickle.loads(pickle.dumps(default))
-    assert isinstance(copied, DefaultTolerance) and (copied, copied.uncalibrated) == (0.15, 0.20)
+    chosen = parse(tmp_path, rl_tolerance="0.15").tolerance  # chosen: a plain number, never the default
+    assert chosen == 0.15 and not isinstance(chosen, DefaultTolerance)
+    copied = pickle.loads(pickle.dumps(parse(tmp_path).tolerance))
+    assert isinstance(copied, DefaultTolerance) and copied == 0.20
     env = parse(tmp_path, environ={"RAY_ADDRESS": "10.0.0.1:6379"})
     assert env.ray_address == "10.0.0.1:6379" and env.ray_address_source == "RAY_ADDRESS" and not env.embedded
     both = parse(tmp_path, environ={"RAY_ADDRESS": "10.0.0.1:6379"}, rl_ray_address="10.0.0.2:6379")
@@ -231,6 +229,16 @@ def test_ini_values_apply_and_the_command_line_wins(pytester: pytest.Pytester) -
         "actor_rollout_ref.rollout.temperature=0.5",
         "actor_rollout_ref.rollout.n=8",
     ]
+
+
+@pytest.mark.parametrize(("args", "tolerance"), [([], "0.2"), (["--rl-tolerance=0.35"], "0.35"), (["--gpu"], "0.1")])
+def test_the_session_header_names_the_tolerance_the_verdicts_apply(
+    pytester: pytest.Pytester, args: list[str], tolerance: str
+) -> None:
+    pytester.makepyfile(TEST_OPTIONS)
+    result = pytester.runpytest("--collect-only", *args)
+    header = [line for line in result.stdout.lines if line.startswith("rlbench: model ")]
+    assert len(header) == 1 and header[0].endswith(f", tolerance {tolerance}"), result.stdout.str()
 
 
 def test_a_bad_ini_value_names_the_ini_setting(pytester: pytest.Pytester) -> None:
