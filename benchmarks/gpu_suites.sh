@@ -19,6 +19,9 @@
 #                                                      # VERL v0.5.0's 1.5B work per GPU (--rl-workload), in
 #                                                      # parts that each fit a 10-minute command; replay-phases
 #                                                      # runs the -k expression in REPLAY_PHASES when set
+#   bash benchmarks/gpu_suites.sh OUT_DIR gate16x4     # the gate on one GPU: a baseline, 3 same-code reruns gated
+#                                                      # against it, and one with old_log_prob 25% slower
+#                                                      # (benchmarks/gate_slow_phase.py); one report each
 #   bash benchmarks/gpu_suites.sh OUT_DIR replay-update-full replay-update-save_attention replay-update-save_matmuls
 #                                                      # update_actor alone at the replay shape (its gradient
 #                                                      # checkpointing on) under the policy the shape names
@@ -111,8 +114,26 @@ for shape in "$@"; do
         replay-update-*)  # the workload turns gradient checkpointing on; the shape names its policy
             python3 -m pytest "${replay[@]}" suites/test_phases.py -k update_actor \
                 --rl-config "actor_rollout_ref.model.gradient_checkpointing_policy=${shape#replay-update-}" ;;
-        *) echo "unknown shape $shape" >&2; exit 2 ;;
+        gate16x4)  # 16 prompts x 4, prompt 256 + response 128, every phase but save_checkpoint, 5 rounds
+        g=("${common[@]}" --rl-config actor_rollout_ref.rollout.n=4 --rl-config data.max_response_length=128
+           suites/test_phases.py suites/test_step.py -k "not save_checkpoint" --rl-rollout fast)
+        python3 -m pytest "${g[@]}" --rl-save-baseline "$out/gate16x4-base.json"
+        for i in 1 2 3; do  # a regression exits 1: the next session still runs
+            python3 -m pytest "${g[@]}" --rl-baseline "$out/gate16x4-base.json" --rl-report "$out/gate16x4-rerun$i.json" || true
+        done
+        PYTHONPATH="$PWD/benchmarks:${PYTHONPATH:-}" python3 -m pytest -p gate_slow_phase "${g[@]}" \
+            --rl-baseline "$out/gate16x4-base.json" --rl-report "$out/gate16x4-slow.json" || true ;;
+    *) echo "unknown shape $shape" >&2; exit 2 ;;
         esac ;;
+    gate16x4)  # 16 prompts x 4, prompt 256 + response 128, every phase but save_checkpoint, 5 rounds
+        g=("${common[@]}" --rl-config actor_rollout_ref.rollout.n=4 --rl-config data.max_response_length=128
+           suites/test_phases.py suites/test_step.py -k "not save_checkpoint" --rl-rollout fast)
+        python3 -m pytest "${g[@]}" --rl-save-baseline "$out/gate16x4-base.json"
+        for i in 1 2 3; do  # a regression exits 1: the next session still runs
+            python3 -m pytest "${g[@]}" --rl-baseline "$out/gate16x4-base.json" --rl-report "$out/gate16x4-rerun$i.json" || true
+        done
+        PYTHONPATH="$PWD/benchmarks:${PYTHONPATH:-}" python3 -m pytest -p gate_slow_phase "${g[@]}" \
+            --rl-baseline "$out/gate16x4-base.json" --rl-report "$out/gate16x4-slow.json" || true ;;
     *) echo "unknown shape $shape" >&2; exit 2 ;;
     esac
 done
