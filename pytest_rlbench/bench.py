@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 RECORDER_KEY = pytest.StashKey[BenchRecorder]()
 BASELINES_KEY = pytest.StashKey[list[RunRecord]]()
+# Per benchmark node id: its phase's rounds timed again, as its benchmark timed them (a gate that
+# failed on CPU workers asks for them, pytest_rlbench.gate_items).
+RETIMERS_KEY = pytest.StashKey[dict[str, Callable[[], list[float]]]]()
 
 
 def get_recorder(config: pytest.Config) -> BenchRecorder:
@@ -274,6 +277,7 @@ class PhaseBench:
         if watch is not None:
             for figure, values in watch.figures().items():
                 self.recorder.add_metric(machine_metric(figure, phase), values, "cores", higher_is_better=False)
+        self._keep_retimer(phase, fn, setup, warmup, rounds)
         step_figures = [r.metrics for r in timed if isinstance(getattr(r, "metrics", None), dict)]
         self.recorder.add_step_metrics(step_figures)
         problem = mismatch_failure(step_figures, self.max_mismatch)
@@ -281,6 +285,17 @@ class PhaseBench:
             pytest.fail(problem, pytrace=False)
         self._describe(phase, counts)
         return result
+
+    def _keep_retimer(
+        self, phase: str, fn: Callable[[], Any], setup: Callable[[], Any] | None, warmup: int, rounds: int
+    ) -> None:
+        """Keep how to time this phase again (the same call, set-up and rounds) for its gate."""
+
+        def retime() -> list[float]:
+            with self.progress.stage(f"{phase}: re-timed to confirm a regression", warmup + rounds) as stage:
+                return time_rounds(fn, warmup, rounds, stage, setup)[0]
+
+        self.item.config.stash.setdefault(RETIMERS_KEY, {})[self.item.nodeid] = retime
 
     def _describe(self, phase: str, counts: TokenCounts | None) -> None:
         """Token counts and derived figures of this phase in pytest-benchmark's extra_info."""

@@ -61,12 +61,14 @@ from pytest_rlbench.metrics import (
     EFFICIENCY_FAMILIES,
     METRIC_FAMILIES,
     REFERENCE_FAMILIES,
+    RETIMED,
     TIMING,
     family_label,
     family_of,
     format_value,
 )
 from pytest_rlbench.record import RunRecord
+from pytest_rlbench.retiming import faster_block, retimed_rounds
 from pytest_rlbench.session_pace import session_paces
 from pytest_rlbench.verdict import ALPHA as ALPHA  # the rank test's level, for the reports
 from pytest_rlbench.verdict import Comparison, MachineEvidence, Mode, judge, tolerance_for
@@ -176,9 +178,9 @@ def _beside_text(rows: list[Comparison]) -> dict[str | None, str]:
 
 
 def custom_metrics(run: RunRecord, baseline: RunRecord) -> set[str]:
-    """The records' own metrics that are compared like figures (the machine's figures are evidence
-    for the verdicts of phase times, never judged themselves)."""
-    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) != MACHINE}
+    """The records' own metrics that are compared like figures (the machine's figures and re-timed
+    rounds are evidence for the verdicts of phase times, never judged themselves)."""
+    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in (MACHINE, RETIMED)}
 
 
 def machine_evidence(run: RunRecord, baseline: RunRecord, phase: str) -> MachineEvidence | None:
@@ -200,8 +202,10 @@ def _gate_rows(
     read_as = hardware_assumptions(run, baseline, basis)[0] if basis != SAME_MACHINE else baseline
     ours, theirs = derive(run), derive(read_as)
     custom = custom_metrics(run, baseline) if basis == SAME_MACHINE else set()
-    # on CPU workers the host's pace drifts between sessions: each phase is judged against its peers too
-    paces = session_paces(run, baseline) if basis == SAME_MACHINE and run.hardware.device == "cpu" else {}
+    # On CPU workers the host's pace drifts between sessions and within them: each phase is judged
+    # against its peers, a failure must reproduce, and the baseline's bar is its faster block of rounds.
+    on_cpu = basis == SAME_MACHINE and run.hardware.device == "cpu"
+    paces = session_paces(run, baseline) if on_cpu else {}
     rows = []
     for metric in sorted(theirs, key=_order):
         base_fig, family = theirs[metric], family_of(metric)
@@ -211,6 +215,8 @@ def _gate_rows(
             continue
         timed = ours.get(f"{TIMING}/{base_fig.phase}") if base_fig.phase and metric not in custom else None
         same_machine = basis == SAME_MACHINE and family == TIMING and base_fig.phase is not None
+        if same_machine and on_cpu:
+            base_fig = faster_block(base_fig, retimed_rounds(baseline, base_fig.phase))
         rows.append(
             judge(
                 ours.get(metric), base_fig, baseline.name, tolerance_for(metric, baseline, tolerance), "gate",
@@ -220,6 +226,7 @@ def _gate_rows(
                 device=run.hardware.device,
                 machine=machine_evidence(run, baseline, base_fig.phase) if same_machine else None,
                 pace=paces.get(base_fig.phase) if same_machine else None,
+                retimed=retimed_rounds(run, base_fig.phase) if same_machine and on_cpu else None,
             )
         )
     beside = _beside_text(rows)

@@ -22,6 +22,7 @@ import statistics
 from dataclasses import dataclass
 
 from pytest_rlbench.record import RunRecord
+from pytest_rlbench.retiming import baseline_median
 from trainer.phases import nested, phases_within
 
 # Phases that pace a session must take at least this long in the baseline: 5x the CPU noise floor
@@ -48,13 +49,14 @@ class SessionPace:
 
 
 def phase_ratios(run: RunRecord, baseline: RunRecord) -> dict[str, float]:
-    """Each phase both records timed: the run's median seconds over the baseline's."""
+    """Each phase both records timed: the run's median seconds over the baseline's (of the baseline's
+    faster block of rounds, ``pytest_rlbench.retiming``)."""
     out = {}
     for phase, theirs in baseline.phases.items():
         ours = run.phases.get(phase)
         if ours is None or not ours.seconds or not theirs.seconds:
             continue
-        base = statistics.median(theirs.seconds)
+        base = baseline_median(baseline, phase)
         if base > 0:
             out[phase] = statistics.median(ours.seconds) / base
     return out
@@ -71,9 +73,7 @@ def pace_peers(phase: str, candidates: list[str]) -> list[str]:
 def session_paces(run: RunRecord, baseline: RunRecord) -> dict[str, SessionPace]:
     """The pace around each phase both records timed that has at least ``MIN_PEERS`` peers."""
     ratios = phase_ratios(run, baseline)
-    candidates = [
-        p for p in ratios if statistics.median(baseline.phases[p].seconds) >= PACE_MIN_S
-    ]
+    candidates = [p for p in ratios if baseline_median(baseline, p) >= PACE_MIN_S]
     paces = {}
     for phase in ratios:
         peers = pace_peers(phase, candidates)

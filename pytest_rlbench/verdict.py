@@ -39,6 +39,7 @@ tolerance from --rl-tolerance, the ini file or the baseline file always wins.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -152,11 +153,43 @@ def gate_verdict(
     device: str = "cpu",
     machine: MachineEvidence | None = None,
     pace: SessionPace | None = None,
+    retimed: tuple[float, ...] | None = None,
 ) -> tuple[Verdict, str, str]:
     """(verdict, reason, detail) for two present values by the rules of the module docstring.
     ``run_time``: the run's median seconds of the figure's phase (None: no floor applies); ``machine``:
     the CPU used beside the phase's rounds in both sessions (None: not recorded, no contention known);
-    ``pace``: the session's pace around the phase (None: plain seconds decide)."""
+    ``pace``: the session's pace around the phase (None: plain seconds decide); ``retimed``: the phase's
+    rounds timed again at the end of the session (None: none were)."""
+    verdict, reason, why = _judged_once(run_fig, base_fig, tolerance, run_time, device, machine, pace)
+    if verdict != "fail" or not retimed or base_fig.family != TIMING:
+        return verdict, reason, why
+    return reproduced(run_fig, base_fig, tolerance, device, machine, pace, retimed, reason, why)
+
+
+def reproduced(
+    run_fig: Figure, base_fig: Figure, tolerance: float, device: str, machine: MachineEvidence | None,
+    pace: SessionPace | None, retimed: tuple[float, ...], reason: str, why: str,
+) -> tuple[Verdict, str, str]:
+    """A phase's time that failed, judged again on its rounds timed at the end of the session by the
+    same rules: a regression reproduces; a slowdown of a few seconds' rounds (the host's, on a shared
+    VM) does not, and leaves the phase "inconclusive" (reason "not reproduced")."""
+    median = statistics.median(retimed)
+    again = replace(run_fig, value=median, samples=retimed)
+    verdict, again_reason, again_why = _judged_once(again, base_fig, tolerance, median, device, machine, pace)
+    ratio = median / base_fig.value
+    if verdict == "fail":
+        return "fail", reason, f"{why}; and again when re-timed at the end of the session, at ratio {ratio:.2f}{again_why}"
+    return "inconclusive", "not reproduced", (
+        f": slower in its benchmark{why}; but not when re-timed at the end of the session, at ratio {ratio:.2f} "
+        f"({again_reason}{again_why}): a passing slowdown of the host, not a regression"
+    )
+
+
+def _judged_once(
+    run_fig: Figure, base_fig: Figure, tolerance: float, run_time: float | None, device: str,
+    machine: MachineEvidence | None, pace: SessionPace | None,
+) -> tuple[Verdict, str, str]:
+    """The verdict on one set of rounds: plain seconds, then contention or the session's pace."""
     verdict, reason, why = plain_verdict(run_fig, base_fig, tolerance, run_time, device)
     if base_fig.family != TIMING or not run_fig.samples or not base_fig.samples:
         return verdict, reason, why
@@ -241,6 +274,7 @@ def judge(
     run_fig: Figure | None, base_fig: Figure, baseline_name: str, tolerance: float, mode: Mode = "gate", *,
     judged: bool = True, phase_ran: bool = True, run_time: float | None = None, device: str = "cpu",
     machine: MachineEvidence | None = None, pace: SessionPace | None = None,
+    retimed: tuple[float, ...] | None = None,
 ) -> Comparison:
     """Compare one figure of the run with the baseline's (see the module docstring for the rules).
 
@@ -267,7 +301,7 @@ def judge(
         detail = f"{numbers} ({ratio_text}): {role}"
     else:
         assert run_fig is not None
-        verdict, reason, why = gate_verdict(run_fig, base_fig, applied, run_time, device, machine, pace)
+        verdict, reason, why = gate_verdict(run_fig, base_fig, applied, run_time, device, machine, pace, retimed)
         detail = f"{numbers} ({ratio_text}, tolerance {applied:.2f}{_default_text(tolerance)}): {reason}{why}"
     message = f"{metric_label(base_fig.metric)}: {detail}"
     return Comparison(

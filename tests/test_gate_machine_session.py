@@ -48,7 +48,7 @@ def run(pytester: pytest.Pytester, delay: float, *args: str, cores: tuple[float,
 
 def test_a_session_records_the_cores_used_beside_each_phases_rounds(pytester: pytest.Pytester) -> None:
     saved = pytester.path / "base.json"
-    run(pytester, 0.01, f"--rl-save-baseline={saved}", cores=None).assert_outcomes(passed=3)  # /proc as it is
+    run(pytester, 0.01, f"--rl-save-baseline={saved}", cores=None).assert_outcomes(passed=6)  # /proc as it is
     metrics = json.loads(saved.read_text())["metrics"]
     for phase in ("old_log_prob", "ref", "update_actor"):
         for figure in ("other_cores", "steal_cores"):
@@ -61,7 +61,7 @@ def test_contention_keeps_plain_seconds_deciding_where_the_sessions_pace_would_e
     pytester: pytest.Pytester,
 ) -> None:
     saved, report = pytester.path / "base.json", pytester.path / "r.json"
-    run(pytester, 0.06, f"--rl-save-baseline={saved}").assert_outcomes(passed=3)
+    run(pytester, 0.06, f"--rl-save-baseline={saved}").assert_outcomes(passed=6)  # and the gates that re-time
 
     # every phase 1.5x slower, nobody else on the CPU: the session ran slower, which is no regression
     slower = run(pytester, 0.09, f"--rl-baseline={saved}", f"--rl-report={report}")

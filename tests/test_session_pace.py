@@ -99,3 +99,37 @@ def test_plain_seconds_decide_on_gpus_and_without_enough_peers() -> None:
     judged = {c.phase: c.verdict for c in compare(alone, session("base"), 0.20).comparisons
               if c.metric.startswith("timing_s/") and c.verdict != "not run"}
     assert judged["ref"] == "fail"
+
+
+def test_a_failure_that_does_not_reproduce_when_re_timed_is_inconclusive() -> None:
+    from pytest_rlbench.record import Metric
+
+    run = session("run", {"old_log_prob": 1.3})
+    base = session("base")
+    assert verdicts(run)["old_log_prob"] == ("fail", "slower")
+    # its rounds timed again at the end of the session ran as the baseline's: a passing slowdown
+    run.metrics["retimed_s/old_log_prob"] = Metric([0.1 * r for r in ROUNDS], "s", False)
+    result = compare(run, base, 0.20)
+    row = next(c for c in result.comparisons if c.metric == "timing_s/old_log_prob")
+    assert (row.verdict, row.reason) == ("inconclusive", "not reproduced") and result.passed
+    assert "retimed_s/old_log_prob" not in {c.metric for c in result.comparisons}  # evidence, never judged
+    # slower again when re-timed (against the session's pace too): the regression stands
+    run.metrics["retimed_s/old_log_prob"] = Metric([0.13 * r for r in ROUNDS], "s", False)
+    row = next(c for c in compare(run, base, 0.20).comparisons if c.metric == "timing_s/old_log_prob")
+    assert (row.verdict, row.reason) == ("fail", "slower")
+    assert "and again when re-timed at the end of the session, at ratio 1.30" in row.message
+
+
+def test_a_baseline_s_slow_block_of_rounds_does_not_set_the_bar() -> None:
+    from pytest_rlbench.record import Metric
+
+    # the baseline's session ran old_log_prob's benchmark block 1.3x slow, and its re-timed rounds at speed
+    base = session("base", {"old_log_prob": 1.3})
+    run = session("run", {"old_log_prob": 1.25})  # a regression of 25%
+    row = next(c for c in compare(run, base, 0.20).comparisons if c.metric == "timing_s/old_log_prob")
+    assert row.verdict == "pass"  # hidden behind the slow block
+    base.metrics["retimed_s/old_log_prob"] = Metric([0.1 * r for r in ROUNDS], "s", False)
+    row = next(c for c in compare(run, base, 0.20).comparisons if c.metric == "timing_s/old_log_prob")
+    assert (row.verdict, row.baseline) == ("fail", pytest.approx(0.1))
+    # the baseline's faster block paces the session too
+    assert session_paces(run, base)["ref"].peers[2] == ("old_log_prob", pytest.approx(1.25))
