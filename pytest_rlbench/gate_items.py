@@ -141,6 +141,27 @@ def gates_for(items: Iterable[pytest.Item], phase_of: PhaseOf) -> list[PhaseGate
     return gates
 
 
+def framework_of(item: pytest.Item) -> str | None:
+    """The --rl-trainer framework an item runs with, where the session runs several (its parameter)."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("rl_framework") if callspec is not None else None
+
+
+def with_gates(items: list[pytest.Item], gates: list[PhaseGate]) -> list[PhaseGate | pytest.Item]:
+    """``items`` with each gate after the last item of its benchmark's framework: the end of the
+    session, or, where several frameworks run one after the other, before the next framework's items
+    (pytest tears a framework's trainer down before it builds the next, and a gate may time its phase
+    again on it)."""
+    out: list[PhaseGate | pytest.Item] = list(items)
+    for framework in dict.fromkeys(framework_of(g.bench) for g in gates):
+        own = [g for g in gates if framework_of(g.bench) == framework]
+        last = max((i for i, item in enumerate(out) if framework_of(item) == framework), default=len(out) - 1)
+        if framework is None:
+            last = len(out) - 1
+        out[last + 1 : last + 1] = own
+    return out
+
+
 def gating_session(config: pytest.Config) -> bool:
     """Whether a baseline of the session can gate (see the module docstring)."""
     session = get_session(config)
@@ -168,7 +189,7 @@ class GatePlugin:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> Generator[None]:
         result = yield
         if needs_gates(config):
-            items.extend(gates_for(list(items), self.phase_of))
+            items[:] = with_gates(items, gates_for(items, self.phase_of))
         return result
 
     @pytest.hookimpl(trylast=True)  # after pytest's own cache plugin wrote this session's failures
