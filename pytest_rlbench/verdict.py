@@ -33,7 +33,7 @@ things the session knows of itself:
   which one session cannot tell from a slower host. Unless the phase is more than
   ``HOST_DRIFT_LIMIT`` times slower in seconds: then it fails whatever its peers did.
 A failure without contention lists the CPU used beside the rounds, for the record.
-The default tolerance (``metrics.default_tolerance``) is 0.20 on CPU workers and 0.10 on GPUs; a
+The default tolerance (``metrics.default_tolerance``) is 0.15 on CPU workers and 0.10 on GPUs; a
 tolerance from --rl-tolerance, the ini file or the baseline file always wins.
 """
 
