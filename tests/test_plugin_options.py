@@ -46,7 +46,7 @@ def test_defaults_are_a_plain_local_cpu_run(tmp_path: Path) -> None:
     assert (opts.nodes, opts.gpus_per_node, opts.gpu) == (1, None, False)
     assert opts.embedded and opts.ray_address is None
     assert (opts.model, opts.rollout, opts.dataset) == ("tiny", "hf", None)
-    assert opts.tolerance == DEFAULT_CPU_TOLERANCE == 0.20  # CPU workers: the host's drift is in the seconds
+    assert opts.tolerance == DEFAULT_CPU_TOLERANCE == 0.15  # CPU workers (GPUs: 0.10)
     assert isinstance(opts.tolerance, DefaultTolerance)  # nobody chose it: verdicts name it the default
     assert parse(tmp_path, rl_gpu=True).tolerance == DEFAULT_TOLERANCE == 0.10
     assert opts.config_overrides == () and opts.baselines == ()
@@ -100,7 +100,7 @@ def test_tolerance_zero_is_allowed_and_ray_address_comes_from_the_environment(tm
     chosen = parse(tmp_path, rl_tolerance="0.15").tolerance  # chosen: a plain number, never the default
     assert chosen == 0.15 and not isinstance(chosen, DefaultTolerance)
     copied = pickle.loads(pickle.dumps(parse(tmp_path).tolerance))
-    assert isinstance(copied, DefaultTolerance) and copied == 0.20
+    assert isinstance(copied, DefaultTolerance) and copied == 0.15
     env = parse(tmp_path, environ={"RAY_ADDRESS": "10.0.0.1:6379"})
     assert env.ray_address == "10.0.0.1:6379" and env.ray_address_source == "RAY_ADDRESS" and not env.embedded
     both = parse(tmp_path, environ={"RAY_ADDRESS": "10.0.0.1:6379"}, rl_ray_address="10.0.0.2:6379")
@@ -231,7 +231,7 @@ def test_ini_values_apply_and_the_command_line_wins(pytester: pytest.Pytester) -
     ]
 
 
-@pytest.mark.parametrize(("args", "tolerance"), [([], "0.2"), (["--rl-tolerance=0.35"], "0.35"), (["--gpu"], "0.1")])
+@pytest.mark.parametrize(("args", "tolerance"), [([], "0.15"), (["--rl-tolerance=0.35"], "0.35"), (["--gpu"], "0.1")])
 def test_the_session_header_names_the_tolerance_the_verdicts_apply(
     pytester: pytest.Pytester, args: list[str], tolerance: str
 ) -> None:
