@@ -68,7 +68,7 @@ from pytest_rlbench.metrics import (
     format_value,
 )
 from pytest_rlbench.record import RunRecord
-from pytest_rlbench.retiming import faster_block, retimed_rounds
+from pytest_rlbench.retiming import faster_block, retimed_rounds, retimed_view
 from pytest_rlbench.session_pace import session_paces
 from pytest_rlbench.verdict import ALPHA as ALPHA  # the rank test's level, for the reports
 from pytest_rlbench.verdict import Comparison, MachineEvidence, Mode, judge, tolerance_for
@@ -206,6 +206,7 @@ def _gate_rows(
     # against its peers, a failure must reproduce, and the baseline's bar is its faster block of rounds.
     on_cpu = basis == SAME_MACHINE and run.hardware.device == "cpu"
     paces = session_paces(run, baseline) if on_cpu else {}
+    paces_again = session_paces(retimed_view(run), baseline) if on_cpu else {}  # at the re-timing
     rows = []
     for metric in sorted(theirs, key=_order):
         base_fig, family = theirs[metric], family_of(metric)
@@ -227,6 +228,7 @@ def _gate_rows(
                 machine=machine_evidence(run, baseline, base_fig.phase) if same_machine else None,
                 pace=paces.get(base_fig.phase) if same_machine else None,
                 retimed=retimed_rounds(run, base_fig.phase) if same_machine and on_cpu else None,
+                pace_again=paces_again.get(base_fig.phase) if same_machine else None,
             )
         )
     beside = _beside_text(rows)

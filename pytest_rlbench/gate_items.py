@@ -16,8 +16,8 @@ test in pytest's summary, and ``-x``, ``-k``, ``--lf`` and CI annotations see it
 - a benchmark that did not time its phase (failed, skipped) leaves its gate skipped, naming it;
 - on CPU workers a gate times its phase again, as its benchmark timed it (``bench.RETIMERS_KEY``),
   kept as the run's ``retimed_s/<phase>`` metric (``pytest_rlbench.retiming``): every phase of a
-  session that saves a baseline, and a phase whose time failed, whose verdict then stands only if
-  the re-timed rounds fail too.
+  session that saves a baseline, and a phase whose time failed with the phases that pace it, whose
+  verdict then stands only if the re-timed rounds fail too.
 
 Gates are made where a baseline can gate: one given with ``--rl-baseline`` (or the ini file, or a
 ``pytest_rlbench_baselines`` hook) or a replayed ``--rl-workload``; and in a session on CPU workers
@@ -39,6 +39,7 @@ from pytest_rlbench.fixtures import get_session
 from pytest_rlbench.frameworks.session import RECORDERS_KEY
 from pytest_rlbench.metrics import TIMING
 from pytest_rlbench.retiming import retimed_metric
+from pytest_rlbench.session_pace import session_paces
 
 if TYPE_CHECKING:
     from pytest_rlbench.recorder import BenchRecorder
@@ -79,11 +80,13 @@ class PhaseGate(pytest.Item):
             pytest.skip(f"{self.bench.nodeid} did not time {self.phase}: nothing to judge")
         complete_context(recorder, get_session(config))
         if get_session(config).opts.save_baseline is not None:  # a saved baseline keeps both blocks
-            self._retime(recorder)
+            self._retime(recorder, self.phase)
         if not gating_session(config):
             return  # a session that only saves a baseline: its phase was timed again, nothing to judge
         results = self._compare(recorder)
-        if self._timing_failed(results) and self._retime(recorder):  # a regression must reproduce
+        if self._timing_failed(results):  # a regression must reproduce, against its peers timed again too
+            for phase in (self.phase, *self._peers(recorder, results)):
+                self._retime(recorder, phase)
             results = self._compare(recorder)
         gated = [r for r in results if r.mode == "gate"]
         if not gated:  # every baseline did other work, or ran on other hardware: nothing to pass or fail
@@ -101,15 +104,22 @@ class PhaseGate(pytest.Item):
         timing = f"{TIMING}/{self.phase}"
         return any(c.metric == timing for r in results if r.mode == "gate" for c in r.failures)
 
-    def _retime(self, recorder: BenchRecorder) -> bool:
-        """Time the phase again as its benchmark did and keep the rounds (``pytest_rlbench.retiming``),
-        on CPU workers, once; whether the record now holds re-timed rounds of the phase."""
-        metric = retimed_metric(self.phase)
-        retimer = self.config.stash.get(RETIMERS_KEY, {}).get(self.bench.nodeid)
+    def _peers(self, recorder: BenchRecorder, results: list[BaselineComparison]) -> list[str]:
+        """The phases that pace this one against the baselines it is gated on in the same session."""
+        record = recorder.build_record()
+        gated = [b for b, r in zip(self.config.stash[BASELINES_KEY], results, strict=True) if r.mode == "gate"]
+        paces = [session_paces(record, b).get(self.phase) for b in gated]
+        return list(dict.fromkeys(p for pace in paces if pace is not None for p, _ in pace.peers))
+
+    def _retime(self, recorder: BenchRecorder, phase: str) -> None:
+        """Time ``phase`` again as its benchmark did and keep the rounds (``pytest_rlbench.retiming``), on
+        CPU workers, once."""
+        metric = retimed_metric(phase)
+        bench = recorder.sources.get(phase)
+        retimer = self.config.stash.get(RETIMERS_KEY, {}).get(bench) if bench is not None else None
         on_cpu = recorder.context.hardware is not None and recorder.context.hardware.device == "cpu"
         if metric not in recorder.metrics and on_cpu and retimer is not None:
             recorder.add_metric(metric, retimer(), "s", higher_is_better=False)
-        return metric in recorder.metrics
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.bench.path, None, f"{self.name}: the verdict on {self.phase}"

@@ -9,8 +9,10 @@ workers the phase's gate test (``pytest_rlbench.gate_items``) times it again, th
 rounds, and keeps the rounds as the record's ``retimed_s/<phase>`` metric:
 - in a session that saves a baseline, every phase: the baseline's bar is then its faster block of
   rounds (``faster_block``), so a slow block in the baseline's session cannot hide a later regression;
-- in a session gated against a baseline, a phase whose time failed: the failure stands only if the
-  re-timed rounds fail too (``pytest_rlbench.verdict.reproduced``).
+- in a session gated against a baseline, a phase whose time failed, and the phases that pace it
+  (``pytest_rlbench.session_pace``): the failure stands only if the re-timed rounds fail too
+  (``pytest_rlbench.verdict.reproduced``), against the pace of the peers timed again beside them
+  (``retimed_view``): the pace of the benchmarks, minutes earlier, says nothing of the host then.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import replace
 
 from pytest_rlbench.derived import Figure
 from pytest_rlbench.metrics import RETIMED
-from pytest_rlbench.record import RunRecord
+from pytest_rlbench.record import PhaseRecord, RunRecord
 
 
 def retimed_metric(phase: str) -> str:
@@ -47,3 +49,10 @@ def baseline_median(record: RunRecord, phase: str) -> float:
     if retimed:
         medians.append(statistics.median(retimed))
     return min(medians)
+
+
+def retimed_view(record: RunRecord) -> RunRecord:
+    """The record as its re-timed rounds alone tell it: only the phases timed again, with those rounds
+    (what the session's pace at the re-timing is read from)."""
+    phases = {p: PhaseRecord(seconds=list(r)) for p in record.phases if (r := retimed_rounds(record, p))}
+    return replace(record, phases=phases)

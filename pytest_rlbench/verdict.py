@@ -154,16 +154,18 @@ def gate_verdict(
     machine: MachineEvidence | None = None,
     pace: SessionPace | None = None,
     retimed: tuple[float, ...] | None = None,
+    pace_again: SessionPace | None = None,
 ) -> tuple[Verdict, str, str]:
     """(verdict, reason, detail) for two present values by the rules of the module docstring.
     ``run_time``: the run's median seconds of the figure's phase (None: no floor applies); ``machine``:
     the CPU used beside the phase's rounds in both sessions (None: not recorded, no contention known);
     ``pace``: the session's pace around the phase (None: plain seconds decide); ``retimed``: the phase's
-    rounds timed again at the end of the session (None: none were)."""
+    rounds timed again at the end of the session (None: none were); ``pace_again``: the pace of its
+    peers timed again beside them (None: plain seconds decide on the re-timed rounds)."""
     verdict, reason, why = _judged_once(run_fig, base_fig, tolerance, run_time, device, machine, pace)
     if verdict != "fail" or not retimed or base_fig.family != TIMING:
         return verdict, reason, why
-    return reproduced(run_fig, base_fig, tolerance, device, machine, pace, retimed, reason, why)
+    return reproduced(run_fig, base_fig, tolerance, device, machine, pace_again, retimed, reason, why)
 
 
 def reproduced(
@@ -171,8 +173,9 @@ def reproduced(
     pace: SessionPace | None, retimed: tuple[float, ...], reason: str, why: str,
 ) -> tuple[Verdict, str, str]:
     """A phase's time that failed, judged again on its rounds timed at the end of the session by the
-    same rules: a regression reproduces; a slowdown of a few seconds' rounds (the host's, on a shared
-    VM) does not, and leaves the phase "inconclusive" (reason "not reproduced")."""
+    same rules, ``pace`` being that of its peers timed again beside them: a regression reproduces; a
+    slowdown of a few seconds' rounds (the host's, on a shared VM) does not, and leaves the phase
+    "inconclusive" (reason "not reproduced")."""
     median = statistics.median(retimed)
     again = replace(run_fig, value=median, samples=retimed)
     verdict, again_reason, again_why = _judged_once(again, base_fig, tolerance, median, device, machine, pace)
@@ -274,7 +277,7 @@ def judge(
     run_fig: Figure | None, base_fig: Figure, baseline_name: str, tolerance: float, mode: Mode = "gate", *,
     judged: bool = True, phase_ran: bool = True, run_time: float | None = None, device: str = "cpu",
     machine: MachineEvidence | None = None, pace: SessionPace | None = None,
-    retimed: tuple[float, ...] | None = None,
+    retimed: tuple[float, ...] | None = None, pace_again: SessionPace | None = None,
 ) -> Comparison:
     """Compare one figure of the run with the baseline's (see the module docstring for the rules).
 
@@ -301,7 +304,9 @@ def judge(
         detail = f"{numbers} ({ratio_text}): {role}"
     else:
         assert run_fig is not None
-        verdict, reason, why = gate_verdict(run_fig, base_fig, applied, run_time, device, machine, pace, retimed)
+        verdict, reason, why = gate_verdict(
+            run_fig, base_fig, applied, run_time, device, machine, pace, retimed, pace_again
+        )
         detail = f"{numbers} ({ratio_text}, tolerance {applied:.2f}{_default_text(tolerance)}): {reason}{why}"
     message = f"{metric_label(base_fig.metric)}: {detail}"
     return Comparison(

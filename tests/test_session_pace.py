@@ -133,3 +133,25 @@ def test_a_baseline_s_slow_block_of_rounds_does_not_set_the_bar() -> None:
     assert (row.verdict, row.baseline) == ("fail", pytest.approx(0.1))
     # the baseline's faster block paces the session too
     assert session_paces(run, base)["ref"].peers[2] == ("old_log_prob", pytest.approx(1.25))
+
+
+def test_re_timed_rounds_are_paced_by_the_peers_re_timed_beside_them() -> None:
+    from pytest_rlbench.record import Metric
+
+    def retimed(run: RunRecord, phase: str, factor: float) -> None:
+        run.metrics[f"retimed_s/{phase}"] = Metric([PHASES[phase] * factor * r for r in ROUNDS], "s", False)
+
+    # old_log_prob 1.6x in its benchmark beside peers at 1.25-1.4x: it fails against that pace (1.28) ...
+    slow_peers = {"generate_sequences": 1.25, "gen": 1.25, "ref": 1.4, "update_actor": 1.3}
+    run = session("run", {"old_log_prob": 1.6, **slow_peers})
+    assert verdicts(run)["old_log_prob"] == ("fail", "slower")
+    # ... and re-timed at 1.3x with its peers re-timed at speed: a regression, whatever the benchmarks'
+    # pace was minutes earlier (divided by it, 1.3 / 1.28 would have passed)
+    retimed(run, "old_log_prob", 1.3)
+    for peer in ("generate_sequences", "gen", "ref", "update_actor"):
+        retimed(run, peer, 1.0)
+    assert verdicts(run)["old_log_prob"] == ("fail", "slower")
+    # with every peer re-timed 1.3x slower too, the host ran slower at the re-timing: not reproduced
+    for peer in ("generate_sequences", "gen", "ref", "update_actor"):
+        retimed(run, peer, 1.3)
+    assert verdicts(run)["old_log_prob"] == ("inconclusive", "not reproduced")
