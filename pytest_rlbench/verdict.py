@@ -31,7 +31,12 @@ things the session knows of itself:
   that pace. A fail there too is a regression; a pass or inconclusive there leaves the phase
   "inconclusive" (reason "session slower"), not failing the session: every phase slowed alike,
   which one session cannot tell from a slower host. Unless the phase is more than
-  ``HOST_DRIFT_LIMIT`` times slower in seconds: then it fails whatever its peers did.
+  ``HOST_DRIFT_LIMIT`` times slower in seconds: then it fails whatever its peers did;
+- and a failure must reproduce: where its gate timed the phase again at the end of the session
+  (``retimed``, ``pytest_rlbench.retiming``), those rounds are judged by the same rules, paced by the
+  peers timed again beside them (``pace_again``); not failing there leaves the phase "inconclusive"
+  (reason "not reproduced"). The baseline's figure is then its faster block of rounds
+  (``retiming.faster_block``, applied by ``pytest_rlbench.compare``).
 A failure without contention lists the CPU used beside the rounds, for the record.
 The default tolerance (``metrics.default_tolerance``) is 0.15 on CPU workers and 0.10 on GPUs; a
 tolerance from --rl-tolerance, the ini file or the baseline file always wins.
