@@ -39,9 +39,9 @@ def test_one_default_tolerance() -> None:
     assert compare.compare.__defaults__ == (metrics.DEFAULT_TOLERANCE,)
 
 
-def test_the_default_tolerance_is_020_on_cpu_and_010_on_gpus() -> None:
+def test_the_default_tolerance_is_015_on_cpu_and_010_on_gpus() -> None:
     cpu, gpu = metrics.default_tolerance(gpu=False), metrics.default_tolerance(gpu=True)
-    assert (cpu, gpu) == (0.20, 0.10) and isinstance(cpu, metrics.DefaultTolerance)
+    assert (cpu, gpu) == (0.15, 0.10) and isinstance(cpu, metrics.DefaultTolerance)
 
 
 def test_the_architecture_fields_are_defined_once() -> None:
