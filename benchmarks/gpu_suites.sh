@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/gpu_suites.sh OUT_DIR step16x8     # 16 prompts x 8, prompt 256 + response 1024, fast engine
 #   bash benchmarks/gpu_suites.sh OUT_DIR step16x8-liger  # the training phases and step with use_liger=True
+#   bash benchmarks/gpu_suites.sh OUT_DIR step16x8-all-liger  # every phase with use_liger=True (needs liger-kernel)
 #   bash benchmarks/gpu_suites.sh OUT_DIR hf16x8       # the same prompts through the hf engine (generation only)
 #   bash benchmarks/gpu_suites.sh OUT_DIR panel16x8    # fast, hf and static side by side (tokens/s, fidelity)
 #   bash benchmarks/gpu_suites.sh OUT_DIR trl16x8      # the step16x8 step by ours and by TRL's GRPOTrainer, in one
@@ -11,6 +12,8 @@
 #   bash benchmarks/gpu_suites.sh OUT_DIR gen128x14k   # 128 responses of 14,336 tokens: generation only
 #   RL_GPUS=2 bash benchmarks/gpu_suites.sh OUT_DIR scale16x8  # step16x8's work per GPU on RL_GPUS GPUs of
 #                                                      # one node (step only): the step's scaling
+#   RL_GPUS=2 bash benchmarks/gpu_suites.sh OUT_DIR save16x8  # save_checkpoint at step16x8 on RL_GPUS GPUs
+#                                                      # (sharded: each worker writes its own shard)
 #   bash benchmarks/gpu_suites.sh OUT_DIR memory       # gradient checkpointing, optimizer offload, param offload
 #   bash benchmarks/gpu_suites.sh OUT_DIR ckpt16x8-full ckpt16x8-save_attention ckpt16x8-save_matmuls
 #                                                      # update_actor at step16x8 with gradient checkpointing on,
@@ -56,6 +59,12 @@ for shape in "$@"; do
             --rl-config actor_rollout_ref.model.use_liger=True \
             suites/test_phases.py suites/test_step.py -k "not save_checkpoint and not generate and not test_gen" \
             --rl-rollout fast --rl-rounds 2 --rl-warmup-rounds 1 --rl-report "$out/step16x8-liger.json" ;;
+    step16x8-all-liger)  # every phase of step16x8 (generation too) with use_liger=True: the issue-15 table's
+        # row at this shape with every speed option that is faster here (the fused decode is on by default)
+        python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
+            --rl-config actor_rollout_ref.model.use_liger=True \
+            suites/test_phases.py suites/test_step.py -k "not save_checkpoint" \
+            --rl-rollout fast --rl-rounds 2 --rl-warmup-rounds 1 --rl-report "$out/step16x8-all-liger.json" ;;
     panel16x8)  # the rollout panel: fast (trains), hf and static on the same prompts, seed and weights
         python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
             suites/test_rollout_panel.py --rl-rollout fast --rl-rollout hf --rl-rollout static \
@@ -75,6 +84,14 @@ for shape in "$@"; do
             --rl-config data.train_batch_size=$((16 * n)) --rl-config actor_rollout_ref.actor.ppo_mini_batch_size=$((16 * n)) \
             "${batch16[@]:4}" suites/test_step.py --rl-nodes 1 --rl-gpus-per-node "$n" \
             --rl-rollout fast --rl-rounds 2 --rl-warmup-rounds 1 --rl-report "$out/scale16x8-${n}gpu.json" ;;
+    save16x8)  # save_checkpoint at step16x8 on RL_GPUS GPUs of one node (each worker writes its own
+        # shard of the model and optimizer); one step directory kept, under RL_CKPT_DIR when set
+        n=${RL_GPUS:-1}
+        ckpt=(); [ -n "${RL_CKPT_DIR:-}" ] && ckpt=(--rl-config "trainer.default_local_dir=$RL_CKPT_DIR")
+        python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
+            --rl-config trainer.max_actor_ckpt_to_keep=1 "${ckpt[@]}" suites/test_phases.py -k save_checkpoint \
+            --rl-nodes 1 --rl-gpus-per-node "$n" --rl-rollout fast --rl-rounds 3 --rl-warmup-rounds 1 \
+            --rl-report "$out/save16x8-${n}gpu.json" ;;
     hf16x8)
         python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
             suites/test_phases.py -k test_generate_sequences \

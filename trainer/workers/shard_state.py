@@ -5,9 +5,12 @@ FSDP2 the local shards of its parameters and AdamW moments (the rows of dim 0 th
 ``fully_shard`` gave it), under dp (a full replica on every worker) rank 0's whole state alone.
 Its tensors are split into ``FILES_PER_RANK`` files of about equal size, written by as many
 threads at once, so that hashing one file overlaps the copy and write of another (file writes and
-hashlib release the GIL). A file holds plain tensors and lists only, so it loads with ``torch.load(weights_only=True)``;
-torch.distributed.checkpoint's FileSystemReader is not used because it unpickles its ``.metadata``
-file with ``pickle.load`` (code could run on load). What each tensor is goes into the manifest
+hashlib release the GIL). The threads copy their tensors to the host one at a time: copies of
+pageable memory share one link, so four at once all end together and no file starts to be written
+until then; one at a time, the first file is written while the next is copied (profiled by
+``benchmarks/checkpoint_profile.py``). A file holds plain tensors and lists only, so it loads with
+``torch.load(weights_only=True)``; torch.distributed.checkpoint's FileSystemReader is not used
+because it unpickles its ``.metadata`` file with ``pickle.load`` (code could run on load). What each tensor is goes into the manifest
 instead, as JSON (``TensorSpan``: its whole shape and dtype, and which rows of dim 0 this file holds).
 
 Loading fills every tensor of this worker, row by row, from whichever files hold those rows: its
@@ -21,6 +24,7 @@ optimizer's ``optimizer/<parameter name>/<state name>`` (names as torch.distribu
 from __future__ import annotations
 
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -103,11 +107,13 @@ def save_shard(
     for key, value in _named_values(policy, optim_state).items():
         local[key], spans[key] = tensor_span(value)
     groups = balanced_parts({key: t.numel() * t.element_size() for key, t in local.items()}, FILES_PER_RANK)
+    copying = threading.Lock()  # one part's copy to the host at a time (see the module docstring)
 
     def write(part: int) -> dict[str, Any]:
         name = shard_file_name(world_size, rank, part)
         # A copy on the CPU: a view would save its whole storage (FSDP2 pads its shards).
-        tensors = {key: local[key].detach().to("cpu", copy=True) for key in groups[part]}
+        with copying:
+            tensors = {key: local[key].detach().to("cpu", copy=True) for key in groups[part]}
         info = write_torch_file(directory / name, {"tensors": tensors, "param_groups": optim_state["param_groups"]})
         return {"file": name, **info, "tensors": {key: spans[key] for key in groups[part]}}
 
