@@ -54,6 +54,7 @@ class RLBenchSession:
         self._dataset: RLDataset | None = None
         self._workdir: Path | None = None
         self.replay_notes: list[str] = []  # --rl-workload: what was replayed and what was set on top
+        self.config_notes: list[str] = []  # VERL keys set that change nothing here
 
     # ------------------------------------------------------------------ start-up checks
     def prepare(self, fixturenames: set[str]) -> list[str]:
@@ -129,7 +130,7 @@ class RLBenchSession:
         if self._trainer_config is not None:
             return self._trainer_config
         from pytest_rlbench.rollout_panel import check_panel_engines
-        from trainer.config import ConfigError, validate
+        from trainer.config import ConfigError, settings_without_effect, validate
 
         opts = self.opts
         gpus = None
@@ -140,6 +141,7 @@ class RLBenchSession:
         try:
             cfg = build_trainer_config(opts, gpus_per_node=gpus, workdir=self.workdir())
             self.replay_notes = session_replay_notes(opts, cfg)
+            self.config_notes = [f"rlbench: {line}" for line in settings_without_effect(cfg)]
             self.config.hook.pytest_rlbench_update_config(config=self.config, rl_config=cfg)
             validate(cfg)
             check_panel_engines(cfg, opts.rollout_panel)  # every --rl-rollout engine, before any work

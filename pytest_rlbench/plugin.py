@@ -326,7 +326,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         return
     terminalreporter.section("rlbench")
     session = config.stash.get(SESSION_KEY, None)
-    for note in session.replay_notes if session is not None else []:
+    for note in [*session.replay_notes, *session.config_notes] if session is not None else []:
         terminalreporter.write_line(note)
     for line in session_lines(outcome, config.option.verbose > 0):  # several frameworks side by side
         terminalreporter.write_line(line)

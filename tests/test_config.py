@@ -245,3 +245,16 @@ def test_a_non_finite_float_is_refused_naming_its_key(override: str) -> None:
     key = override.partition("=")[0]
     with pytest.raises(ConfigError, match=rf"{re.escape(key)} must be a finite number"):
         build_config([override])
+
+
+def test_a_verl_key_that_changes_nothing_here_is_reported_only_when_set() -> None:
+    from trainer.config import settings_without_effect
+
+    assert settings_without_effect(build_config([])) == []
+    lines = settings_without_effect(build_config(["actor_rollout_ref.model.use_remove_padding=True"]))
+    assert len(lines) == 1 and lines[0].startswith("actor_rollout_ref.model.use_remove_padding=True has no effect")
+    assert "not packed" in lines[0]
+    # the vLLM engine reads gpu_memory_utilization: not reported there, reported for the other engines
+    key = "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"
+    assert settings_without_effect(build_config([key]))
+    assert not settings_without_effect(build_config([key, "actor_rollout_ref.rollout.name=vllm"], check_names=False))

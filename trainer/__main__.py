@@ -15,7 +15,7 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from trainer.config import ConfigError, build_config
+from trainer.config import ConfigError, build_config, settings_without_effect
 from trainer.phases import PHASE_KEYS
 
 
@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for line in settings_without_effect(cfg):
+        print(f"note: {line}", file=sys.stderr)
 
     from trainer.build import build_trainer, load_dataset, ray_session
     from trainer.driver.checkpoint_lock import CheckpointLockError

@@ -50,6 +50,7 @@ from trainer.config.validation import (
     ROLLOUT_KEY,
     check_choice,
     choices,
+    settings_without_effect,
     supported_choices,
     validate,
 )
@@ -103,6 +104,7 @@ __all__ = [
     "parse_literal",
     "resolve_interpolations",
     "set_value",
+    "settings_without_effect",
     "split_override",
     "supported_choices",
     "validate",

@@ -42,9 +42,11 @@ KNOWN_BUT_UNSUPPORTED: dict[str, dict[str, str]] = {
     "algorithm.adv_estimator": {"gae": "GAE needs a critic worker, which this trainer does not have yet"},
 }
 LOGGERS: tuple[str, ...] = ("console", "tensorboard")
-# Keys accepted for compatibility that change nothing here; documented so nobody is surprised.
+# Keys accepted for compatibility that change nothing here; a run that sets one is told so
+# (settings_without_effect).
 ACCEPTED_NO_EFFECT: dict[str, str] = {
-    "actor_rollout_ref.model.use_remove_padding": "sequences are packed by attention mask; no effect",
+    "actor_rollout_ref.model.use_remove_padding": "sequences are not packed: each micro-batch's rows are "
+    "left-justified and padded to the longest (trainer.batch.left_justify); no effect",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "rollout runs data-parallel, one engine per worker; "
     "rollout.name=vllm checks it is 1",
     "actor_rollout_ref.rollout.gpu_memory_utilization": "the rollout KV cache is sized from the batch, except with "
@@ -55,6 +57,21 @@ ACCEPTED_NO_EFFECT: dict[str, str] = {
     "trainer.test_freq": "validation is not run",
     "data.val_files": "validation is not run",
 }
+
+def settings_without_effect(cfg: Config) -> list[str]:
+    """One line per key of ``ACCEPTED_NO_EFFECT`` that ``cfg`` sets away from its default, saying so:
+    such a key is accepted so that a VERL command line runs as it is, and its value changes nothing."""
+    default = Config()
+    vllm = cfg.actor_rollout_ref.rollout.name == "vllm"
+    lines = []
+    for key, why in ACCEPTED_NO_EFFECT.items():
+        if vllm and key.startswith("actor_rollout_ref.rollout."):
+            continue  # the vLLM engine reads these
+        value = get_value(cfg, key)
+        if value != get_value(default, key):
+            lines.append(f"{key}={value} has no effect here: {why}")
+    return lines
+
 
 # ----------------------------------------------------------------------------- registries
 Registry = tuple[list[str], dict[str, str]]  # registered names; names known but unsupported -> why

@@ -1,0 +1,26 @@
+"""A VERL key that changes nothing here is named in the session's summary when a run sets it."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
+
+SUITE = """
+import pytest
+
+@pytest.mark.rl_phase("adv")
+def test_adv(rl_bench):
+    rl_bench(lambda: None)
+"""
+
+
+def test_the_summary_names_a_set_key_that_has_no_effect(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    args = ("--rl-rounds=1", "--rl-warmup-rounds=0", "-p", "no:randomly")
+    quiet = pytester.runpytest(*args)
+    assert quiet.ret == pytest.ExitCode.OK, quiet.stdout.str()
+    assert "has no effect" not in quiet.stdout.str()
+    told = pytester.runpytest(*args, "--rl-config", "actor_rollout_ref.model.use_remove_padding=True")
+    assert told.ret == pytest.ExitCode.OK, told.stdout.str()
+    told.stdout.fnmatch_lines(["rlbench: actor_rollout_ref.model.use_remove_padding=True has no effect here: *not packed*"])
