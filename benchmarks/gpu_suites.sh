@@ -131,16 +131,7 @@ for shape in "$@"; do
         replay-update-*)  # the workload turns gradient checkpointing on; the shape names its policy
             python3 -m pytest "${replay[@]}" suites/test_phases.py -k update_actor \
                 --rl-config "actor_rollout_ref.model.gradient_checkpointing_policy=${shape#replay-update-}" ;;
-        gate16x4)  # 16 prompts x 4, prompt 256 + response 128, every phase but save_checkpoint, 5 rounds
-        g=("${common[@]}" --rl-config actor_rollout_ref.rollout.n=4 --rl-config data.max_response_length=128
-           suites/test_phases.py suites/test_step.py -k "not save_checkpoint" --rl-rollout fast)
-        python3 -m pytest "${g[@]}" --rl-save-baseline "$out/gate16x4-base.json"
-        for i in 1 2 3; do  # a regression exits 1: the next session still runs
-            python3 -m pytest "${g[@]}" --rl-baseline "$out/gate16x4-base.json" --rl-report "$out/gate16x4-rerun$i.json" || true
-        done
-        PYTHONPATH="$PWD/benchmarks:${PYTHONPATH:-}" python3 -m pytest -p gate_slow_phase "${g[@]}" \
-            --rl-baseline "$out/gate16x4-base.json" --rl-report "$out/gate16x4-slow.json" || true ;;
-    *) echo "unknown shape $shape" >&2; exit 2 ;;
+        *) echo "unknown shape $shape" >&2; exit 2 ;;
         esac ;;
     gate16x4)  # 16 prompts x 4, prompt 256 + response 128, every phase but save_checkpoint, 5 rounds
         g=("${common[@]}" --rl-config actor_rollout_ref.rollout.n=4 --rl-config data.max_response_length=128

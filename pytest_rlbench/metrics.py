@@ -14,7 +14,7 @@ from trainer.phases import PHASE_KEYS
 
 # Allowed fraction of slowdown against a baseline when neither the option nor the baseline says.
 DEFAULT_TOLERANCE = 0.10
-# The default on CPU workers. The host's drift (1.1-1.65x between whole sessions on a 2-core VM, and
+# The default on CPU workers. The host's drift (1.2-1.65x between whole sessions on a 2-core VM, and
 # seconds-long slowdowns of one phase's rounds) is taken out by the session's pace and by re-timing a
 # failed phase (pytest_rlbench.session_pace, pytest_rlbench.retiming), not by a wider tolerance: at
 # 0.20 those kept all 20 same-code runs from failing but let 2 of 20 slowdowns of 25% through, whose

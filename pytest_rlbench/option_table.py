@@ -158,7 +158,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "--rl-phase-timeout", "float",
         "Longest wait for the workers in one phase, trainer.phase_timeout_s; a hung worker then fails the "
-        f"session (default {TrainerSection.phase_timeout_s:g}).", "SECONDS",
+        f"phase naming its rank, and later tests fail with one line (default {TrainerSection.phase_timeout_s:g}).", "SECONDS",
     ),
 )
 SPECS: dict[str, OptionSpec] = {spec.dest: spec for spec in OPTIONS}

@@ -1,6 +1,6 @@
 """Rounds of a callable timed by hand on the device-drained clock (``trainer.timing.device_clock``),
-where pytest-benchmark does not time them: ``rl_bench`` under ``--benchmark-disable`` and the rollout
-panel's engines."""
+where pytest-benchmark does not time them: ``rl_bench`` under ``--benchmark-disable``, the rollout
+panel's engines, and a gate's second timing of its phase (``pytest_rlbench.retiming``)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ from a slower host.
 Peers are the phases both records timed, whose baseline median is at least ``PACE_MIN_S`` (shorter
 ones carry noise of their own), other than the phase itself and those nested with it (gen holds
 generate_sequences and reshard: their times share work, so a regression in one moves the other). A
-phase that holds every candidate (step) is paced by the phases inside it. With fewer than
+phase with fewer than ``MIN_PEERS`` candidates apart from it that holds others (step, beside which
+only save_checkpoint runs) is paced by the phases inside it. With fewer than
 ``MIN_PEERS`` peers a phase has no pace, and plain seconds decide.
 """
 
@@ -63,11 +64,11 @@ def phase_ratios(run: RunRecord, baseline: RunRecord) -> dict[str, float]:
 
 
 def pace_peers(phase: str, candidates: list[str]) -> list[str]:
-    """The candidates that pace ``phase``: those apart from it, or, for a phase that holds them all
-    (step), those inside it."""
+    """The candidates that pace ``phase``: those apart from it, or, for a phase that holds nearly all
+    of them (step, beside which only save_checkpoint may run), those inside it."""
     others = [p for p in candidates if p != phase]
     apart = [p for p in others if not nested(phase, p)]
-    return apart if apart else [p for p in others if p in phases_within(phase)]
+    return apart if len(apart) >= MIN_PEERS else [p for p in others if p in phases_within(phase)]
 
 
 def session_paces(run: RunRecord, baseline: RunRecord) -> dict[str, SessionPace]:

@@ -55,6 +55,10 @@ def test_peers_leave_out_the_phase_and_those_nested_with_it() -> None:
     assert pace_peers("ref", candidates) == ["generate_sequences", "gen", "old_log_prob", "update_actor"]
     # step holds every other phase: the phases inside it pace it
     assert pace_peers("step", candidates) == ["generate_sequences", "gen", "old_log_prob", "ref", "update_actor"]
+    # and still when a save_checkpoint long enough to pace runs beside it: one peer apart is no pace
+    with_save = [*candidates, "save_checkpoint"]
+    assert pace_peers("step", with_save) == ["generate_sequences", "gen", "old_log_prob", "ref", "update_actor"]
+    assert "save_checkpoint" in pace_peers("ref", with_save)
     # phases shorter than PACE_MIN_S in the baseline pace nothing, but are paced themselves
     paces = session_paces(session("run", everything=1.3), session("base"))
     assert PHASES["reshard"] < PACE_MIN_S and "reshard" in paces
