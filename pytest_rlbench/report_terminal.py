@@ -6,7 +6,8 @@ per-GPU work as a published baseline says what it gates (per-GPU throughput, or 
 models) and lists, beside its verdicts, every assumed value it rests on.
 
 A reference (other work or other hardware) is no gate, and its table shows only what carries across
-work: per-token cost (GPU-milliseconds per thousand tokens, the inverse of per-GPU throughput), MFU and
+work: per-token cost (milliseconds of one device per thousand tokens, the inverse of throughput per
+device: a GPU, or a worker on a CPU run), MFU and
 memory-bandwidth use, side by side with no ratio, since seconds of different work do not divide into
 a speed-up. Its heading says in words how it differs (every difference with ``verbose``).
 A gate's heading counts its judged figures (one per measurement: the rows listed beside them have
@@ -29,7 +30,7 @@ from pytest_rlbench.record import RunRecord
 from pytest_rlbench.rollout_panel import TOKENS_PER_S, panel_engines, panel_figure
 
 # A reference's rows: the families that carry across different work, and how each is shown.
-PER_TOKEN_COST = "GPU-ms per 1k tokens"
+PER_TOKEN_COST = "ms per 1k tokens per device"
 REFERENCE_SHOWN: dict[str, str] = {THROUGHPUT: PER_TOKEN_COST, MFU: "MFU", BANDWIDTH: "bandwidth use"}
 # How the heading of a reference names the kinds of difference (the mismatch key's prefix).
 DIFFERENCE_KINDS: dict[str, str] = {"hardware": "hardware", "config": "work per step", "model": "model"}
@@ -85,7 +86,7 @@ def _differences_in_words(mismatches: Sequence[str]) -> str:
 
 
 def _per_token_cost(tokens_per_s_per_gpu: float | None) -> str:
-    # GPU-seconds per token x 1e6: GPU-milliseconds per thousand tokens.
+    # device-seconds per token x 1e6: device-milliseconds per thousand tokens.
     return "-" if not tokens_per_s_per_gpu else format_value(1e6 / tokens_per_s_per_gpu, "")
 
 

@@ -119,7 +119,7 @@ def test_a_reference_shows_only_what_carries_across_work_and_no_ratio(results) -
     assert "ratio" not in header and header[:2] == ["phase", "figure"]
     rows = {tuple(line.split()[:2]): line.split() for line in block[3:]}
     assert not any("seconds" in line or "ratio" in line for line in block[2:])  # no raw-seconds ratio
-    # gen: 1.9 s for 52 response tokens on 2 workers: 73,077 GPU-ms per 1k tokens; VERL's 3,496 tokens/s/GPU
+    # gen: 1.9 s for 52 response tokens on 2 workers: 73,077 ms per 1k tokens per worker; VERL's 3,496 tokens/s/GPU
     gen = next(line.split() for line in block[3:] if line.split()[0] == "gen")
     assert gen[-2:] == ["73,077", "286.00"]
     assert rows[("update_actor", "MFU")][-2:] == ["-", "23.0%"]  # a CPU run has no MFU; no verdict column
