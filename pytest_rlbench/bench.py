@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
 RECORDER_KEY = pytest.StashKey[BenchRecorder]()
 BASELINES_KEY = pytest.StashKey[list[RunRecord]]()
-# Per benchmark node id: its phase's rounds timed again, as its benchmark timed them (a gate that
-# failed on CPU workers asks for them, pytest_rlbench.gate_items).
+# Per benchmark node id, on CPU workers only: its phase's rounds timed again, as its benchmark timed
+# them (a gate asks for them, pytest_rlbench.gate_items).
 RETIMERS_KEY = pytest.StashKey[dict[str, Callable[[], list[float]]]]()
 
 
@@ -194,7 +194,9 @@ class PhaseBench:
     ones among them) to the recorder; one above ``max_mismatch`` (--rl-max-mismatch) fails the test.
     With ``watch_machine`` (CPU workers of the embedded Ray) the CPU that other processes used and the
     hypervisor took beside the rounds is recorded too (``machine/other_cores/<phase>`` and
-    ``machine/steal_cores/<phase>``, pytest_rlbench.machine_load): what tells CPU contention apart."""
+    ``machine/steal_cores/<phase>``, pytest_rlbench.machine_load): what tells CPU contention apart.
+    With ``keep_retimer`` (CPU workers) how to time the phase again is kept for its gate
+    (``RETIMERS_KEY``); on GPUs no gate times again, so nothing a round's call holds is kept alive."""
 
     def __init__(
         self,
@@ -206,9 +208,11 @@ class PhaseBench:
         max_mismatch: float | None = None,
         progress: Progress | None = None,
         watch_machine: bool = False,
+        keep_retimer: bool = False,
     ) -> None:
         self.max_mismatch = max_mismatch
         self.watch_machine = watch_machine  # record the CPU used beside the rounds
+        self.keep_retimer = keep_retimer
         self.benchmark = benchmark
         self.progress = progress or Progress(enabled=False, terminal=False)
         self.recorder = recorder
@@ -277,7 +281,8 @@ class PhaseBench:
         if watch is not None:
             for figure, values in watch.figures().items():
                 self.recorder.add_metric(machine_metric(figure, phase), values, "cores", higher_is_better=False)
-        self._keep_retimer(phase, fn, setup, warmup, rounds)
+        if self.keep_retimer:
+            self._keep_retimer(phase, fn, setup, warmup, rounds)
         step_figures = [r.metrics for r in timed if isinstance(getattr(r, "metrics", None), dict)]
         self.recorder.add_step_metrics(step_figures)
         problem = mismatch_failure(step_figures, self.max_mismatch)
@@ -314,6 +319,6 @@ def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytes
     opts = state.opts
     return PhaseBench(
         benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, opts.max_mismatch,
-        state.progress(), watch_machine=opts.embedded and not opts.gpu,
+        state.progress(), watch_machine=opts.embedded and not opts.gpu, keep_retimer=not opts.gpu,
     )
 

@@ -112,13 +112,12 @@ class PhaseGate(pytest.Item):
         return list(dict.fromkeys(p for pace in paces if pace is not None for p, _ in pace.peers))
 
     def _retime(self, recorder: BenchRecorder, phase: str) -> None:
-        """Time ``phase`` again as its benchmark did and keep the rounds (``pytest_rlbench.retiming``), on
-        CPU workers, once."""
+        """Time ``phase`` again as its benchmark did and keep the rounds (``pytest_rlbench.retiming``), once;
+        only benchmarks on CPU workers keep how to (``bench.RETIMERS_KEY``)."""
         metric = retimed_metric(phase)
         bench = recorder.sources.get(phase)
         retimer = self.config.stash.get(RETIMERS_KEY, {}).get(bench) if bench is not None else None
-        on_cpu = recorder.context.hardware is not None and recorder.context.hardware.device == "cpu"
-        if metric not in recorder.metrics and on_cpu and retimer is not None:
+        if metric not in recorder.metrics and retimer is not None:
             recorder.add_metric(metric, retimer(), "s", higher_is_better=False)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
@@ -165,9 +164,8 @@ def with_gates(items: list[pytest.Item], gates: list[PhaseGate]) -> list[PhaseGa
     out: list[PhaseGate | pytest.Item] = list(items)
     for framework in dict.fromkeys(framework_of(g.bench) for g in gates):
         own = [g for g in gates if framework_of(g.bench) == framework]
-        last = max((i for i, item in enumerate(out) if framework_of(item) == framework), default=len(out) - 1)
-        if framework is None:
-            last = len(out) - 1
+        mine = [i for i, item in enumerate(out) if framework_of(item) == framework]
+        last = mine[-1] if framework is not None and mine else len(out) - 1
         out[last + 1 : last + 1] = own
     return out
 

@@ -58,6 +58,7 @@ ACCEPTED_NO_EFFECT: dict[str, str] = {
     "data.val_files": "validation is not run",
 }
 
+
 def settings_without_effect(cfg: Config) -> list[str]:
     """One line per key of ``ACCEPTED_NO_EFFECT`` that ``cfg`` sets away from its default, saying so:
     such a key is accepted so that a VERL command line runs as it is, and its value changes nothing."""

@@ -10,8 +10,8 @@ pageable memory share one link, so four at once all end together and no file sta
 until then; one at a time, the first file is written while the next is copied (profiled by
 ``benchmarks/checkpoint_profile.py``). A file holds plain tensors and lists only, so it loads with
 ``torch.load(weights_only=True)``; torch.distributed.checkpoint's FileSystemReader is not used
-because it unpickles its ``.metadata`` file with ``pickle.load`` (code could run on load). What each tensor is goes into the manifest
-instead, as JSON (``TensorSpan``: its whole shape and dtype, and which rows of dim 0 this file holds).
+because it unpickles its ``.metadata`` file with ``pickle.load`` (code could run on load). What each
+tensor is goes into the manifest instead, as JSON (``TensorSpan``: its whole shape and dtype, and which rows of dim 0 this file holds).
 
 Loading fills every tensor of this worker, row by row, from whichever files hold those rows: its
 own file when the layout is the one that saved (the common case), other ranks' files (memory-mapped,
