@@ -18,10 +18,12 @@
 #   bash benchmarks/gpu_suites.sh OUT_DIR ckpt16x8-full ckpt16x8-save_attention ckpt16x8-save_matmuls
 #                                                      # update_actor at step16x8 with gradient checkpointing on,
 #                                                      # under the policy the shape names (one report each)
-#   bash benchmarks/gpu_suites.sh OUT_DIR replay-gen replay-gen-uniform replay-step replay-phases
+#   bash benchmarks/gpu_suites.sh OUT_DIR replay-gen replay-gen-uniform replay-step replay-step-uniform replay-phases
 #                                                      # VERL v0.5.0's 1.5B work per GPU (--rl-workload), in
 #                                                      # parts that each fit a 10-minute command; replay-phases
-#                                                      # runs the -k expression in REPLAY_PHASES when set
+#                                                      # runs the -k expression in REPLAY_PHASES when set; a
+#                                                      # replay shape may end in -packed (use_remove_padding)
+#                                                      # and/or -liger (use_liger), e.g. replay-step-packed-liger
 #   bash benchmarks/gpu_suites.sh OUT_DIR gate16x4     # the gate on one GPU: a baseline, 3 same-code reruns gated
 #                                                      # against it, and one with old_log_prob 25% slower
 #                                                      # (benchmarks/gate_slow_phase.py); one report each
@@ -118,19 +120,30 @@ for shape in "$@"; do
     replay-*)
         # free_cache_engine (VERL's key): the engine's KV cache for 64 x 27k tokens (~51 GB) is released
         # after generation, as VERL releases vLLM's, so the update fits beside the optimizer state.
+        # A shape may end in -packed (use_remove_padding=True) and/or -liger (use_liger=True).
+        base=$shape; extra=()
+        while :; do
+            case "$base" in
+            *-packed) extra+=(--rl-config actor_rollout_ref.model.use_remove_padding=True); base=${base%-packed} ;;
+            *-liger) extra+=(--rl-config actor_rollout_ref.model.use_liger=True); base=${base%-liger} ;;
+            *) break ;;
+            esac
+        done
         replay=(-q -p no:cacheprovider "${plugin[@]}" --gpu --rl-workload verl-v0.5.0-1.5b --rl-rollout fast
-                --rl-config actor_rollout_ref.rollout.free_cache_engine=True
+                --rl-config actor_rollout_ref.rollout.free_cache_engine=True "${extra[@]}"
                 --rl-rounds 1 --rl-warmup-rounds 0 --rl-report "$out/$shape.json")
-        case "$shape" in
+        uniform=(--rl-config actor_rollout_ref.rollout.target_lengths.distribution=constant)
+        case "$base" in
         replay-gen) python3 -m pytest "${replay[@]}" suites/test_phases.py -k "test_gen and not generate" ;;
         replay-gen-uniform)  # the same, every response at the published mean: the length shape's weight
-            python3 -m pytest "${replay[@]}" suites/test_phases.py -k "test_gen and not generate" \
-                --rl-config actor_rollout_ref.rollout.target_lengths.distribution=constant ;;
+            python3 -m pytest "${replay[@]}" suites/test_phases.py -k "test_gen and not generate" "${uniform[@]}" ;;
         replay-step) python3 -m pytest "${replay[@]}" suites/test_step.py ;;
+        replay-step-uniform)  # the step with every response at the published mean (issue 15's uniform row)
+            python3 -m pytest "${replay[@]}" suites/test_step.py "${uniform[@]}" ;;
         replay-phases) python3 -m pytest "${replay[@]}" suites/test_phases.py -k "${REPLAY_PHASES:-old_log_prob or test_ref or update_actor}" ;;
         replay-update-*)  # the workload turns gradient checkpointing on; the shape names its policy
             python3 -m pytest "${replay[@]}" suites/test_phases.py -k update_actor \
-                --rl-config "actor_rollout_ref.model.gradient_checkpointing_policy=${shape#replay-update-}" ;;
+                --rl-config "actor_rollout_ref.model.gradient_checkpointing_policy=${base#replay-update-}" ;;
         *) echo "unknown shape $shape" >&2; exit 2 ;;
         esac ;;
     gate16x4)  # 16 prompts x 4, prompt 256 + response 128, every phase but save_checkpoint, 5 rounds

@@ -5,8 +5,11 @@
 For each case (comma-separated row lengths: one micro-batch, right-padded to its longest row as the
 trainer pads it; prompts of 148 tokens) it times, on one GPU without FSDP, the log-prob forward that
 old_log_prob runs (no grad) and a forward + backward with gradient checkpointing (update_actor's
-work), in two layouts: the trainer's (rows left-justified, no attention mask: the causal kernel) and
-the decoder called with the batch's padding mask, as the trainer did before. Figures: seconds, tokens/s, and TFLOP/s of model FLOPs (2N per token
+work), in three layouts: packed (use_remove_padding: the rows' real tokens end to end, one
+variable-length flash-attention call; here every case is packed, where the trainer packs only
+micro-batches that padding would grow by trainer.batch.PACK_MIN_PADDING), the trainer's default (rows left-justified and padded to the
+longest, no attention mask: the causal kernel) and the decoder called with the batch's padding mask,
+as the trainer did before. Figures: seconds, tokens/s, and TFLOP/s of model FLOPs (2N per token
 forward, 6N with backward, 8N with recompute) plus causal attention FLOPs. With --trace it also writes
 the ten costliest kernels of one forward per case. Results: OUT_DIR/longseq_profile.json.
 """
@@ -51,18 +54,19 @@ def make_batch(lengths: list[int], vocab: int, device: torch.device):
     return ids, mask, positions, response
 
 
-def run(policy: PolicyModel, layout: str, ids, mask, positions, response, backward: bool) -> None:
-    """One log-prob forward (and backward): the trainer's (``PolicyModel``: rows left-justified, no
-    attention mask) or, for comparison, the decoder called with the batch's padding mask as before."""
+def run(policies: dict[str, PolicyModel], layout: str, ids, mask, positions, response, backward: bool) -> None:
+    """One log-prob forward (and backward): the trainer's (``PolicyModel``, packed or with the rows
+    left-justified) or, for comparison, the decoder called with the batch's padding mask as before."""
     with torch.set_grad_enabled(backward):
-        if layout == "left-justified":
-            logp, _ = policy(ids, mask, response)
+        if layout in policies:
+            logp, _ = policies[layout](ids, mask, response)
         else:
             r = response.shape[1]
-            hidden = policy.lm.get_decoder()(
+            lm = policies["left-justified"].lm
+            hidden = lm.get_decoder()(
                 input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
             ).last_hidden_state
-            logp, _ = logprobs_from_hidden(hidden[:, -r - 1 : -1], policy.lm.get_output_embeddings().weight, response, 1.0)
+            logp, _ = logprobs_from_hidden(hidden[:, -r - 1 : -1], lm.get_output_embeddings().weight, response, 1.0)
         if backward:
             logp.sum().backward()
 
@@ -83,7 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--model", default="r1-distill-qwen-1.5b")
-    ap.add_argument("--lengths", nargs="+", default=["14000", "14000,10000", "27000"])
+    ap.add_argument("--lengths", nargs="+", default=["14000", "14000,10000", "27000", "27000,2500", "10000,10000,9000"])
     ap.add_argument("--trace", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
@@ -91,7 +95,8 @@ def main() -> None:
     device = torch.device("cuda")
     lm = build_model(args.model, seed=0).to(device, torch.bfloat16)
     cfg = lm.config
-    policy = PolicyModel(lm)
+    # one model: packing switches its attention function, whose unpacked calls are SDPA's as before
+    policies = {"left-justified": PolicyModel(lm), "packed": PolicyModel(lm, packed=True, pack_min_padding=0.0)}
     n_params = sum(p.numel() for p in lm.parameters() if p is not lm.get_input_embeddings().weight)
     results = []
     for case in args.lengths:
@@ -99,9 +104,9 @@ def main() -> None:
         ids, mask, positions, response = make_batch(lengths, cfg.vocab_size, device)
         tokens = sum(lengths)
         attn_flops = sum(4 * cfg.num_hidden_layers * cfg.hidden_size * n * n / 2 for n in lengths)
-        for layout in ("left-justified", "padding mask"):
-            forward = functools.partial(run, policy, layout, ids, mask, positions, response, backward=False)
-            train = functools.partial(run, policy, layout, ids, mask, positions, response, backward=True)
+        for layout in ("packed", "left-justified", "padding mask"):
+            forward = functools.partial(run, policies, layout, ids, mask, positions, response, backward=False)
+            train = functools.partial(run, policies, layout, ids, mask, positions, response, backward=True)
             fwd = timed(forward)
             lm.gradient_checkpointing_enable()
             lm.train()

@@ -251,9 +251,11 @@ def test_a_verl_key_that_changes_nothing_here_is_reported_only_when_set() -> Non
     from trainer.config import settings_without_effect
 
     assert settings_without_effect(build_config([])) == []
-    lines = settings_without_effect(build_config(["actor_rollout_ref.model.use_remove_padding=True"]))
-    assert len(lines) == 1 and lines[0].startswith("actor_rollout_ref.model.use_remove_padding=True has no effect")
-    assert "not packed" in lines[0]
+    lines = settings_without_effect(build_config(["trainer.test_freq=5"]))
+    assert len(lines) == 1 and lines[0].startswith("trainer.test_freq=5 has no effect")
+    assert "validation is not run" in lines[0]
+    # use_remove_padding packs the rows now: no longer reported
+    assert settings_without_effect(build_config(["actor_rollout_ref.model.use_remove_padding=True"])) == []
     # the vLLM engine reads gpu_memory_utilization: not reported there, reported for the other engines
     key = "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"
     assert settings_without_effect(build_config([key]))

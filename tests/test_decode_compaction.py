@@ -14,7 +14,7 @@ from trainer.config import RolloutConfig
 from trainer.config.schema import TargetLengthsConfig
 from trainer.models.presets import build_model
 from trainer.rollout import FastRolloutEngine, SamplingParams
-from trainer.rollout.decode_buffers import DecodeBuffers, compacted_size
+from trainer.rollout.decode_buffers import DecodeBuffers, compacted_size, shared_prompt_rows
 from trainer.rollout.lean_decoder import LeanWeights, lean_shape
 from trainer.rollout.target_lengths import draw_targets
 
@@ -76,10 +76,19 @@ def test_compaction_stops_rows_that_end_with_eos(model, tok, prompts):
     assert engine._buffers.live < engine._buffers.batch, "rows ending at EOS should have compacted the slots"
 
 
+def test_rows_with_the_same_prompt_and_padding_share_the_first_ones_cache():
+    ids = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [0, 5, 6], [7, 8, 9], [5, 5, 6]])
+    mask = (ids != 0).long()
+    assert shared_prompt_rows(ids, mask).tolist() == [0, 0, 2, 0, 2, 5]
+    mask[3, 0] = 1  # the same tokens with other padding: a prompt of its own
+    assert shared_prompt_rows(ids, mask).tolist() == [0, 0, 2, 3, 2, 5]
+
+
 def test_compact_moves_running_rows_and_their_cache_to_the_front(model):
     weights = LeanWeights(lean_shape(model.config), torch.float32, torch.device("cpu"))
     buf = DecodeBuffers(weights, batch=6, prompt_width=4, max_new=8, stop_ids=(1,), pad_id=0)
-    buf.reset(torch.ones(6, 4), torch.arange(100, 106), seed=0)
+    buf.reset(torch.ones(6, 4), torch.arange(100, 106), seed=0, prompt_rows=torch.tensor([0, 0, 0, 3, 3, 3]))
+    assert buf.prompt_rows.tolist() == [0, 0, 0, 3, 3, 3]
     for row in range(6):
         buf.cache_k[:, row] = row
         buf.cache_v[:, row] = -row
@@ -90,5 +99,7 @@ def test_compact_moves_running_rows_and_their_cache_to_the_front(model):
     assert view.finished.tolist() == [False, False]
     assert buf.finished.all() == torch.tensor(False) and buf.finished[2:].all()
     assert (view.cache_k[:, 0, :, :5] == 1).all() and (view.cache_v[:, 1, :, :5] == -4).all()
+    # rows 1 and 4 now hold their own prompts (row 0, which held row 1's, was dropped)
+    assert view.prompt_rows.tolist() == [0, 1]
     view.last.fill_(7)  # a view: writes reach the buffers
     assert buf.last[:2].tolist() == [7, 7]

@@ -27,7 +27,8 @@ ROWS_PER_RANK = ([0, 1, 2, 3, 4], [5, 6, 7])  # unequal on purpose
 # (micro-batch size, dynamic bsz, token budget, gradient checkpointing policy on the sharded model or
 # None, loss_agg_mode): 3 vs 2 fixed groups; by token budget 4 vs 3 + 1 empty; fixed again with
 # checkpointed layers, fully and selectively recomputed; fixed with Dr.GRPO's aggregation (its loss
-# weights count sequences, not tokens).
+# weights count sequences, not tokens); the last, packed rows (use_remove_padding) by token budget
+# with full checkpointing, against the padded single-process step.
 SETTINGS = [
     (2, False, 0, None, "token-mean"),
     (2, True, 13, None, "token-mean"),
@@ -35,6 +36,7 @@ SETTINGS = [
     (2, False, 0, None, "seq-mean-token-sum-norm"),
     (2, False, 0, "save_attention", "token-mean"),
     (2, False, 0, "save_matmuls", "token-mean"),
+    (2, True, 13, "full", "token-mean", "packed"),
 ]
 
 
@@ -82,11 +84,11 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
     dp.init("127.0.0.1", port, "gloo")
     try:
         for setting, values in enumerate(SETTINGS):
-            cfg = actor_config(*values)
+            cfg = actor_config(*values[:5])
             lm = build_model("tiny", seed=0)
             if values[3] is not None:
                 enable_gradient_checkpointing(lm, values[3])
-            policy = shard_model(PolicyModel(lm), torch.device("cpu"), 2)
+            policy = shard_model(PolicyModel(lm, packed="packed" in values), torch.device("cpu"), 2)
             shard = toy_batch().select(ROWS_PER_RANK[rank])
             groups = micro_batch_groups(shard, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
                                         cfg.ppo_max_token_len_per_gpu, dp, lockstep=True)
@@ -108,10 +110,11 @@ def two_process_results(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize(
-    "setting", range(len(SETTINGS)), ids=["fixed", "dynamic", "checkpointed", "sum-norm", "save-attention", "save-matmuls"]
+    "setting", range(len(SETTINGS)),
+    ids=["fixed", "dynamic", "checkpointed", "sum-norm", "save-attention", "save-matmuls", "packed"],
 )
 def test_fsdp_shards_of_unequal_size_take_the_single_process_step(two_process_results, setting):
-    cfg = actor_config(*SETTINGS[setting])
+    cfg = actor_config(*SETTINGS[setting][:5])
     single = PolicyModel(build_model("tiny", seed=0))
     logp_ref, metrics_ref = run_shard(single, toy_batch(), cfg, DataParallel())
     ranks = [torch.load(two_process_results / f"setting{setting}_rank{r}.pt") for r in range(2)]
@@ -133,7 +136,7 @@ def test_fsdp_shards_of_unequal_size_take_the_single_process_step(two_process_re
     # under FSDP2 too, full checkpointing runs each layer's attention again in the backward and a
     # selective policy does not (same micro-batches as the "fixed" setting, which has no checkpointing)
     policy, layers = SETTINGS[setting][3], single.lm.config.num_hidden_layers
-    if policy is None:
+    if policy is None or "packed" in SETTINGS[setting]:  # packed rows on CPU: one attention call per row
         return
     plain = [torch.load(two_process_results / f"setting0_rank{r}.pt")["attention"] for r in range(2)]
     recomputed = [r["attention"] - p for r, p in zip(ranks, plain, strict=True)]

@@ -18,6 +18,7 @@ from trainer.build import build_trainer, ray_session
 from trainer.config import build_config
 from trainer.driver.checkpoint import load_checkpoint, step_dir
 from trainer.driver.grpo_trainer import GRPOTrainer
+from trainer.models.packed_attention import PACKED_ATTENTION
 from trainer.phases import STEP_PHASES
 
 TOY = [
@@ -110,6 +111,24 @@ def test_each_algorithm_variant_takes_a_finite_step(local_ray, tmp_path, overrid
     if "algorithm.use_kl_in_reward=True" in overrides:
         assert "actor/reward_kl_penalty" in result.metrics
         assert "ref" in result.timing_s
+
+
+def test_a_packed_step_takes_the_padded_steps_figures(local_ray, tmp_path):
+    """use_remove_padding=True through the workers: the same step as padded micro-batches, to float error."""
+    ragged = ["data.max_response_length=8", "actor_rollout_ref.actor.use_kl_loss=True",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"]
+    results = {}
+    for packed in (False, True):
+        trainer = make_trainer(ragged + [f"actor_rollout_ref.model.use_remove_padding={packed}"], tmp_path / str(packed))
+        try:
+            assert trainer.workers.info[0]["attention"] == (PACKED_ATTENTION if packed else "sdpa")
+            results[packed] = trainer.train_step(next(trainer.loader)).metrics
+        finally:
+            trainer.shutdown()
+    lengths = results[False]["response_length/max"], results[False]["response_length/min"]
+    assert lengths[0] > lengths[1]  # ragged rows: the padded micro-batches did padded work
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/pg_clipfrac"):
+        assert results[True][key] == pytest.approx(results[False][key], rel=1e-4, abs=1e-7), key
 
 
 def test_resume_continues_with_identical_state(local_ray, tmp_path):

@@ -44,7 +44,8 @@ def check(device: str, dtype, programs=None) -> None:
     from trainer.kernels.triton_decode_attention import decode_attention, split_count
 
     assert split_count(rows=1, kv_heads=2, attn_len=27648, programs=264) == 108
-    assert split_count(rows=64, kv_heads=2, attn_len=27648, programs=264) == 3
+    assert split_count(rows=16, kv_heads=2, attn_len=27648, programs=264) == 9
+    assert split_count(rows=64, kv_heads=2, attn_len=27648, programs=264) == 1  # rows enough: unsplit
     assert split_count(rows=64, kv_heads=2, attn_len=128, programs=264) == 1
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     for rows, kv_heads, group, d, slots, attn_len in [
@@ -66,6 +67,24 @@ def check(device: str, dtype, programs=None) -> None:
     cache_v = torch.stack([v, v]).contiguous()[1, :3]
     got = decode_attention(q[:3], cache_k, cache_v, bias[:3], 300, programs=programs)
     torch.testing.assert_close(got.float(), reference(q[:3], k[:3], v[:3], bias[:3], 300), rtol=tol, atol=tol)
+    # rows of one prompt read its slots from one row's cache (kv_rows), whole or split
+    q, k, v, bias = case(6, 2, 6, 64, 512, 400, dtype, device, seed=4, pad=40)
+    bias[:, :128] = bias[0, :128]  # the same prompt padding in every row of the group
+    kv_rows = torch.tensor([0, 0, 0, 3, 3, 3], device=device)
+    shared_k, shared_v = k.clone(), v.clone()
+    for row, source in enumerate(kv_rows.tolist()):
+        shared_k[row, :, :128], shared_v[row, :, :128] = k[source, :, :128], v[source, :, :128]
+    want = reference(q, shared_k, shared_v, bias, 400)
+    for progs in (programs, 4):
+        got = decode_attention(q, k, v, bias, 400, programs=progs, kv_rows=kv_rows, shared_slots=128)
+        torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+    assert not torch.allclose(reference(q, k, v, bias, 400), want, rtol=tol, atol=tol)  # the test can tell
+    # rows x KV heads past the programs aimed for: one chunk each, written whole with no merge;
+    # a group of 7 (the padded query rows must not be stored), other tiles and launches
+    q, k, v, bias = case(24, 2, 7, 64, 640, 600, dtype, device, seed=3)
+    for block_n, num_warps, num_stages in [(64, 4, 3), (32, 4, 2), (128, 8, 3)]:
+        got = decode_attention(q, k, v, bias, 600, programs=16, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+        torch.testing.assert_close(got.float(), reference(q, k, v, bias, 600), rtol=tol, atol=tol)
 
 
 @pytest.mark.skipif(not (CUDA and HAS_TRITON), reason="needs a GPU with Triton")

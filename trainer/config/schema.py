@@ -45,6 +45,8 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     path: str = "tiny"  # a preset name or a local Hugging Face model directory
+    # VERL's key: the actor's and ref's forward run each micro-batch's rows end to end with no padding
+    # (trainer/models/packed_attention.py); off, the rows are left-justified and padded to the longest
     use_remove_padding: bool = False
     enable_gradient_checkpointing: bool = False
     # Our extension: what the checkpointed layers' recompute may skip (trainer/models/checkpointing.py):

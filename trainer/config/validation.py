@@ -45,8 +45,6 @@ LOGGERS: tuple[str, ...] = ("console", "tensorboard")
 # Keys accepted for compatibility that change nothing here; a run that sets one is told so
 # (settings_without_effect).
 ACCEPTED_NO_EFFECT: dict[str, str] = {
-    "actor_rollout_ref.model.use_remove_padding": "sequences are not packed: each micro-batch's rows are "
-    "left-justified and padded to the longest (trainer.batch.left_justify); no effect",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "rollout runs data-parallel, one engine per worker; "
     "rollout.name=vllm checks it is 1",
     "actor_rollout_ref.rollout.gpu_memory_utilization": "the rollout KV cache is sized from the batch, except with "

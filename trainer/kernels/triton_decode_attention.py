@@ -29,24 +29,35 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 64  # cache slots per tile
+# Cache slots per tile: 64 where each (row, KV head) is one program, 32 where rows are few and their
+# caches are split (1 and 16 rows at 27,648 slots: 7% and 3% faster than 64 on an H100;
+# benchmarks/decode_kernels_tune.py, docs/benchmarks.md)
+BLOCK_N_WHOLE = 64
+BLOCK_N_SPLIT = 32
+NUM_WARPS = 4  # the partial kernel's launch (Triton's defaults)
+NUM_STAGES = 3
 MIN_SLOTS_PER_SPLIT = 256  # a chunk shorter than this costs more to merge than it saves
 MAX_SPLITS = 128
 
 
 @triton.jit
 def _partial_kernel(
-    q_ptr, k_ptr, v_ptr, bias_ptr, acc_ptr, max_ptr, sum_ptr,
-    sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sbias_b,
-    attn_len, tiles_per_split, scale,
+    q_ptr, k_ptr, v_ptr, bias_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr, kv_rows_ptr,
+    sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sbias_b, so_b, so_h, so_g,
+    attn_len, tiles_per_split, scale, shared_slots,
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, WHOLE: tl.constexpr,
 ):
+    # WHOLE: one chunk per (row, KV head), so the program's sums are final: it writes the output
+    # itself and there is nothing to merge
     bh = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
     b = (bh // KV_HEADS).to(tl.int64)  # 64-bit offsets: one layer's cache may pass 2^31 elements
     h = bh % KV_HEADS
+    # the row whose cache holds this row's first ``shared_slots`` slots (its prompt): rows that share a
+    # prompt read the same K/V there, which their programs, running at once, find in L2
+    kv_row = tl.load(kv_rows_ptr + b).to(tl.int64)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=g[:, None] < GROUP, other=0.0)
@@ -57,9 +68,11 @@ def _partial_kernel(
     running_sum = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
     for tile in range(tiles_per_split):
-        n = start + tile * BLOCK + tl.arange(0, BLOCK)
+        first = start + tile * BLOCK
+        n = first + tl.arange(0, BLOCK)
         inside = n < end
-        k = tl.load(k_ptr + b * sk_b + h * sk_h + n[:, None] * sk_s + d[None, :], mask=inside[:, None], other=0.0)
+        src = tl.where(first < shared_slots, kv_row, b)  # a tile lies wholly in or out of the prompt
+        k = tl.load(k_ptr + src * sk_b + h * sk_h + n[:, None] * sk_s + d[None, :], mask=inside[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, BLOCK] float32
         bias = tl.load(bias_ptr + b * sbias_b + n, mask=inside, other=float("-inf")).to(tl.float32)
         scores = scores + bias[None, :]
@@ -67,13 +80,18 @@ def _partial_kernel(
         rescale = tl.exp(running_max - new_max)
         p = tl.exp(scores - new_max[:, None])
         running_sum = running_sum * rescale + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + b * sv_b + h * sv_h + n[:, None] * sv_s + d[None, :], mask=inside[:, None], other=0.0)
+        v = tl.load(v_ptr + src * sv_b + h * sv_h + n[:, None] * sv_s + d[None, :], mask=inside[:, None], other=0.0)
         acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         running_max = new_max
-    part = bh * splits + split
-    tl.store(acc_ptr + part * GROUP_PAD * D + g[:, None] * D + d[None, :], acc)
-    tl.store(max_ptr + part * GROUP_PAD + g, running_max)
-    tl.store(sum_ptr + part * GROUP_PAD + g, running_sum)
+    if WHOLE:
+        out = acc / running_sum[:, None]
+        tl.store(out_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=g[:, None] < GROUP)
+    else:
+        part = bh * splits + split
+        tl.store(acc_ptr + part * GROUP_PAD * D + g[:, None] * D + d[None, :], acc)
+        tl.store(max_ptr + part * GROUP_PAD + g, running_max)
+        tl.store(sum_ptr + part * GROUP_PAD + g, running_sum)
 
 
 @triton.jit
@@ -107,18 +125,29 @@ def _merge_kernel(
 
 
 def split_count(rows: int, kv_heads: int, attn_len: int, programs: int) -> int:
-    """Chunks per (row, KV head): enough for ``programs`` programs in all, none shorter than
-    MIN_SLOTS_PER_SPLIT slots, at most MAX_SPLITS."""
+    """Chunks per (row, KV head): one where rows x KV heads already give a quarter of ``programs``
+    (the merge and its writes cost more than the extra programs gain: 128 rows x 2 KV heads at 768
+    slots ran 20% faster unsplit on an H100), else enough for ``programs`` programs in all, none
+    shorter than MIN_SLOTS_PER_SPLIT slots, at most MAX_SPLITS."""
+    if 4 * rows * kv_heads >= programs:
+        return 1
     wanted = math.ceil(programs / max(1, rows * kv_heads))
     return max(1, min(wanted, math.ceil(attn_len / MIN_SLOTS_PER_SPLIT), MAX_SPLITS))
 
 
 def decode_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, attn_len: int, programs: int | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, attn_len: int, programs: int | None = None,
+    block_n: int | None = None, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
+    kv_rows: torch.Tensor | None = None, shared_slots: int = 0,
 ) -> torch.Tensor:
     """q [b, KV heads, group, d]; k, v [b, KV heads, slots, d] (d contiguous); bias [b, slots] (0 on
     visible slots, -inf elsewhere; slots contiguous) -> [b, KV heads, group, d] in q's dtype, over
-    slots [0, attn_len). ``programs``: how many programs to aim for (default: twice the SMs)."""
+    slots [0, attn_len). ``programs``: how many programs to aim for (default: twice the SMs); see
+    split_count for when each (row, KV head) is one program and nothing is merged. ``block_n``
+    (default BLOCK_N_WHOLE or BLOCK_N_SPLIT), ``num_warps``, ``num_stages``: the partial kernel's tile
+    and launch (benchmarks/decode_kernels_tune.py times the choices). ``kv_rows`` ([b] integers) and
+    ``shared_slots``: slots below ``shared_slots`` (whole tiles) are read from row kv_rows[i]'s
+    cache instead of row i's, for rows whose prompts are the same (the fast engine's GRPO groups)."""
     b, kv_heads, group, d = q.shape
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or bias.stride(-1) != 1:
         raise ValueError("decode_attention needs the last dimension of q, k, v and bias contiguous")
@@ -126,24 +155,34 @@ def decode_attention(
         raise ValueError(f"decode_attention needs a power-of-two head_dim >= 16, got {d}")
     if programs is None:
         programs = 2 * torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
+    if kv_rows is None:
+        kv_rows, shared_slots = torch.zeros(1, dtype=torch.long, device=q.device), 0
     splits = split_count(b, kv_heads, attn_len, programs)
-    tiles_per_split = math.ceil(math.ceil(attn_len / splits) / BLOCK_N)
-    splits = math.ceil(attn_len / (tiles_per_split * BLOCK_N))  # rounding the chunk up may leave fewer
+    if block_n is None:
+        block_n = BLOCK_N_WHOLE if splits == 1 else BLOCK_N_SPLIT
+    if shared_slots % block_n:
+        raise ValueError(f"decode_attention: shared_slots ({shared_slots}) must be whole tiles of {block_n} slots")
+    tiles_per_split = math.ceil(math.ceil(attn_len / splits) / block_n)
+    splits = math.ceil(attn_len / (tiles_per_split * block_n))  # rounding the chunk up may leave fewer
     group_pad = max(16, triton.next_power_of_2(group))
-    acc = torch.empty((b * kv_heads * splits, group_pad, d), dtype=torch.float32, device=q.device)
-    maxes = torch.empty((b * kv_heads * splits, group_pad), dtype=torch.float32, device=q.device)
+    whole = splits == 1
+    parts = 1 if whole else b * kv_heads * splits  # the merge's inputs (unused when whole)
+    acc = torch.empty((parts, group_pad, d), dtype=torch.float32, device=q.device)
+    maxes = torch.empty((parts, group_pad), dtype=torch.float32, device=q.device)
     sums = torch.empty_like(maxes)
-    _partial_kernel[(b * kv_heads, splits)](
-        q, k, v, bias, acc, maxes, sums,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), bias.stride(0),
-        attn_len, tiles_per_split, 1.0 / math.sqrt(d),
-        KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d, BLOCK=BLOCK_N,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # no TF32 rounding of float32 inputs
-    )
     out = torch.empty_like(q)
-    _merge_kernel[(b * kv_heads, group)](
-        acc, maxes, sums, out, out.stride(0), out.stride(1), out.stride(2), splits,
-        KV_HEADS=kv_heads, GROUP_PAD=group_pad, D=d, SPLIT_BLOCK=16,
+    _partial_kernel[(b * kv_heads, splits)](
+        q, k, v, bias, acc, maxes, sums, out, kv_rows,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), bias.stride(0), out.stride(0), out.stride(1), out.stride(2),
+        attn_len, tiles_per_split, 1.0 / math.sqrt(d), shared_slots,
+        KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d, BLOCK=block_n,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # no TF32 rounding of float32 inputs
+        WHOLE=whole, num_warps=num_warps, num_stages=num_stages,
     )
+    if not whole:
+        _merge_kernel[(b * kv_heads, group)](
+            acc, maxes, sums, out, out.stride(0), out.stride(1), out.stride(2), splits,
+            KV_HEADS=kv_heads, GROUP_PAD=group_pad, D=d, SPLIT_BLOCK=16,
+        )
     return out

@@ -53,6 +53,21 @@ ATTENTION_OPS = _aten_packets(
 )
 MATMUL_OPS = _aten_packets("mm", "addmm", "bmm", "baddbmm")
 
+
+def _varlen_attention_ops() -> frozenset[Any]:
+    """torch.nn.attention.varlen's custom op, which packed rows' attention (use_remove_padding) runs:
+    the policy sees it, not the flash forward inside it. Empty where this PyTorch has none."""
+    try:
+        import torch.nn.attention.varlen  # noqa: F401  (registers torch.ops.torch_attn)
+    except ImportError:
+        return frozenset()
+    namespace = getattr(torch.ops, "torch_attn", None)
+    op = getattr(namespace, "_varlen_attn", None) if namespace is not None else None
+    return frozenset([op]) if op is not None else frozenset()
+
+
+ATTENTION_OPS = ATTENTION_OPS | _varlen_attention_ops()
+
 # policy name -> the op packets whose outputs it keeps (full: none, a plain recompute)
 POLICIES: dict[str, frozenset[Any]] = {
     FULL: frozenset(),

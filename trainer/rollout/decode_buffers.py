@@ -34,6 +34,17 @@ def round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
 
 
+def shared_prompt_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+    """[b] long on the host: for each row, the first row with the same prompt (tokens and padding).
+
+    GRPO repeats each prompt rollout.n times, so n rows' caches hold the same prompt K/V; the attention
+    kernel reads it from one of them, and the n programs reading it at once share it through L2."""
+    first: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    rows = [first.setdefault((tuple(ids), tuple(mask)), i)
+            for i, (ids, mask) in enumerate(zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True))]
+    return torch.tensor(rows, dtype=torch.long)
+
+
 def compacted_size(running: int, size: int) -> int:
     """Slots to keep once ``running`` of ``size`` decoded slots are still running: the next power of two
     at or above ``running`` when that at least halves the slots, else ``size`` (no compaction)."""
@@ -76,6 +87,9 @@ class DecodeBuffers:
         self.first_bad = torch.full((batch,), -1, dtype=torch.long, device=dev)
         self.row_keys = torch.zeros(batch, dtype=torch.long, device=dev)
         self.rows = torch.arange(batch, dtype=torch.long, device=dev)  # slot -> micro-batch row
+        # slot -> the slot whose cache holds its prompt's K/V (the first slot of its prompt's group), which
+        # the GPU's attention kernel reads for the prompt slots; itself once rows have been compacted
+        self.prompt_rows = torch.arange(batch, dtype=torch.long, device=dev)
         self.stop_ids = torch.tensor(list(stop_ids), dtype=torch.long, device=dev)
         self.sampled = torch.zeros(batch, dtype=torch.long, device=dev)
         self.sampled_log_probs = torch.zeros(batch, dtype=torch.float32, device=dev)
@@ -88,7 +102,8 @@ class DecodeBuffers:
         return 2 * self.cache_k.numel() * self.cache_k.element_size()
 
     def reset(
-        self, prompt_mask: torch.Tensor, row_keys: torch.Tensor, seed: int, targets: torch.Tensor | None = None
+        self, prompt_mask: torch.Tensor, row_keys: torch.Tensor, seed: int, targets: torch.Tensor | None = None,
+        prompt_rows: torch.Tensor | None = None,
     ) -> None:
         width = self.prompt_width
         self.attn_bias.fill_(float("-inf"))
@@ -108,6 +123,10 @@ class DecodeBuffers:
         self.first_bad.fill_(-1)
         self.row_keys.copy_(row_keys)
         torch.arange(self.batch, out=self.rows)
+        if prompt_rows is None:
+            torch.arange(self.batch, out=self.prompt_rows)
+        else:
+            self.prompt_rows.copy_(prompt_rows)
         self.live = self.batch
 
     def attn_len(self, decode_index: int, bucket: int) -> int:
@@ -121,6 +140,7 @@ class DecodeBuffers:
         for name in ROW_STATE + ROW_SCRATCH:
             setattr(view, name, getattr(self, name)[:n])
         view.cache_k, view.cache_v = self.cache_k[:, :n], self.cache_v[:, :n]
+        view.prompt_rows = self.prompt_rows[:n]
         view.batch = view.live = n
         return view
 
@@ -140,6 +160,8 @@ class DecodeBuffers:
         for cache in (self.cache_k, self.cache_v):
             for layer in range(cache.shape[0]):  # one layer at a time: the temporary is 1/L of the cache
                 cache[layer, :size, :, :written_slots] = cache[layer, keep, :, :written_slots]
+        # each kept row's own cache holds its prompt: a group's first slot may have been dropped
+        self.prompt_rows[:size].copy_(torch.arange(size, device=self.prompt_rows.device))
         self.finished[size:live] = True
         self.first_bad[size:live] = -1  # the dropped rows were checked before compaction
         self.live = size

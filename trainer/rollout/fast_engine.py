@@ -18,7 +18,9 @@ What makes it fast, and why each piece is there:
   the running rows and their caches move to the front and later steps decode only those slots, so
   ragged lengths do not keep paying for rows that have ended.
 - Decode attention on GPU split over the cache (trainer/kernels/triton_decode_attention.py): one
-  program per (row, KV head, chunk of slots), so a few long rows still keep every SM reading.
+  program per (row, KV head, chunk of slots), so a few long rows still keep every SM reading; with
+  many rows, one program per (row, KV head). The rows of one prompt (GRPO's rollout.n) read the
+  prompt's K/V from one row's cache (``DecodeBuffers.prompt_rows``), so their programs share it in L2.
 - The elementwise work of a decode step fused on GPU (trainer/kernels/triton_decode_fused.py):
   residual add + RMSNorm, RoPE + the K/V cache write, SiLU(gate) * up, each one kernel, so a layer
   is its four matmuls, attention and four small kernels instead of ~28 launches (``fused_decode``,
@@ -44,6 +46,7 @@ On CPU, or with rollout.enforce_eager, the same step runs eagerly, and sampling 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -55,7 +58,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.rollout.base import RolloutEngine
-from trainer.rollout.decode_buffers import PROMPT_ALIGN, DecodeBuffers, compacted_size, round_up
+from trainer.rollout.decode_buffers import (
+    PROMPT_ALIGN,
+    DecodeBuffers,
+    compacted_size,
+    round_up,
+    shared_prompt_rows,
+)
 from trainer.rollout.decode_loop import decode_until_done
 from trainer.rollout.lean_decoder import LeanWeights, decode_logits, lean_shape, prefill_logits
 from trainer.rollout.requests import GeneratedRows, RowsRequest, SamplingParams
@@ -190,9 +199,12 @@ class FastRolloutEngine(RolloutEngine):
     def _decode_step(self, buf: DecodeBuffers, attn_len: int, sampling: SamplingParams) -> None:
         """One decode step: the graph-captured body."""
         buf.attn_bias.index_fill_(1, buf.write_slot.view(1), 0.0)  # the slot written now becomes visible
+        attend = self._attend
+        if attend is not None:  # the GPU kernel reads each prompt group's K/V from one row's cache
+            attend = functools.partial(attend, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width)
         logits = decode_logits(
             self.weights, buf.cache_k, buf.cache_v, buf.last, buf.positions, buf.write_slot, buf.attn_bias, attn_len,
-            self._attend, self.fused_decode,
+            attend, self.fused_decode,
         )
         buf.write_slot.add_(1)
         buf.positions.add_(1)
@@ -258,7 +270,8 @@ class FastRolloutEngine(RolloutEngine):
             prompt_ids = F.pad(prompt_ids, (padded - width, 0), value=self.pad_token_id)
             prompt_mask = F.pad(prompt_mask, (padded - width, 0), value=0)
         buf = self._prepare(b, padded, request.max_new_tokens, sampling)
-        buf.reset(prompt_mask, request.row_keys, request.seed, request.targets)
+        groups = shared_prompt_rows(prompt_ids, prompt_mask)
+        buf.reset(prompt_mask, request.row_keys, request.seed, request.targets, groups.to(self.device))
         chunk = max(1, PREFILL_TOKENS // padded)
         logits = torch.empty((b, self.shape.vocab), dtype=self.weights.dtype, device=self.device)
         for r in range(0, b, chunk):

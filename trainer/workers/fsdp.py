@@ -26,7 +26,8 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.algorithms.entropy import logprobs_from_hidden
-from trainer.batch import left_justify
+from trainer.batch import PACK_MIN_PADDING, left_justify, pack_rows, packing_pays
+from trainer.models.packed_attention import packed_call_kwargs, use_packed_attention
 
 STRATEGIES: tuple[str, ...] = ("fsdp2", "dp")
 
@@ -49,11 +50,25 @@ def compute_dtype(param_dtype: torch.dtype, device_type: str) -> torch.dtype:
 
 
 class PolicyModel(nn.Module):
-    """A causal LM whose forward gives response-token log-probs [B, R] (float32), and entropy if asked."""
+    """A causal LM whose forward gives response-token log-probs [B, R] (float32), and entropy if asked.
 
-    def __init__(self, lm: nn.Module) -> None:
+    ``packed`` (VERL's use_remove_padding): the forward runs a micro-batch's rows end to end with no
+    padding (trainer/models/packed_attention.py) where padding would add enough work to pay for it
+    (trainer.batch.packing_pays); otherwise on the rows left-justified and padded.
+    """
+
+    def __init__(self, lm: nn.Module, packed: bool = False, pack_min_padding: float = PACK_MIN_PADDING) -> None:
         super().__init__()
         self.lm = lm
+        self.packed = packed
+        self.pack_min_padding = pack_min_padding  # 0: pack every micro-batch (benchmarks/longseq_profile.py)
+        if packed:
+            if not getattr(lm.config, "layer_types", None):
+                raise ValueError(
+                    f"actor_rollout_ref.model.use_remove_padding=True: {type(lm).__name__} has no config.layer_types, "
+                    "so its forward cannot be handed the packed rows' attention per layer type (Qwen2 models can)"
+                )
+            use_packed_attention(lm)
         head = lm.get_output_embeddings()
         if head is None or not hasattr(head, "weight"):
             raise ValueError(f"{type(lm).__name__}: expected an output embedding (LM head) with a weight, found {head!r}")
@@ -79,17 +94,13 @@ class PolicyModel(nn.Module):
         """log pi(response token) at the sampling temperature, [B, R] float32 (and entropy [B, R]).
 
         In the batch's layout ([left-padded prompt P | response R]) position P-1+t predicts response
-        token t. The forward runs on the rows left-justified (trainer.batch.left_justify: no attention
-        mask, positions 0..S-1, which on every real token are ``trainer.batch.position_ids_from_mask``'s),
-        where that position is P-1+t minus the row's left padding.
+        token t; the two ways of running the decoder below each return the final hidden states at those
+        positions (past a row's last token they are other tokens' states, which the mask drops).
         """
         r = response_ids.shape[1]
-        ids, pads = left_justify(input_ids, attention_mask)  # ids [B, S], pads [B]
-        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)  # [B, S]
-        hidden = self.lm.get_decoder()(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
-        prompt_width = input_ids.shape[1] - r
-        at = (prompt_width - 1 - pads).unsqueeze(1) + torch.arange(r, device=ids.device)  # [B, R]
-        hidden = hidden.gather(1, at.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [B, R, H]
+        pack = self.packed and packing_pays(attention_mask, self.pack_min_padding)  # both give the same log-probs; one is faster
+        at_hidden = self._packed_hidden if pack else self._padded_hidden
+        hidden = at_hidden(input_ids, attention_mask, r)  # [B, R, H]
         head = self.lm.get_output_embeddings()
         return logprobs_from_hidden(
             hidden,
@@ -99,6 +110,31 @@ class PolicyModel(nn.Module):
             bias=getattr(head, "bias", None),
             with_entropy=with_entropy,
         )
+
+    def _padded_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, r: int) -> torch.Tensor:
+        """The rows left-justified (trainer.batch.left_justify: no attention mask, positions 0..S-1, which
+        on every real token are ``trainer.batch.position_ids_from_mask``'s), where the position that
+        predicts response token t is P-1+t minus the row's left padding."""
+        ids, pads = left_justify(input_ids, attention_mask)  # ids [B, S], pads [B]
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)  # [B, S]
+        hidden = self.lm.get_decoder()(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
+        prompt_width = input_ids.shape[1] - r
+        at = (prompt_width - 1 - pads).unsqueeze(1) + torch.arange(r, device=ids.device)  # [B, R]
+        return hidden.gather(1, at.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [B, R, H]
+
+    def _packed_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, r: int) -> torch.Tensor:
+        """The rows' real tokens end to end (trainer.batch.pack_rows), row i from packed index
+        cu_seqlens[i]: the position that predicts response token t is that plus the row's prompt
+        length - 1 + t."""
+        rows = pack_rows(input_ids, attention_mask)
+        packed = packed_call_kwargs(rows.cu_seqlens, rows.max_len, self.lm.config.layer_types)
+        hidden = self.lm.get_decoder()(
+            input_ids=rows.ids, position_ids=rows.positions, use_cache=False, **packed
+        ).last_hidden_state[0]  # [T, H]
+        prompt_lengths = attention_mask[:, : input_ids.shape[1] - r].sum(dim=1)  # [B]
+        first = rows.cu_seqlens[:-1].long() + prompt_lengths - 1  # [B]
+        at = (first.unsqueeze(1) + torch.arange(r, device=hidden.device)).clamp(max=hidden.shape[0] - 1)  # [B, R]
+        return hidden[at]  # [B, R, H]
 
 
 # ----------------------------------------------------------------------------- FSDP2

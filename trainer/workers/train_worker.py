@@ -84,7 +84,7 @@ class TrainWorker:
         lm = self._build_trained_model(path, dtype)
         if arr.model.enable_gradient_checkpointing:
             enable_gradient_checkpointing(lm, arr.model.gradient_checkpointing_policy)
-        self.actor = self._wrap(PolicyModel(lm), fsdp.param_offload)
+        self.actor = self._wrap(PolicyModel(lm, packed=arr.model.use_remove_padding), fsdp.param_offload)
         optim = arr.actor.optim
         self.optimizer = torch.optim.AdamW(
             self.actor.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
@@ -96,7 +96,7 @@ class TrainWorker:
             ref_dtype = resolve_dtype(ref_fsdp.model_dtype, cfg.trainer.device)
             ref = self._build_trained_model(path, ref_dtype)
             ref.requires_grad_(False).eval()
-            self.ref = self._wrap(PolicyModel(ref), ref_fsdp.param_offload)
+            self.ref = self._wrap(PolicyModel(ref, packed=arr.model.use_remove_padding), ref_fsdp.param_offload)
         self.tokenizer = load_tokenizer(path)
         self.actor_dtype = dtype
         self.engine = self._make_engine(arr.rollout)
@@ -110,6 +110,7 @@ class TrainWorker:
             "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "threads": torch.get_num_threads(),
             "strategy": self.strategy,
+            "attention": lm.config._attn_implementation,  # the actor's: sdpa, or packed rows (use_remove_padding)
         }
 
     def _build_trained_model(self, path: str, dtype: torch.dtype) -> torch.nn.Module:

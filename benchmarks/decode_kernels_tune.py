@@ -1,0 +1,138 @@
+"""The decode step's two big costs, timed alone with their choices: the split-cache attention kernel's
+tile and launch, and the layer matmuls' cuBLAS back end and weight layout (issue 15).
+
+    python benchmarks/decode_kernels_tune.py OUT.json [--model r1-distill-qwen-1.5b]
+        [--shapes 128x768 128x1280 64x8192 16x27648 1x27648]
+
+Each figure is one CUDA graph of the op over every layer (as a decode step runs it: each layer's own
+weights or cache, so nothing is served from L2), replayed 20 times after 3 warm-ups, median, with the
+bytes it must read at least (a layer's weights; the rows' K and V over the visible slots) over the
+time. Random values in bf16 at the model's shapes; GPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from trainer.kernels.triton_decode_attention import decode_attention
+from trainer.models.presets import preset_config
+from trainer.rollout.lean_decoder import lean_shape
+
+ATTENTION_CHOICES = [  # (block_n, num_warps, num_stages)
+    (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 4), (32, 4, 3), (32, 2, 4),
+]
+
+
+def graph_ms(body: Callable[[], None], replays: int = 20) -> float:
+    """Median ms of one replay of a CUDA graph of ``body`` (captured after 3 eager warm-ups)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            body()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    times = []
+    for _ in range(replays + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times[3:])
+
+
+def attention_rows(shape, rows: int, context: int) -> list[dict]:
+    layers, kv, group, d = shape.num_layers, shape.num_kv_heads, shape.group, shape.head_dim
+    q = torch.randn(layers, rows, kv, group, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(layers, rows, kv, context, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    bias = torch.zeros(rows, context, device="cuda", dtype=torch.bfloat16)
+    kv_bytes = 2 * k.numel() * k.element_size()
+    out = []
+    for block_n, warps, stages in ATTENTION_CHOICES:
+        for programs in (None, 1):  # None: the kernel's default split; 1: one chunk per (row, KV head)
+            body = functools.partial(_attention_layers, q, k, v, bias, context,
+                                     dict(programs=programs, block_n=block_n, num_warps=warps, num_stages=stages))
+            try:
+                ms = graph_ms(body)
+            except Exception as exc:  # a launch this GPU cannot run (shared memory): recorded, not fatal
+                out.append({"block_n": block_n, "num_warps": warps, "num_stages": stages, "error": str(exc)[:200]})
+                continue
+            out.append({"rows": rows, "context": context, "block_n": block_n, "num_warps": warps,
+                        "num_stages": stages, "split": "default" if programs is None else "none", "ms": ms,
+                        "gb_per_s": kv_bytes / ms / 1e6})
+            print(json.dumps(out[-1]), flush=True)
+    del q, k, v, body
+    torch.cuda.empty_cache()
+    return out
+
+
+def _attention_layers(q, k, v, bias, context: int, options: dict) -> None:
+    for layer in range(q.shape[0]):
+        decode_attention(q[layer], k[layer], v[layer], bias, context, **options)
+
+
+def _matmul_layers(x, weights, pretransposed: bool) -> None:
+    for i in range(weights.shape[0]):
+        torch.mm(x, weights[i]) if pretransposed else F.linear(x, weights[i])
+
+
+def matmul_rows(shape, rows: int) -> list[dict]:
+    h, inter, layers = shape.hidden, shape.intermediate, shape.num_layers
+    qkv = shape.q_size + 2 * shape.kv_size
+    out = []
+    for name, n, k in [("qkv", qkv, h), ("o", h, shape.q_size), ("gate_up", 2 * inter, h), ("down", h, inter),
+                       ("lm_head", shape.vocab, h)]:
+        count = 1 if name == "lm_head" else layers
+        w = torch.randn(count, n, k, device="cuda", dtype=torch.bfloat16)
+        wt = w.transpose(1, 2).contiguous()  # [count, k, n]
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        weight_bytes = w.numel() * w.element_size()
+        for library in ("cublas", "cublaslt"):
+            torch.backends.cuda.preferred_blas_library(library)
+            for layout in ("linear", "pretransposed"):
+                pre = layout == "pretransposed"
+                ms = graph_ms(functools.partial(_matmul_layers, x, wt if pre else w, pre))
+                out.append({"rows": rows, "matmul": name, "library": library, "layout": layout, "ms": ms,
+                            "gb_per_s": weight_bytes / ms / 1e6})
+                print(json.dumps(out[-1]), flush=True)
+        torch.backends.cuda.preferred_blas_library("cublas")
+        del w, wt
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--model", default="r1-distill-qwen-1.5b")
+    ap.add_argument("--shapes", nargs="+", default=["128x768", "128x1280", "64x8192", "16x27648", "1x27648"])
+    ap.add_argument("--matmul-rows", type=int, nargs="*", default=[128, 64])
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_kernels_tune.py needs a CUDA GPU")
+    shape = lean_shape(preset_config(args.model))
+    results = {"gpu": torch.cuda.get_device_name(), "model": args.model, "attention": [], "matmul": []}
+    for spec in args.shapes:
+        rows, context = (int(x) for x in spec.split("x"))
+        results["attention"] += attention_rows(shape, rows, context)
+    for rows in args.matmul_rows:
+        results["matmul"] += matmul_rows(shape, rows)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

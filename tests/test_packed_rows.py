@@ -1,0 +1,127 @@
+"""Sequence packing (actor_rollout_ref.model.use_remove_padding): the rows' real tokens end to end,
+attention kept within each row. The packed forward must give the padded forward's log-probs,
+entropies and gradients; the packed model's ordinary calls (the hf engine generates with it) stay
+SDPA's. On a GPU the same holds for the variable-length flash kernel in bf16."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from trainer.batch import PACK_MIN_PADDING, left_pad, pack_rows, packing_pays, right_pad
+from trainer.models.checkpointing import enable_gradient_checkpointing
+from trainer.models.packed_attention import PACKED_ATTENTION
+from trainer.models.presets import build_model
+from trainer.workers.fsdp import PolicyModel
+
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [3], [40, 41]]
+RESPONSES = [[20, 21, 22, 23], [24], [25, 26, 27, 28, 29, 30], []]  # ragged, one row with no response
+
+
+def ragged_batch(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids [B, P + R], attention mask, response ids [B, R], response mask) in the batch layout."""
+    prompt_ids, prompt_mask = left_pad(PROMPTS, 0)
+    response_ids, response_mask = right_pad(RESPONSES, 0)
+    ids = torch.cat([prompt_ids, response_ids], dim=1)
+    mask = torch.cat([prompt_mask, response_mask], dim=1)
+    return ids.to(device), mask.to(device), response_ids.to(device), response_mask.to(device)
+
+
+def test_pack_rows_lays_the_real_tokens_end_to_end():
+    ids, mask, _, _ = ragged_batch()
+    rows = pack_rows(ids, mask)
+    lengths = [len(p) + len(r) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    assert rows.ids.tolist() == [[t for p, r in zip(PROMPTS, RESPONSES, strict=True) for t in p + r]]
+    assert rows.positions.tolist() == [[i for n in lengths for i in range(n)]]
+    assert rows.cu_seqlens.dtype == torch.int32
+    assert rows.cu_seqlens.tolist() == [0, 7, 13, 20, 22]
+    assert rows.max_len == max(lengths)
+
+
+def test_packing_pays_only_where_padding_adds_enough_work():
+    _, mask, _, _ = ragged_batch()  # rows of 7, 6, 7 and 2 tokens: padded to 7, 28 for 22
+    assert PACK_MIN_PADDING == 0.2 and packing_pays(mask)
+    assert not packing_pays(mask, min_padding=0.3)
+    assert not packing_pays(torch.ones(3, 5, dtype=torch.long))  # equal rows: nothing to gain
+
+
+def test_rows_of_one_length_take_the_padded_path():
+    """Where packing does not pay, the packed model runs the padded forward: the same figures, bit for bit."""
+    ids = torch.randint(5, 60, (3, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        want, _ = PolicyModel(build_model("tiny", seed=0).eval())(ids, mask, ids[:, -4:])
+        got, _ = PolicyModel(build_model("tiny", seed=0).eval(), packed=True)(ids, mask, ids[:, -4:])
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def forward_and_grads(packed: bool, checkpointing: bool = False, dtype=torch.float32, device: str = "cpu"):
+    """Log-probs and entropy [B, R] on the ragged batch, and the gradients of a weighted sum of them."""
+    lm = build_model("tiny", dtype, device=device, seed=0).train()
+    if checkpointing:
+        enable_gradient_checkpointing(lm)
+    ids, mask, response, response_mask = ragged_batch(device)
+    logp, entropy = PolicyModel(lm, packed=packed)(ids, mask, response, temperature=0.7, with_entropy=True)
+    weights = torch.randn(response.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    ((logp * weights + 0.1 * entropy) * response_mask).sum().backward()
+    keep = response_mask.bool()
+    return logp[keep].detach().float(), entropy[keep].detach().float(), {n: p.grad.float() for n, p in lm.named_parameters()}
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient-checkpointing"])
+def test_the_packed_forward_gives_the_padded_forwards_log_probs_and_gradients(checkpointing):
+    logp, entropy, grads = forward_and_grads(packed=True, checkpointing=checkpointing)
+    logp_ref, entropy_ref, grads_ref = forward_and_grads(packed=False)
+    torch.testing.assert_close(logp, logp_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, entropy_ref, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(grad, grads_ref[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_packed_row_does_not_see_the_row_before_it():
+    """Changing row 0's tokens leaves row 1's log-probs as they were (attention stays in the row)."""
+    ids, mask, response, response_mask = ragged_batch()
+    policy = PolicyModel(build_model("tiny", seed=0).eval(), packed=True)
+    with torch.no_grad():
+        before, _ = policy(ids, mask, response)
+        changed = ids.clone()
+        changed[0] = torch.where(mask[0].bool(), (changed[0] + 1) % 50 + 1, changed[0])
+        after, _ = policy(changed, mask, response)
+    torch.testing.assert_close(after[1:], before[1:], rtol=0, atol=1e-6)
+    assert not torch.allclose(after[0] * response_mask[0], before[0] * response_mask[0])
+
+
+def test_the_packed_models_ordinary_calls_are_sdpas():
+    """The hf engine generates with the actor's module: a left-padded call without packing bounds
+    gives the logits of the same model on SDPA."""
+    plain = build_model("tiny", seed=0).eval()
+    packed = copy.deepcopy(plain)
+    PolicyModel(packed, packed=True)
+    assert packed.config._attn_implementation == PACKED_ATTENTION
+    ids, mask, _, _ = ragged_batch()
+    with torch.no_grad():
+        want = plain(input_ids=ids, attention_mask=mask).logits
+        got = packed(input_ids=ids, attention_mask=mask).logits
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], want[keep], rtol=0, atol=0)
+
+
+def test_a_model_without_layer_types_is_refused_naming_the_key():
+    lm = build_model("tiny", seed=0)
+    del lm.config.layer_types
+    with pytest.raises(ValueError, match="use_remove_padding=True.*layer_types"):
+        PolicyModel(lm, packed=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the variable-length flash kernel needs CUDA")
+def test_on_cuda_the_varlen_kernel_gives_the_padded_forwards_figures_in_bf16():
+    logp, entropy, grads = forward_and_grads(packed=True, dtype=torch.bfloat16, device="cuda")
+    logp_ref, entropy_ref, grads_ref = forward_and_grads(packed=False, dtype=torch.bfloat16, device="cuda")
+    torch.testing.assert_close(logp, logp_ref, rtol=0.02, atol=0.05)
+    torch.testing.assert_close(entropy, entropy_ref, rtol=0.02, atol=0.05)
+    for name, grad in grads.items():
+        scale = grads_ref[name].abs().max().clamp(min=1e-6)
+        assert (grad - grads_ref[name]).abs().max() / scale < 0.05, name

@@ -1,0 +1,136 @@
+"""Attention over packed rows (VERL's ``use_remove_padding``): a micro-batch's rows end to end in one
+sequence, each row attending causally to its own tokens only, so no padding is computed.
+
+``use_packed_attention(lm)`` switches a transformers model to the attention function registered here
+under ``PACKED_ATTENTION`` (transformers' AttentionInterface). A call given the rows' bounds as
+``cu_seq_lens_q`` / ``max_length_q`` (transformers' names for flash attention's cumulative lengths,
+which its decoder layers pass through to the attention function) attends per row: on CUDA in one
+variable-length flash-attention kernel (``torch.nn.attention.varlen.varlen_attn``), on the CPU row by
+row through SDPA. Any other call is SDPA's, with SDPA's masks: the hf rollout engine generates with
+the actor's own module.
+
+``trainer.workers.fsdp.PolicyModel(packed=True)`` makes the packed calls (trainer.batch.pack_rows).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PACKED_ATTENTION = "rlbench_packed"
+
+
+def packed_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: query [1, H, T, D], key and value [1, KV, T, D]
+    -> ([1, T, H, D], None) for packed calls; anything else goes to SDPA's function unchanged."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    if cu_seqlens is None:
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    if query.shape[0] != 1:
+        raise ValueError(f"packed attention: expected one packed row, got a batch of {query.shape[0]}")
+    if dropout:
+        raise ValueError(f"packed attention: attention dropout {dropout} is not supported")
+    if getattr(module, "sliding_window", None) is not None:
+        raise ValueError("packed attention: sliding-window layers are not supported")
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    q = query[0].transpose(0, 1).contiguous()  # [T, H, D]
+    k = key[0].transpose(0, 1).contiguous()  # [T, KV, D]
+    v = value[0].transpose(0, 1).contiguous()  # [T, KV, D]
+    if q.is_cuda:
+        out = _varlen_causal(q, k, v, cu_seqlens, int(kwargs["max_length_q"]), scale)
+    else:
+        out = _causal_per_row(q, k, v, cu_seqlens.tolist(), scale)
+    return out.unsqueeze(0), None  # [1, T, H, D]
+
+
+def _causal_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float) -> torch.Tensor:
+    """The CPU's packed attention: causal SDPA on each row's slice ([T, H, D] in and out)."""
+    out = torch.empty_like(q)
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end > start:
+            rows = [t[start:end].transpose(0, 1) for t in (q, k, v)]  # each [heads, n, D]
+            out[start:end] = F.scaled_dot_product_attention(
+                *rows, is_causal=True, scale=scale, enable_gqa=True
+            ).transpose(0, 1)
+    return out
+
+
+@functools.cache
+def _varlen_parameters() -> frozenset[str]:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def _varlen_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int, scale: float
+) -> torch.Tensor:
+    """Causal flash attention over the packed rows, through whichever varlen_attn signature this torch
+    has: older releases take ``is_causal`` and no scale or GQA flag, newer ones a causal
+    ``window_size=(-1, 0)``, ``scale`` and ``enable_gqa``."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = _varlen_parameters()
+    options: dict[str, Any] = {}
+    if "is_causal" in params:
+        options["is_causal"] = True
+    else:
+        options["window_size"] = (-1, 0)
+    if "scale" in params:
+        options["scale"] = scale
+    elif not math.isclose(scale, q.shape[-1] ** -0.5):
+        raise ValueError(f"packed attention: this torch's varlen_attn has no scale argument; the model asks for {scale}")
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in params:
+            options["enable_gqa"] = True
+        else:  # query head i reads KV head i // group, as transformers' repeat_kv
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, **options)
+
+
+def register_packed_attention() -> None:
+    """Register the function, with SDPA's mask maker for its ordinary calls (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    AttentionMaskInterface.register(PACKED_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+def use_packed_attention(lm: nn.Module) -> None:
+    """Switch a transformers model (every submodel) to the packed attention function, in place."""
+    register_packed_attention()
+    lm.set_attn_implementation(PACKED_ATTENTION)
+
+
+def packed_call_kwargs(cu_seqlens: torch.Tensor, max_len: int, layer_types: list[str]) -> dict[str, Any]:
+    """What a decoder's forward is given for a packed call: the rows' bounds under transformers'
+    names, and a mask per layer type (config.layer_types) that is None: the bounds are the mask, and
+    a decoder handed a mapping builds none of its own (one [T, T] mask at 30k tokens is 0.9 GB)."""
+    return {
+        "attention_mask": dict.fromkeys(layer_types, None),
+        "cu_seq_lens_q": cu_seqlens,
+        "cu_seq_lens_k": cu_seqlens,
+        "max_length_q": max_len,
+        "max_length_k": max_len,
+    }
