@@ -4,7 +4,8 @@ tile and launch, and the layer matmuls' cuBLAS back end and weight layout (issue
     python benchmarks/decode_kernels_tune.py OUT.json [--model r1-distill-qwen-1.5b]
         [--shapes 128x768 128x1280 64x8192 16x27648 1x27648]
 
-Each figure is one CUDA graph of the op over every layer (as a decode step runs it: each layer's own
+Attention is timed at the kernel's own split count (``"splits": "rule"``; ``rule_splits`` says how
+many that was) and at 1, 2 and 4 chunks a row. Each figure is one CUDA graph of the op over every layer (as a decode step runs it: each layer's own
 weights or cache, so nothing is served from L2), replayed 20 times after 3 warm-ups, median, with the
 bytes it must read at least (a layer's weights; the rows' K and V over the visible slots) over the
 time. Random values in bf16 at the model's shapes; GPU only.
@@ -22,13 +23,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainer.kernels.triton_decode_attention import decode_attention
+from trainer.kernels.triton_decode_attention import decode_attention, split_count
 from trainer.models.presets import preset_config
 from trainer.rollout.lean_decoder import lean_shape
 
 ATTENTION_CHOICES = [  # (block_n, num_warps, num_stages)
     (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 4), (32, 4, 3), (32, 2, 4),
 ]
+
+
+SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 0
 
 
 def graph_ms(body: Callable[[], None], replays: int = 20) -> float:
@@ -62,16 +66,17 @@ def attention_rows(shape, rows: int, context: int) -> list[dict]:
     kv_bytes = 2 * k.numel() * k.element_size()
     out = []
     for block_n, warps, stages in ATTENTION_CHOICES:
-        for programs in (None, 1):  # None: the kernel's default split; 1: one chunk per (row, KV head)
+        for splits in (None, 1, 2, 4):  # None: the kernel's own split_count; else that many chunks a row
             body = functools.partial(_attention_layers, q, k, v, bias, context,
-                                     dict(programs=programs, block_n=block_n, num_warps=warps, num_stages=stages))
+                                     dict(splits=splits, block_n=block_n, num_warps=warps, num_stages=stages))
             try:
                 ms = graph_ms(body)
             except Exception as exc:  # a launch this GPU cannot run (shared memory): recorded, not fatal
                 out.append({"block_n": block_n, "num_warps": warps, "num_stages": stages, "error": str(exc)[:200]})
                 continue
             out.append({"rows": rows, "context": context, "block_n": block_n, "num_warps": warps,
-                        "num_stages": stages, "split": "default" if programs is None else "none", "ms": ms,
+                        "num_stages": stages, "splits": "rule" if splits is None else splits,
+                        "rule_splits": split_count(rows, kv, context, 2 * SMS), "ms": ms,
                         "gb_per_s": kv_bytes / ms / 1e6})
             print(json.dumps(out[-1]), flush=True)
     del q, k, v, body

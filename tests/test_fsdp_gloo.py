@@ -77,6 +77,19 @@ def run_shard(model: torch.nn.Module, batch: Batch, cfg: ActorConfig, dp: DataPa
     return logp, metrics
 
 
+def count_calls(obj: object, method: str) -> list[int]:
+    """Wrap ``obj.method`` so each call appends to the returned list."""
+    calls: list[int] = []
+    original = getattr(obj, method)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    setattr(obj, method, counted)
+    return calls
+
+
 def _rank_main(rank: int, port: int, out_dir: str) -> None:
     """One worker of a two-process gloo group: every setting in turn, results saved per setting."""
     torch.set_num_threads(1)
@@ -88,7 +101,10 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
             lm = build_model("tiny", seed=0)
             if values[3] is not None:
                 enable_gradient_checkpointing(lm, values[3])
-            policy = shard_model(PolicyModel(lm, packed="packed" in values), torch.device("cpu"), 2)
+            packed = "packed" in values
+            # every micro-batch packed, however little padding it has (the trainer packs only where it pays)
+            policy = shard_model(PolicyModel(lm, packed=packed, pack_min_padding=0.0), torch.device("cpu"), 2)
+            packed_calls = count_calls(policy, "_packed_hidden")
             shard = toy_batch().select(ROWS_PER_RANK[rank])
             groups = micro_batch_groups(shard, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
                                         cfg.ppo_max_token_len_per_gpu, dp, lockstep=True)
@@ -96,7 +112,8 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
                 logp, metrics = run_shard(policy, shard, cfg, dp)
             state = full_model_state(policy.lm)
             attention = ops.total(ATTENTION_OPS)
-            torch.save({"logp": logp, "metrics": metrics, "state": state, "groups": groups, "attention": attention},
+            torch.save({"logp": logp, "metrics": metrics, "state": state, "groups": groups, "attention": attention,
+                        "packed_calls": len(packed_calls)},
                        os.path.join(out_dir, f"setting{setting}_rank{rank}.pt"))
     finally:
         dp.shutdown()  # the group, then rank 0's rendezvous socket
@@ -135,8 +152,12 @@ def test_fsdp_shards_of_unequal_size_take_the_single_process_step(two_process_re
     torch.testing.assert_close(ranks[1]["state"]["model.norm.weight"], expected["model.norm.weight"])
     # under FSDP2 too, full checkpointing runs each layer's attention again in the backward and a
     # selective policy does not (same micro-batches as the "fixed" setting, which has no checkpointing)
+    if "packed" in SETTINGS[setting]:  # every forward (log-probs, update, dummies) ran packed
+        assert all(r["packed_calls"] >= len(r["groups"]) for r in ranks), [r["packed_calls"] for r in ranks]
+        return  # packed rows on CPU: one attention call per row, not per layer and micro-batch
+    assert all(r["packed_calls"] == 0 for r in ranks)
     policy, layers = SETTINGS[setting][3], single.lm.config.num_hidden_layers
-    if policy is None or "packed" in SETTINGS[setting]:  # packed rows on CPU: one attention call per row
+    if policy is None:
         return
     plain = [torch.load(two_process_results / f"setting0_rank{r}.pt")["attention"] for r in range(2)]
     recomputed = [r["attention"] - p for r, p in zip(ranks, plain, strict=True)]

@@ -14,6 +14,7 @@ import pytest
 import ray
 import torch
 
+from trainer.batch import PACK_MIN_PADDING
 from trainer.build import build_trainer, ray_session
 from trainer.config import build_config
 from trainer.driver.checkpoint import load_checkpoint, step_dir
@@ -115,18 +116,23 @@ def test_each_algorithm_variant_takes_a_finite_step(local_ray, tmp_path, overrid
 
 def test_a_packed_step_takes_the_padded_steps_figures(local_ray, tmp_path):
     """use_remove_padding=True through the workers: the same step as padded micro-batches, to float error."""
-    ragged = ["data.max_response_length=8", "actor_rollout_ref.actor.use_kl_loss=True",
-              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"]
+    ragged = ["data.max_response_length=96", "actor_rollout_ref.actor.use_kl_loss=True",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+              "actor_rollout_ref.rollout.target_lengths.distribution=lognormal",
+              "actor_rollout_ref.rollout.target_lengths.mean=24", "actor_rollout_ref.rollout.target_lengths.sigma=1.0"]
     results = {}
     for packed in (False, True):
         trainer = make_trainer(ragged + [f"actor_rollout_ref.model.use_remove_padding={packed}"], tmp_path / str(packed))
         try:
             assert trainer.workers.info[0]["attention"] == (PACKED_ATTENTION if packed else "sdpa")
-            results[packed] = trainer.train_step(next(trainer.loader)).metrics
+            step = trainer.train_step(next(trainer.loader))
+            results[packed], results["tokens"] = step.metrics, step.tokens
         finally:
             trainer.shutdown()
-    lengths = results[False]["response_length/max"], results[False]["response_length/min"]
-    assert lengths[0] > lengths[1]  # ragged rows: the padded micro-batches did padded work
+    # old_log_prob's one micro-batch of all 128 rows had padding enough to be packed (trainer.batch.packing_pays)
+    tokens = results["tokens"]
+    rows = [p + r for p, r in zip(tokens.prompt_lengths, tokens.response_lengths, strict=True)]
+    assert max(rows) * len(rows) >= (1 + PACK_MIN_PADDING) * sum(rows), rows
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/pg_clipfrac"):
         assert results[True][key] == pytest.approx(results[False][key], rel=1e-4, abs=1e-7), key
 

@@ -82,9 +82,18 @@ def check(device: str, dtype, programs=None) -> None:
     # rows x KV heads past the programs aimed for: one chunk each, written whole with no merge;
     # a group of 7 (the padded query rows must not be stored), other tiles and launches
     q, k, v, bias = case(24, 2, 7, 64, 640, 600, dtype, device, seed=3)
+    assert split_count(rows=24, kv_heads=2, attn_len=600, programs=16) == 1
     for block_n, num_warps, num_stages in [(64, 4, 3), (32, 4, 2), (128, 8, 3)]:
-        got = decode_attention(q, k, v, bias, 600, programs=16, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+        guarded = torch.full((25, 2, 7, 64), 7.0, dtype=dtype, device=device)  # row 24: a guard after the output
+        got = decode_attention(q, k, v, bias, 600, programs=16, block_n=block_n, num_warps=num_warps,
+                               num_stages=num_stages, out=guarded[:24])
         torch.testing.assert_close(got.float(), reference(q, k, v, bias, 600), rtol=tol, atol=tol)
+        assert (guarded[24] == 7.0).all()  # the padded query rows (7 of 16) were not stored
+    # a forced split count (benchmarks) gives the same figures
+    got = decode_attention(q, k, v, bias, 600, splits=3)
+    torch.testing.assert_close(got.float(), reference(q, k, v, bias, 600), rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="shared_slots needs kv_rows"):
+        decode_attention(q, k, v, bias, 600, shared_slots=128)
 
 
 @pytest.mark.skipif(not (CUDA and HAS_TRITON), reason="needs a GPU with Triton")

@@ -113,9 +113,9 @@ def left_justify(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple
 
 
 # Pack a micro-batch only where padding it to its longest row would add at least this share of its
-# real tokens. On an H100 (benchmarks/longseq_profile.py, 10-28k-token rows) the variable-length flash
-# kernel of packed rows ran 5-11% slower than the padded causal kernel at 3-9% padding, even at 17%,
-# and 1.14-1.38x faster at 33-83%.
+# real tokens. On an H100 (benchmarks/longseq_profile.py, rows of 2,000-28,000 tokens) the
+# variable-length flash kernel of packed rows ran 5-20% slower than the padded causal kernel at 3-9%
+# padding, even at 17%, and 1.14-1.38x faster at 33-83%.
 PACK_MIN_PADDING = 0.2
 
 
@@ -148,12 +148,13 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedRo
     batches are; a row with none is packed as zero tokens."""
     real = attention_mask.bool()  # [B, S]
     lengths = real.sum(dim=1)  # [B]
-    host = [0, *torch.cumsum(lengths, dim=0).tolist()]  # one host read: T and the bounds
+    host = [0, *torch.cumsum(lengths, dim=0).tolist()]  # one host read: T, the bounds and the longest
     cu = torch.tensor(host, dtype=torch.int32, device=input_ids.device)  # [B + 1]
     ids = input_ids[real].unsqueeze(0)  # [1, T], row-major: rows in order, tokens in order
-    starts = torch.repeat_interleave(cu[:-1].long(), lengths)  # [T] each token's row start
-    positions = (torch.arange(ids.shape[1], device=ids.device) - starts).unsqueeze(0)  # [1, T]
-    return PackedRows(ids, positions, cu, int(lengths.max()) if len(lengths) else 0)
+    starts = torch.repeat_interleave(cu[:-1].long(), lengths, output_size=host[-1])  # [T] each token's row start
+    positions = (torch.arange(host[-1], device=ids.device) - starts).unsqueeze(0)  # [1, T]
+    longest = max((b - a for a, b in zip(host[:-1], host[1:], strict=True)), default=0)
+    return PackedRows(ids, positions, cu, longest)
 
 
 def left_pad(sequences: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -125,11 +125,13 @@ def _merge_kernel(
 
 
 def split_count(rows: int, kv_heads: int, attn_len: int, programs: int) -> int:
-    """Chunks per (row, KV head): one where rows x KV heads already give a quarter of ``programs``
-    (the merge and its writes cost more than the extra programs gain: 128 rows x 2 KV heads at 768
-    slots ran 20% faster unsplit on an H100), else enough for ``programs`` programs in all, none
-    shorter than MIN_SLOTS_PER_SPLIT slots, at most MAX_SPLITS."""
-    if 4 * rows * kv_heads >= programs:
+    """Chunks per (row, KV head): one where rows x KV heads already give nearly half of ``programs``
+    (about one per SM at the default of twice the SMs: the merge and its writes then cost more than
+    extra programs gain; unsplit ran 20% faster at 128 rows x 768 slots and 4% at 64 rows x 8,192 on
+    an H100, with 2 KV heads; fewer rows were not measured unsplit except 16 and 1, far slower), else
+    enough for ``programs`` programs in all, none shorter than MIN_SLOTS_PER_SPLIT slots, at most
+    MAX_SPLITS."""
+    if 100 * rows * kv_heads >= 48 * programs:
         return 1
     wanted = math.ceil(programs / max(1, rows * kv_heads))
     return max(1, min(wanted, math.ceil(attn_len / MIN_SLOTS_PER_SPLIT), MAX_SPLITS))
@@ -138,7 +140,8 @@ def split_count(rows: int, kv_heads: int, attn_len: int, programs: int) -> int:
 def decode_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, attn_len: int, programs: int | None = None,
     block_n: int | None = None, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
-    kv_rows: torch.Tensor | None = None, shared_slots: int = 0,
+    kv_rows: torch.Tensor | None = None, shared_slots: int = 0, splits: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [b, KV heads, group, d]; k, v [b, KV heads, slots, d] (d contiguous); bias [b, slots] (0 on
     visible slots, -inf elsewhere; slots contiguous) -> [b, KV heads, group, d] in q's dtype, over
@@ -147,7 +150,8 @@ def decode_attention(
     (default BLOCK_N_WHOLE or BLOCK_N_SPLIT), ``num_warps``, ``num_stages``: the partial kernel's tile
     and launch (benchmarks/decode_kernels_tune.py times the choices). ``kv_rows`` ([b] integers) and
     ``shared_slots``: slots below ``shared_slots`` (whole tiles) are read from row kv_rows[i]'s
-    cache instead of row i's, for rows whose prompts are the same (the fast engine's GRPO groups)."""
+    cache instead of row i's, for rows whose prompts are the same (the fast engine's GRPO groups).
+    ``splits`` overrides split_count (benchmarks); ``out``, q's shape and dtype, receives the result."""
     b, kv_heads, group, d = q.shape
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or bias.stride(-1) != 1:
         raise ValueError("decode_attention needs the last dimension of q, k, v and bias contiguous")
@@ -156,8 +160,11 @@ def decode_attention(
     if programs is None:
         programs = 2 * torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
     if kv_rows is None:
-        kv_rows, shared_slots = torch.zeros(1, dtype=torch.long, device=q.device), 0
-    splits = split_count(b, kv_heads, attn_len, programs)
+        if shared_slots:
+            raise ValueError("decode_attention: shared_slots needs kv_rows (which row's cache each row reads)")
+        kv_rows = torch.arange(b, device=q.device)  # every program reads an entry, never past the end
+    if splits is None:
+        splits = split_count(b, kv_heads, attn_len, programs)
     if block_n is None:
         block_n = BLOCK_N_WHOLE if splits == 1 else BLOCK_N_SPLIT
     if shared_slots % block_n:
@@ -170,7 +177,8 @@ def decode_attention(
     acc = torch.empty((parts, group_pad, d), dtype=torch.float32, device=q.device)
     maxes = torch.empty((parts, group_pad), dtype=torch.float32, device=q.device)
     sums = torch.empty_like(maxes)
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
     _partial_kernel[(b * kv_heads, splits)](
         q, k, v, bias, acc, maxes, sums, out, kv_rows,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

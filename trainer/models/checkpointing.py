@@ -10,7 +10,8 @@ a policy names are kept from the forward and handed back to the recompute, every
 
 - ``full``: nothing is kept; every op is recomputed (VERL's behaviour, and the default).
 - ``save_attention``: the fused attention kernels' outputs (SDPA's flash, memory-efficient, cuDNN and
-  CPU-flash ops, with their log-sum-exp), so attention never runs twice. Per layer and token that keeps
+  CPU-flash ops, and torch.nn.attention.varlen's op for packed rows, with their log-sum-exp), so
+  attention never runs twice. Per layer and token that keeps
   the attention output (hidden size values) and one float per head.
 - ``save_matmuls``: those and every matmul's output (the q/k/v/o projections, gate, up and down), so
   only elementwise work (RMSNorm, rotary, SiLU, residual adds) is recomputed. It keeps 3 x hidden +

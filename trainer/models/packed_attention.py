@@ -108,6 +108,26 @@ def _varlen_causal(
     return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, **options)
 
 
+def check_packed_attention(lm: nn.Module) -> None:
+    """Before any work: this torch must have what packed rows' attention runs on the model's device
+    (torch.nn.attention.varlen on CUDA, from torch 2.10; SDPA's enable_gqa on the CPU, from 2.5)."""
+    params = next(lm.parameters(), None)
+    on_cuda = params is not None and params.is_cuda
+    if on_cuda:
+        try:
+            _varlen_parameters()
+        except ImportError as exc:
+            raise ValueError(
+                f"actor_rollout_ref.model.use_remove_padding=True needs torch.nn.attention.varlen (torch 2.10 or "
+                f"later) on CUDA; this torch is {torch.__version__}"
+            ) from exc
+    elif tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 5):
+        raise ValueError(
+            "actor_rollout_ref.model.use_remove_padding=True needs scaled_dot_product_attention's enable_gqa "
+            f"(torch 2.5 or later); this torch is {torch.__version__}"
+        )
+
+
 def register_packed_attention() -> None:
     """Register the function, with SDPA's mask maker for its ordinary calls (idempotent)."""
     from transformers import AttentionInterface

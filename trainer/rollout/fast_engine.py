@@ -272,7 +272,10 @@ class FastRolloutEngine(RolloutEngine):
         buf = self._prepare(b, padded, request.max_new_tokens, sampling)
         groups = shared_prompt_rows(prompt_ids, prompt_mask)
         buf.reset(prompt_mask, request.row_keys, request.seed, request.targets, groups.to(self.device))
-        chunk = max(1, PREFILL_TOKENS // padded)
+        # whole prompt groups per chunk where the micro-batch starts a group: the rows of one prompt
+        # are then prefilled by one GEMM, so the prompt K/V they share (prompt_rows) is bit for bit theirs
+        n = max(1, request.n)
+        chunk = max(n, PREFILL_TOKENS // padded // n * n)
         logits = torch.empty((b, self.shape.vocab), dtype=self.weights.dtype, device=self.device)
         for r in range(0, b, chunk):
             logits[r : r + chunk] = prefill_logits(

@@ -27,7 +27,7 @@ from torch import nn
 
 from trainer.algorithms.entropy import logprobs_from_hidden
 from trainer.batch import PACK_MIN_PADDING, left_justify, pack_rows, packing_pays
-from trainer.models.packed_attention import packed_call_kwargs, use_packed_attention
+from trainer.models.packed_attention import check_packed_attention, packed_call_kwargs, use_packed_attention
 
 STRATEGIES: tuple[str, ...] = ("fsdp2", "dp")
 
@@ -63,6 +63,7 @@ class PolicyModel(nn.Module):
         self.packed = packed
         self.pack_min_padding = pack_min_padding  # 0: pack every micro-batch (benchmarks/longseq_profile.py)
         if packed:
+            check_packed_attention(lm)
             if not getattr(lm.config, "layer_types", None):
                 raise ValueError(
                     f"actor_rollout_ref.model.use_remove_padding=True: {type(lm).__name__} has no config.layer_types, "
@@ -116,10 +117,14 @@ class PolicyModel(nn.Module):
         on every real token are ``trainer.batch.position_ids_from_mask``'s), where the position that
         predicts response token t is P-1+t minus the row's left padding."""
         ids, pads = left_justify(input_ids, attention_mask)  # ids [B, S], pads [B]
-        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)  # [B, S]
+        # columns past the longest row are padding in every row: S may exceed it when the longest
+        # prompt and the longest response belong to different rows
+        ids = ids[:, : max(1, int(attention_mask.sum(dim=1).max()))]  # [B, L]
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)  # [B, L]
         hidden = self.lm.get_decoder()(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
         prompt_width = input_ids.shape[1] - r
         at = (prompt_width - 1 - pads).unsqueeze(1) + torch.arange(r, device=ids.device)  # [B, R]
+        at = at.clamp(max=ids.shape[1] - 1)  # past a row's end: another token's state, masked out
         return hidden.gather(1, at.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [B, R, H]
 
     def _packed_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, r: int) -> torch.Tensor:
