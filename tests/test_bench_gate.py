@@ -211,4 +211,5 @@ def test_a_cpu_regression_must_reproduce_when_re_timed_at_the_end(
         assert row["reason"] == "not reproduced" and "not when re-timed at the end of the session" in row["message"]
     else:
         result.assert_outcomes(passed=3, failed=1)
-        assert "and again when re-timed at the end of the session, at ratio 2.0" in row["message"], row["message"]
+        again = re.search(r"and again when re-timed at the end of the session, at ratio (\d+\.\d+)", row["message"])
+        assert again and 1.8 < float(again.group(1)) < 2.3, row["message"]  # sleeps of 0.10 s vs 0.05 s
