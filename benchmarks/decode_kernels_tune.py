@@ -23,16 +23,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainer.kernels.triton_decode_attention import decode_attention, split_count
+from trainer.kernels.triton_decode_attention import decode_attention, default_programs, split_count
 from trainer.models.presets import preset_config
 from trainer.rollout.lean_decoder import lean_shape
 
 ATTENTION_CHOICES = [  # (block_n, num_warps, num_stages)
     (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 4), (32, 4, 3), (32, 2, 4),
 ]
-
-
-SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 0
 
 
 def graph_ms(body: Callable[[], None], replays: int = 20) -> float:
@@ -76,7 +73,7 @@ def attention_rows(shape, rows: int, context: int) -> list[dict]:
                 continue
             out.append({"rows": rows, "context": context, "block_n": block_n, "num_warps": warps,
                         "num_stages": stages, "splits": "rule" if splits is None else splits,
-                        "rule_splits": split_count(rows, kv, context, 2 * SMS), "ms": ms,
+                        "rule_splits": split_count(rows, kv, context, default_programs(q.device)), "ms": ms,
                         "gb_per_s": kv_bytes / ms / 1e6})
             print(json.dumps(out[-1]), flush=True)
     del q, k, v, body

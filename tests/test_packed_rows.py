@@ -31,8 +31,9 @@ def ragged_batch(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch
 
 def test_pack_rows_lays_the_real_tokens_end_to_end():
     ids, mask, _, _ = ragged_batch()
-    rows = pack_rows(ids, mask)
     lengths = [len(p) + len(r) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    assert mask.sum(dim=1).tolist() == lengths
+    rows = pack_rows(ids, mask, lengths)
     assert rows.ids.tolist() == [[t for p, r in zip(PROMPTS, RESPONSES, strict=True) for t in p + r]]
     assert rows.positions.tolist() == [[i for n in lengths for i in range(n)]]
     assert rows.cu_seqlens.dtype == torch.int32
@@ -42,9 +43,10 @@ def test_pack_rows_lays_the_real_tokens_end_to_end():
 
 def test_packing_pays_only_where_padding_adds_enough_work():
     _, mask, _, _ = ragged_batch()  # rows of 7, 6, 7 and 2 tokens: padded to 7, 28 for 22
-    assert PACK_MIN_PADDING == 0.2 and packing_pays(mask)
-    assert not packing_pays(mask, min_padding=0.3)
-    assert not packing_pays(torch.ones(3, 5, dtype=torch.long))  # equal rows: nothing to gain
+    lengths = mask.sum(dim=1).tolist()
+    assert PACK_MIN_PADDING == 0.2 and packing_pays(lengths)
+    assert not packing_pays(lengths, min_padding=0.3)
+    assert not packing_pays([5, 5, 5])  # equal rows: nothing to gain
 
 
 def test_rows_of_one_length_take_the_padded_path():

@@ -8,6 +8,7 @@ ends a response included, and excludes padding after it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -119,12 +120,10 @@ def left_justify(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple
 PACK_MIN_PADDING = 0.2
 
 
-def packing_pays(attention_mask: torch.Tensor, min_padding: float = PACK_MIN_PADDING) -> bool:
-    """Whether rows [B, S] padded to the longest would compute at least ``min_padding`` more tokens
-    than their real ones (one host read)."""
-    lengths = attention_mask.sum(dim=1)  # [B]
-    longest, real = (int(x) for x in torch.stack([lengths.max(), lengths.sum()]).tolist())
-    return longest * lengths.numel() >= (1.0 + min_padding) * real
+def packing_pays(lengths: Sequence[int], min_padding: float = PACK_MIN_PADDING) -> bool:
+    """Whether rows of these real-token ``lengths``, padded to the longest, would compute at least
+    ``min_padding`` more tokens than their real ones."""
+    return max(lengths, default=0) * len(lengths) >= (1.0 + min_padding) * sum(lengths)
 
 
 @dataclass
@@ -142,19 +141,20 @@ class PackedRows:
     max_len: int
 
 
-def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedRows:
+def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: Sequence[int]) -> PackedRows:
     """Rows laid out [left padding | real tokens | right padding] ([B, S]) packed into one row of
-    their real tokens, in row order. The real tokens of a row must be contiguous, as this module's
-    batches are; a row with none is packed as zero tokens."""
-    real = attention_mask.bool()  # [B, S]
-    lengths = real.sum(dim=1)  # [B]
-    host = [0, *torch.cumsum(lengths, dim=0).tolist()]  # one host read: T, the bounds and the longest
-    cu = torch.tensor(host, dtype=torch.int32, device=input_ids.device)  # [B + 1]
-    ids = input_ids[real].unsqueeze(0)  # [1, T], row-major: rows in order, tokens in order
-    starts = torch.repeat_interleave(cu[:-1].long(), lengths, output_size=host[-1])  # [T] each token's row start
-    positions = (torch.arange(host[-1], device=ids.device) - starts).unsqueeze(0)  # [1, T]
-    longest = max((b - a for a, b in zip(host[:-1], host[1:], strict=True)), default=0)
-    return PackedRows(ids, positions, cu, longest)
+    their real tokens, in row order; ``lengths`` are the mask's row sums, read on the host by the
+    caller (which decides with them whether to pack). The real tokens of a row must be contiguous, as
+    this module's batches are; a row with none is packed as zero tokens."""
+    device = input_ids.device
+    bounds = [0, *itertools.accumulate(lengths)]
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)  # [B + 1]
+    ids = input_ids[attention_mask.bool()].unsqueeze(0)  # [1, T], row-major: rows in order, tokens in order
+    starts = torch.repeat_interleave(  # [T] each token's row start
+        cu[:-1].long(), torch.as_tensor(lengths, device=device), output_size=bounds[-1]
+    )
+    positions = (torch.arange(bounds[-1], device=device) - starts).unsqueeze(0)  # [1, T]
+    return PackedRows(ids, positions, cu, max(lengths, default=0))
 
 
 def left_pad(sequences: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

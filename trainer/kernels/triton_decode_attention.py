@@ -124,6 +124,12 @@ def _merge_kernel(
     tl.store(out_ptr + b * so_b + h * so_h + g * so_g + d, merged.to(out_ptr.dtype.element_ty))
 
 
+def default_programs(device: torch.device) -> int:
+    """How many programs ``decode_attention`` aims for unless told: twice the SMs (8 off a GPU, for
+    Triton's interpreter)."""
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+
+
 def split_count(rows: int, kv_heads: int, attn_len: int, programs: int) -> int:
     """Chunks per (row, KV head): one where rows x KV heads already give nearly half of ``programs``
     (about one per SM at the default of twice the SMs: the merge and its writes then cost more than
@@ -158,7 +164,7 @@ def decode_attention(
     if d < 16 or d & (d - 1):
         raise ValueError(f"decode_attention needs a power-of-two head_dim >= 16, got {d}")
     if programs is None:
-        programs = 2 * torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
+        programs = default_programs(q.device)
     if kv_rows is None:
         if shared_slots:
             raise ValueError("decode_attention: shared_slots needs kv_rows (which row's cache each row reads)")

@@ -109,8 +109,14 @@ def _varlen_causal(
 
 
 def check_packed_attention(lm: nn.Module) -> None:
-    """Before any work: this torch must have what packed rows' attention runs on the model's device
+    """Before any work: the model must list its layer types (``packed_call_kwargs`` hands each type
+    its mask), and this torch must have what packed rows' attention runs on the model's device
     (torch.nn.attention.varlen on CUDA, from torch 2.10; SDPA's enable_gqa on the CPU, from 2.5)."""
+    if not getattr(lm.config, "layer_types", None):
+        raise ValueError(
+            f"actor_rollout_ref.model.use_remove_padding=True: {type(lm).__name__} has no config.layer_types, "
+            "so its forward cannot be handed the packed rows' attention per layer type (Qwen2 models can)"
+        )
     params = next(lm.parameters(), None)
     on_cuda = params is not None and params.is_cuda
     if on_cuda:
@@ -138,7 +144,9 @@ def register_packed_attention() -> None:
 
 
 def use_packed_attention(lm: nn.Module) -> None:
-    """Switch a transformers model (every submodel) to the packed attention function, in place."""
+    """Switch a transformers model (every submodel) to the packed attention function, in place, once
+    ``check_packed_attention`` finds nothing missing."""
+    check_packed_attention(lm)
     register_packed_attention()
     lm.set_attn_implementation(PACKED_ATTENTION)
 

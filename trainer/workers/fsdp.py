@@ -27,7 +27,7 @@ from torch import nn
 
 from trainer.algorithms.entropy import logprobs_from_hidden
 from trainer.batch import PACK_MIN_PADDING, left_justify, pack_rows, packing_pays
-from trainer.models.packed_attention import check_packed_attention, packed_call_kwargs, use_packed_attention
+from trainer.models.packed_attention import packed_call_kwargs, use_packed_attention
 
 STRATEGIES: tuple[str, ...] = ("fsdp2", "dp")
 
@@ -63,12 +63,6 @@ class PolicyModel(nn.Module):
         self.packed = packed
         self.pack_min_padding = pack_min_padding  # 0: pack every micro-batch (benchmarks/longseq_profile.py)
         if packed:
-            check_packed_attention(lm)
-            if not getattr(lm.config, "layer_types", None):
-                raise ValueError(
-                    f"actor_rollout_ref.model.use_remove_padding=True: {type(lm).__name__} has no config.layer_types, "
-                    "so its forward cannot be handed the packed rows' attention per layer type (Qwen2 models can)"
-                )
             use_packed_attention(lm)
         head = lm.get_output_embeddings()
         if head is None or not hasattr(head, "weight"):
@@ -99,9 +93,12 @@ class PolicyModel(nn.Module):
         positions (past a row's last token they are other tokens' states, which the mask drops).
         """
         r = response_ids.shape[1]
-        pack = self.packed and packing_pays(attention_mask, self.pack_min_padding)  # both give the same log-probs; one is faster
-        at_hidden = self._packed_hidden if pack else self._padded_hidden
-        hidden = at_hidden(input_ids, attention_mask, r)  # [B, R, H]
+        lengths = attention_mask.sum(dim=1).tolist()  # [B] real tokens per row: one host read
+        # both ways give the same log-probs; packed rows are faster only where padding adds enough
+        if self.packed and packing_pays(lengths, self.pack_min_padding):
+            hidden = self._packed_hidden(input_ids, attention_mask, r, lengths)  # [B, R, H]
+        else:
+            hidden = self._padded_hidden(input_ids, attention_mask, r, max(lengths, default=0))  # [B, R, H]
         head = self.lm.get_output_embeddings()
         return logprobs_from_hidden(
             hidden,
@@ -112,14 +109,14 @@ class PolicyModel(nn.Module):
             with_entropy=with_entropy,
         )
 
-    def _padded_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, r: int) -> torch.Tensor:
+    def _padded_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, r: int, longest: int) -> torch.Tensor:
         """The rows left-justified (trainer.batch.left_justify: no attention mask, positions 0..S-1, which
         on every real token are ``trainer.batch.position_ids_from_mask``'s), where the position that
         predicts response token t is P-1+t minus the row's left padding."""
         ids, pads = left_justify(input_ids, attention_mask)  # ids [B, S], pads [B]
         # columns past the longest row are padding in every row: S may exceed it when the longest
         # prompt and the longest response belong to different rows
-        ids = ids[:, : max(1, int(attention_mask.sum(dim=1).max()))]  # [B, L]
+        ids = ids[:, : max(1, longest)]  # [B, L]
         positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)  # [B, L]
         hidden = self.lm.get_decoder()(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
         prompt_width = input_ids.shape[1] - r
@@ -127,11 +124,13 @@ class PolicyModel(nn.Module):
         at = at.clamp(max=ids.shape[1] - 1)  # past a row's end: another token's state, masked out
         return hidden.gather(1, at.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [B, R, H]
 
-    def _packed_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, r: int) -> torch.Tensor:
+    def _packed_hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, r: int, lengths: list[int]
+    ) -> torch.Tensor:
         """The rows' real tokens end to end (trainer.batch.pack_rows), row i from packed index
         cu_seqlens[i]: the position that predicts response token t is that plus the row's prompt
         length - 1 + t."""
-        rows = pack_rows(input_ids, attention_mask)
+        rows = pack_rows(input_ids, attention_mask, lengths)
         packed = packed_call_kwargs(rows.cu_seqlens, rows.max_len, self.lm.config.layer_types)
         hidden = self.lm.get_decoder()(
             input_ids=rows.ids, position_ids=rows.positions, use_cache=False, **packed
