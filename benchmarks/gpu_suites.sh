@@ -23,7 +23,9 @@
 #                                                      # parts that each fit a 10-minute command; replay-phases
 #                                                      # runs the -k expression in REPLAY_PHASES when set; a
 #                                                      # replay shape may end in -packed (use_remove_padding)
-#                                                      # and/or -liger (use_liger), e.g. replay-step-packed-liger
+#                                                      # and/or -liger (use_liger), and -mlp or -mlpN (the mlp
+#                                                      # checkpointing policy, on the first N layers), e.g.
+#                                                      # replay-step-packed-liger, replay-step-uniform-liger-mlp20
 #   bash benchmarks/gpu_suites.sh OUT_DIR gate16x4     # the gate on one GPU: a baseline, 3 same-code reruns gated
 #                                                      # against it, and one with old_log_prob 25% slower
 #                                                      # (benchmarks/gate_slow_phase.py); one report each
@@ -120,12 +122,18 @@ for shape in "$@"; do
     replay-*)
         # free_cache_engine (VERL's key): the engine's KV cache for 64 x 27k tokens (~51 GB) is released
         # after generation, as VERL releases vLLM's, so the update fits beside the optimizer state.
-        # A shape may end in -packed (use_remove_padding=True) and/or -liger (use_liger=True).
+        # A shape may end in -packed (use_remove_padding=True), -liger (use_liger=True) and -mlp or -mlpN
+        # (gradient_checkpointing_policy=mlp, on the first N layers: gradient_checkpointing_layers=N).
         base=$shape; extra=()
         while :; do
             case "$base" in
             *-packed) extra+=(--rl-config actor_rollout_ref.model.use_remove_padding=True); base=${base%-packed} ;;
             *-liger) extra+=(--rl-config actor_rollout_ref.model.use_liger=True); base=${base%-liger} ;;
+            *-mlp) extra+=(--rl-config actor_rollout_ref.model.gradient_checkpointing_policy=mlp); base=${base%-mlp} ;;
+            *-mlp[0-9]*)  # the MLP policy on the first N layers only (gradient_checkpointing_layers=N)
+                n=${base##*-mlp}; base=${base%-mlp*}
+                extra+=(--rl-config actor_rollout_ref.model.gradient_checkpointing_policy=mlp
+                        --rl-config "actor_rollout_ref.model.gradient_checkpointing_layers=$n") ;;
             *) break ;;
             esac
         done

@@ -1,6 +1,7 @@
 """Where the actor's time goes on long sequences (issue 15: training at 14-28k tokens runs at ~15% MFU).
 
     python benchmarks/longseq_profile.py OUT_DIR [--model r1-distill-qwen-1.5b] [--lengths 14000 14000,10000]
+        [--layouts packed left-justified "padding mask"] [--checkpointing full mlp mlp/14 none] [--liger]
 
 For each case (comma-separated row lengths: one micro-batch, right-padded to its longest row as the
 trainer pads it; prompts of 148 tokens) it times, on one GPU without FSDP, the log-prob forward that
@@ -10,8 +11,13 @@ variable-length flash-attention call; here every case is packed, where the train
 micro-batches that padding would grow by trainer.batch.PACK_MIN_PADDING), the trainer's default (rows left-justified and padded to the
 longest, no attention mask: the causal kernel) and the decoder called with the batch's padding mask,
 as the trainer did before. Figures: seconds, tokens/s, and TFLOP/s of model FLOPs (2N per token
-forward, 6N with backward, 8N with recompute) plus causal attention FLOPs. With --trace it also writes
-the ten costliest kernels of one forward per case. Results: OUT_DIR/longseq_profile.json.
+forward, 6N with backward, 8N with recompute) plus causal attention FLOPs, and the peak GPU memory of
+the forward + backward. --checkpointing names the gradient checkpointing of the forward + backward,
+each its own row: a gradient_checkpointing_policy, optionally /LAYERS (gradient_checkpointing_layers),
+or none (default: full); the TFLOP/s figure counts a full recompute's FLOPs whatever it names, so it
+compares seconds, not MFU. --liger applies liger-kernel's RMSNorm, SwiGLU and RoPE as use_liger does.
+With --trace it also writes the ten costliest kernels of one forward per case. Results:
+OUT_DIR/longseq_profile.json.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 import torch
 
 from trainer.algorithms.entropy import logprobs_from_hidden
+from trainer.models.checkpointing import decoder_layers, enable_gradient_checkpointing
 from trainer.models.presets import build_model
 from trainer.workers.fsdp import PolicyModel
 
@@ -71,6 +78,28 @@ def run(policies: dict[str, PolicyModel], layout: str, ids, mask, positions, res
             logp.sum().backward()
 
 
+def checkpointed(lm, spec: str):
+    """Checkpoint ``lm`` as ``spec`` says ('none', 'POLICY' or 'POLICY/LAYERS') and return a function that
+    undoes it: the model is shared by every row."""
+    if spec == "none":
+        return lambda: None
+    policy, _, layers = spec.partition("/")
+    saved = [(m, m.__dict__.get("forward")) for m in lm.modules()]
+    enable_gradient_checkpointing(lm, policy, int(layers) if layers else None)
+
+    def undo() -> None:
+        getattr(lm, "activation_checkpointing_disable", lm.gradient_checkpointing_disable)()
+        for layer in decoder_layers(lm):
+            layer.gradient_checkpointing = False
+        for module, forward in saved:  # the mlp policy replaced these instance forwards
+            if forward is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = forward
+
+    return undo
+
+
 def top_kernels(fn) -> list[tuple[str, float]]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -88,12 +117,19 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--model", default="r1-distill-qwen-1.5b")
     ap.add_argument("--lengths", nargs="+", default=["14000", "14000,10000", "27000", "27000,2500", "10000,10000,9000"])
+    ap.add_argument("--layouts", nargs="+", default=["packed", "left-justified", "padding mask"])
+    ap.add_argument("--checkpointing", nargs="+", default=["full"])
+    ap.add_argument("--liger", action="store_true")
     ap.add_argument("--trace", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
     lm = build_model(args.model, seed=0).to(device, torch.bfloat16)
+    if args.liger:
+        from trainer.models.liger import apply_liger
+
+        apply_liger(lm)
     cfg = lm.config
     # one model: packing switches its attention function, whose unpacked calls are SDPA's as before
     policies = {"left-justified": PolicyModel(lm), "packed": PolicyModel(lm, packed=True, pack_min_padding=0.0)}
@@ -104,25 +140,36 @@ def main() -> None:
         ids, mask, positions, response = make_batch(lengths, cfg.vocab_size, device)
         tokens = sum(lengths)
         attn_flops = sum(4 * cfg.num_hidden_layers * cfg.hidden_size * n * n / 2 for n in lengths)
-        for layout in ("packed", "left-justified", "padding mask"):
+        for layout in args.layouts:
             forward = functools.partial(run, policies, layout, ids, mask, positions, response, backward=False)
             train = functools.partial(run, policies, layout, ids, mask, positions, response, backward=True)
+            lm.eval()
             fwd = timed(forward)
-            lm.gradient_checkpointing_enable()
-            lm.train()
-            bwd = timed(train, repeats=2)
-            lm.gradient_checkpointing_disable()
-            lm.zero_grad(set_to_none=True)
-            row = {
-                "lengths": lengths, "layout": layout, "tokens": tokens,
-                "forward_s": fwd, "forward_tflops": (2 * n_params * tokens + attn_flops) / fwd / 1e12,
-                "train_s": bwd, "train_tflops": (8 * n_params * tokens + 4 * attn_flops) / bwd / 1e12,
-            }
-            if args.trace:
-                row["forward_top_kernels_ms"] = top_kernels(forward)
-            results.append(row)
-            print(json.dumps(row), flush=True)
-            torch.cuda.empty_cache()
+            for spec in args.checkpointing:
+                undo = checkpointed(lm, spec)
+                lm.train()
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+                try:
+                    bwd, peak = timed(train, repeats=2), torch.cuda.max_memory_allocated() - before
+                except torch.OutOfMemoryError:
+                    bwd = peak = None
+                undo()
+                lm.zero_grad(set_to_none=True)
+                row = {
+                    "lengths": lengths, "layout": layout, "tokens": tokens, "checkpointing": spec, "liger": args.liger,
+                    "forward_s": fwd, "forward_tflops": (2 * n_params * tokens + attn_flops) / fwd / 1e12,
+                    "train_s": bwd,
+                    "train_tflops": bwd and (8 * n_params * tokens + 4 * attn_flops) / bwd / 1e12,
+                    # gradients (bf16, one per weight) included: above the weights held before the call
+                    "train_peak_gib": peak and peak / 2**30,
+                }
+                if args.trace:
+                    row["forward_top_kernels_ms"] = top_kernels(forward)
+                results.append(row)
+                print(json.dumps(row), flush=True)
+                torch.cuda.empty_cache()
     (out / "longseq_profile.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "steps": results}, indent=1))
 
 

@@ -118,6 +118,8 @@ def describe_config(cfg: Config) -> RunConfig:
             "gradient_checkpointing": arr.model.enable_gradient_checkpointing,
             **({"gradient_checkpointing_policy": arr.model.gradient_checkpointing_policy}
                if arr.model.enable_gradient_checkpointing else {}),
+            **({"gradient_checkpointing_layers": arr.model.gradient_checkpointing_layers}
+               if arr.model.enable_gradient_checkpointing and arr.model.gradient_checkpointing_layers else {}),
             "param_offload": arr.actor.fsdp_config.param_offload,
             "optimizer_offload": arr.actor.fsdp_config.optimizer_offload,
             "dataset": dataset_label(cfg),

@@ -27,8 +27,9 @@ ROWS_PER_RANK = ([0, 1, 2, 3, 4], [5, 6, 7])  # unequal on purpose
 # (micro-batch size, dynamic bsz, token budget, gradient checkpointing policy on the sharded model or
 # None, loss_agg_mode): 3 vs 2 fixed groups; by token budget 4 vs 3 + 1 empty; fixed again with
 # checkpointed layers, fully and selectively recomputed; fixed with Dr.GRPO's aggregation (its loss
-# weights count sequences, not tokens); the last, packed rows (use_remove_padding) by token budget
-# with full checkpointing, against the padded single-process step.
+# weights count sequences, not tokens); packed rows (use_remove_padding) by token budget with full
+# checkpointing, against the padded single-process step; the MLP blocks alone checkpointed; and only
+# the first layer checkpointed ("POLICY/LAYERS": gradient_checkpointing_layers).
 SETTINGS = [
     (2, False, 0, None, "token-mean"),
     (2, True, 13, None, "token-mean"),
@@ -37,7 +38,15 @@ SETTINGS = [
     (2, False, 0, "save_attention", "token-mean"),
     (2, False, 0, "save_matmuls", "token-mean"),
     (2, True, 13, "full", "token-mean", "packed"),
+    (2, False, 0, "mlp", "token-mean"),
+    (2, False, 0, "full/1", "token-mean"),
 ]
+
+
+def checkpointing(spec: str) -> tuple[str, int | None]:
+    """'POLICY' or 'POLICY/LAYERS' -> (policy, layers or None)."""
+    policy, _, layers = spec.partition("/")
+    return policy, int(layers) if layers else None
 
 
 def toy_batch() -> Batch:
@@ -100,7 +109,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
             cfg = actor_config(*values[:5])
             lm = build_model("tiny", seed=0)
             if values[3] is not None:
-                enable_gradient_checkpointing(lm, values[3])
+                enable_gradient_checkpointing(lm, *checkpointing(values[3]))
             packed = "packed" in values
             # every micro-batch packed, however little padding it has (the trainer packs only where it pays)
             policy = shard_model(PolicyModel(lm, packed=packed, pack_min_padding=0.0), torch.device("cpu"), 2)
@@ -128,7 +137,8 @@ def two_process_results(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize(
     "setting", range(len(SETTINGS)),
-    ids=["fixed", "dynamic", "checkpointed", "sum-norm", "save-attention", "save-matmuls", "packed"],
+    ids=["fixed", "dynamic", "checkpointed", "sum-norm", "save-attention", "save-matmuls", "packed", "mlp",
+         "first-layer"],
 )
 def test_fsdp_shards_of_unequal_size_take_the_single_process_step(two_process_results, setting):
     cfg = actor_config(*SETTINGS[setting][:5])
@@ -150,15 +160,16 @@ def test_fsdp_shards_of_unequal_size_take_the_single_process_step(two_process_re
     for name, value in ranks[0]["state"].items():
         torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=2e-5, msg=name)
     torch.testing.assert_close(ranks[1]["state"]["model.norm.weight"], expected["model.norm.weight"])
-    # under FSDP2 too, full checkpointing runs each layer's attention again in the backward and a
-    # selective policy does not (same micro-batches as the "fixed" setting, which has no checkpointing)
+    # under FSDP2 too, full checkpointing runs each checkpointed layer's attention again in the backward
+    # and a selective policy does not (same micro-batches as the "fixed" setting, which has no checkpointing)
     if "packed" in SETTINGS[setting]:  # every forward (log-probs, update, dummies) ran packed
         assert all(r["packed_calls"] >= len(r["groups"]) for r in ranks), [r["packed_calls"] for r in ranks]
         return  # packed rows on CPU: one attention call per row, not per layer and micro-batch
     assert all(r["packed_calls"] == 0 for r in ranks)
-    policy, layers = SETTINGS[setting][3], single.lm.config.num_hidden_layers
-    if policy is None:
+    if SETTINGS[setting][3] is None:
         return
+    policy, layers = checkpointing(SETTINGS[setting][3])
+    layers = layers or single.lm.config.num_hidden_layers
     plain = [torch.load(two_process_results / f"setting0_rank{r}.pt")["attention"] for r in range(2)]
     recomputed = [r["attention"] - p for r, p in zip(ranks, plain, strict=True)]
     assert recomputed == ([layers * len(r["groups"]) for r in ranks] if policy == "full" else [0, 0]), policy

@@ -78,6 +78,34 @@ def test_each_policy_recomputes_only_what_it_does_not_keep(runs):
     assert full_attention == layers and full_matmuls > 0  # one attention per layer, its projections too
     assert recomputed("save_attention") == (0, full_matmuls)  # attention kept, matmuls still recomputed
     assert recomputed("save_matmuls") == (0, 0)  # only elementwise work runs again
+    mlp_attention, mlp_matmuls = recomputed("mlp")  # the MLP's matmuls only, never attention's
+    assert mlp_attention == 0 and 0 < mlp_matmuls < full_matmuls
+
+
+def test_only_the_first_layers_are_checkpointed_when_layers_is_set():
+    """gradient_checkpointing_layers=1: the first layer recomputes, the second keeps its activations;
+    the gradients stay those of no checkpointing."""
+    lm = build_model("tiny", torch.float32, seed=0).train()
+    assert lm.config.num_hidden_layers == 2
+    enable_gradient_checkpointing(lm, "full", layers=1)
+    ids, mask, response, weights = toy_inputs()
+    logp, _ = PolicyModel(lm)(ids, mask, response, temperature=0.7)
+    with OpCounter() as counter:
+        (logp * weights).sum().backward()
+    assert counter.total(ATTENTION_OPS) == 1
+    with pytest.raises(ValueError, match=r"gradient_checkpointing_layers=3: the model \(qwen2\) has 2 decoder layers"):
+        enable_gradient_checkpointing(build_model("tiny"), "mlp", layers=3)
+
+
+def test_the_mlp_policy_is_a_plain_call_without_gradients():
+    """old_log_prob and ref run the checkpointed model under no_grad: no checkpoint, same log-probs."""
+    plain = build_model("tiny", torch.float32, seed=0).train()
+    lm = build_model("tiny", torch.float32, seed=0).train()
+    enable_gradient_checkpointing(lm, "mlp")
+    ids, mask, response, _ = toy_inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(PolicyModel(lm)(ids, mask, response)[0], PolicyModel(plain)(ids, mask, response)[0],
+                                   rtol=0, atol=0)
 
 
 def test_full_is_a_plain_non_reentrant_checkpoint():
@@ -91,7 +119,7 @@ def test_full_is_a_plain_non_reentrant_checkpoint():
 def test_the_policy_key_names_its_valid_values():
     assert build_config([]).actor_rollout_ref.model.gradient_checkpointing_policy == "full"
     with pytest.raises(ConfigError, match=rf"{POLICY}='save_all' is not valid; choose one of: full, save_attention, "
-                                          "save_matmuls"):
+                                          "save_matmuls, mlp"):
         build_config([CHECKPOINTING_ON, f"{POLICY}=save_all"])
     cfg = build_config([CHECKPOINTING_ON, f"{POLICY}=save_attention"])
     assert cfg.actor_rollout_ref.model.gradient_checkpointing_policy == "save_attention"
@@ -101,6 +129,16 @@ def test_a_selective_policy_without_checkpointing_is_refused_not_ignored():
     build_config([f"{POLICY}=full"])  # the default stays valid with checkpointing off
     with pytest.raises(ConfigError, match=rf"{POLICY}=save_matmuls needs .*enable_gradient_checkpointing=True"):
         build_config([f"{POLICY}=save_matmuls"])
+
+
+def test_the_layers_key_needs_checkpointing_and_at_least_one_layer():
+    key = "actor_rollout_ref.model.gradient_checkpointing_layers"
+    assert build_config([]).actor_rollout_ref.model.gradient_checkpointing_layers is None
+    with pytest.raises(ConfigError, match=rf"{key}=20 needs .*enable_gradient_checkpointing=True"):
+        build_config([f"{key}=20"])
+    with pytest.raises(ConfigError, match=rf"{key} must be null \(every layer\) or at least 1, got 0"):
+        build_config([CHECKPOINTING_ON, f"{key}=0"])
+    assert build_config([CHECKPOINTING_ON, f"{key}=20"]).actor_rollout_ref.model.gradient_checkpointing_layers == 20
 
 
 def test_save_matmuls_is_refused_with_liger_whose_rope_overwrites_the_kept_projections():
@@ -124,3 +162,7 @@ def test_records_and_trl_comparisons_name_a_selective_policy():
     assert "gradient_checkpointing_policy save_attention: trl recomputes each checkpointed layer in full" in (
         differences(selective, 4)
     )
+    some = build_config([CHECKPOINTING_ON, "actor_rollout_ref.model.gradient_checkpointing_layers=20"])
+    assert describe_config(some).settings["gradient_checkpointing_layers"] == 20
+    assert "gradient_checkpointing_layers" not in describe_config(plain).settings
+    assert "gradient_checkpointing_layers 20: trl checkpoints every layer" in differences(some, 4)

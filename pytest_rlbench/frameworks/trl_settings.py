@@ -134,6 +134,9 @@ def differences(cfg: Config, micro: int) -> list[str]:
     if arr.model.enable_gradient_checkpointing and arr.model.gradient_checkpointing_policy != "full":
         out.append(f"gradient_checkpointing_policy {arr.model.gradient_checkpointing_policy}: trl recomputes "
                    "each checkpointed layer in full")
+    if arr.model.enable_gradient_checkpointing and arr.model.gradient_checkpointing_layers:
+        out.append(f"gradient_checkpointing_layers {arr.model.gradient_checkpointing_layers}: trl checkpoints "
+                   "every layer")
     offload = actor.fsdp_config
     if offload.param_offload or offload.optimizer_offload:
         out.append("parameter/optimizer offload: not applied to trl")

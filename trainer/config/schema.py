@@ -50,9 +50,12 @@ class ModelConfig:
     use_remove_padding: bool = False
     enable_gradient_checkpointing: bool = False
     # Our extension: what the checkpointed layers' recompute may skip (trainer/models/checkpointing.py):
-    # full (recompute everything, VERL's), save_attention or save_matmuls. Needs
-    # enable_gradient_checkpointing=True unless full.
+    # full (recompute everything, VERL's), save_attention, save_matmuls or mlp (recompute each
+    # layer's MLP block only). Needs enable_gradient_checkpointing=True unless full.
     gradient_checkpointing_policy: str = "full"
+    # Our extension: checkpoint only the first this many decoder layers (None: all, VERL's); the rest
+    # keep their activations, trading memory for the recompute. Needs enable_gradient_checkpointing.
+    gradient_checkpointing_layers: int | None = None
     trust_remote_code: bool = False
     # VERL's key: liger-kernel's fused RMSNorm, SwiGLU and RoPE in the actor's and ref's forward and
     # backward (trainer/models/liger.py); CUDA only

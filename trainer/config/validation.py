@@ -17,6 +17,7 @@ from trainer.config.schema import KEY_TYPES, Config, ConfigError, UnsupportedCon
 ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
 TARGET_LENGTHS_KEY = "actor_rollout_ref.rollout.target_lengths.distribution"
 CHECKPOINT_POLICY_KEY = "actor_rollout_ref.model.gradient_checkpointing_policy"
+CHECKPOINT_LAYERS_KEY = "actor_rollout_ref.model.gradient_checkpointing_layers"
 _DTYPES = ("auto", "fp32", "bf16", "fp16")
 # Choices that no registry lists (plain settings of this trainer or of VERL's ppo_trainer.yaml).
 FIXED_CHOICES: dict[str, tuple[str, ...]] = {
@@ -250,6 +251,18 @@ def _check_checkpoint_policy(cfg: Config) -> None:
     ignored, when it is off (a run would silently keep every activation); and not with use_liger where
     the policy would keep a tensor liger's kernels overwrite."""
     model = cfg.actor_rollout_ref.model
+    layers = model.gradient_checkpointing_layers
+    if layers is not None:
+        if not model.enable_gradient_checkpointing:
+            raise ConfigError(
+                f"{CHECKPOINT_LAYERS_KEY}={layers} needs actor_rollout_ref.model.enable_gradient_checkpointing=True "
+                "(it chooses how many layers are checkpointed); found False"
+            )
+        if layers < 1:
+            raise ConfigError(
+                f"{CHECKPOINT_LAYERS_KEY} must be null (every layer) or at least 1, got {layers} (to checkpoint "
+                "no layer, set actor_rollout_ref.model.enable_gradient_checkpointing=False)"
+            )
     policy = model.gradient_checkpointing_policy
     if policy == "full":
         return

@@ -16,6 +16,14 @@ a policy names are kept from the forward and handed back to the recompute, every
 - ``save_matmuls``: those and every matmul's output (the q/k/v/o projections, gate, up and down), so
   only elementwise work (RMSNorm, rotary, SiLU, residual adds) is recomputed. It keeps 3 x hidden +
   2 x KV width + 2 x intermediate values per layer and token (q, o, down; k, v; gate, up).
+- ``mlp``: only each layer's MLP block is checkpointed (its input kept, gate/up/down and the
+  activation recomputed); the attention block keeps its activations as without checkpointing, so
+  attention and the q/k/v/o projections never run twice. The MLP's activations (three of
+  intermediate size per token) are most of a layer's, so this keeps about a third of what no
+  checkpointing keeps, with no per-op policy call.
+
+``actor_rollout_ref.model.gradient_checkpointing_layers`` (our extension) checkpoints only the first
+that many decoder layers; the rest keep all their activations, for memory that allows it.
 
 The policy sees ATen ops, so it covers attention run through SDPA (transformers' default ``sdpa``
 implementation); the ``eager`` implementation's attention is plain matmuls and a softmax (saved by
@@ -69,12 +77,15 @@ def _varlen_attention_ops() -> frozenset[Any]:
 
 ATTENTION_OPS = ATTENTION_OPS | _varlen_attention_ops()
 
+MLP = "mlp"
 # policy name -> the op packets whose outputs it keeps (full: none, a plain recompute)
 POLICIES: dict[str, frozenset[Any]] = {
     FULL: frozenset(),
     "save_attention": ATTENTION_OPS,
     "save_matmuls": ATTENTION_OPS | MATMUL_OPS,
+    MLP: frozenset(),  # a plain recompute of a smaller region: each layer's MLP block
 }
+LAYERS_KEY = "actor_rollout_ref.model.gradient_checkpointing_layers"
 # Policies that would compute wrong gradients with use_liger, and why: liger-kernel's RoPE
 # (src/liger_kernel/ops/rope.py, rope_forward) rotates q and k in place in the q/k projections' output
 # buffers, so a kept projection output would come back already rotated and be rotated again. Its
@@ -114,15 +125,64 @@ def checkpoint_kwargs(policy: str) -> dict[str, Any]:
     return kwargs
 
 
-def enable_gradient_checkpointing(lm: nn.Module, policy: str = FULL) -> None:
-    """Checkpoint every decoder layer of the transformers model ``lm`` under ``policy``, in place.
+def decoder_layers(lm: nn.Module) -> list[nn.Module]:
+    """The repeated decoder layers of the transformers model ``lm``, in order (those transformers can
+    checkpoint)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in lm.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def checked_layer_count(lm: nn.Module, layers: int | None) -> int:
+    """How many decoder layers to checkpoint: ``layers``, or all of them when None; a clear error when
+    the model has fewer (the config cannot know the model's depth)."""
+    total = len(decoder_layers(lm))
+    if layers is None:
+        return total
+    if not 1 <= layers <= total:
+        kind = getattr(lm.config, "model_type", type(lm).__name__)
+        raise ValueError(f"{LAYERS_KEY}={layers}: the model ({kind}) has {total} decoder layers; expected 1 to {total}")
+    return layers
+
+
+def _checkpoint_module_forward(module: nn.Module, kwargs: dict[str, Any]) -> None:
+    """Make ``module``'s forward (as bound now: liger's, where liger replaced it) a checkpointed call
+    when it trains with gradients, and a plain call otherwise (a no-grad forward has no backward)."""
+    from torch.utils.checkpoint import checkpoint
+
+    forward = module.forward
+
+    def checkpointed(*args: Any, **kw: Any) -> Any:
+        if module.training and torch.is_grad_enabled():
+            return checkpoint(forward, *args, **kwargs, **kw)
+        return forward(*args, **kw)
+
+    module.forward = checkpointed
+
+
+def enable_gradient_checkpointing(lm: nn.Module, policy: str = FULL, layers: int | None = None) -> None:
+    """Checkpoint the first ``layers`` decoder layers (all when None) of the transformers model ``lm``
+    under ``policy``, in place.
 
     transformers checkpoints each layer's ``forward`` (from 4.5x on, outside module hooks such as
     FSDP2's), with the kwargs given here; ``activation_checkpointing_enable`` is the newer name of
-    ``gradient_checkpointing_enable``, which later releases deprecate."""
+    ``gradient_checkpointing_enable``, which later releases deprecate. The ``mlp`` policy checkpoints
+    each chosen layer's ``mlp`` submodule's forward instead, inside the layer (and its FSDP2 unit,
+    whose parameters are gathered again for the layer's backward, where the recompute runs)."""
     kwargs = checkpoint_kwargs(policy)
+    count = checked_layer_count(lm, layers)
+    chosen = decoder_layers(lm)[:count]
+    if policy == MLP:
+        for layer in chosen:
+            mlp = getattr(layer, "mlp", None)
+            if not isinstance(mlp, nn.Module):
+                raise ValueError(f"{KEY}=mlp: {type(layer).__name__} has no mlp submodule to checkpoint")
+            _checkpoint_module_forward(mlp, kwargs)
+        return
     enable = getattr(lm, "activation_checkpointing_enable", None)
     if enable is not None:
         enable(activation_checkpointing_kwargs=kwargs)
     else:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    for layer in decoder_layers(lm)[count:]:
+        layer.gradient_checkpointing = False  # read on each call by transformers' wrapper

@@ -83,7 +83,9 @@ class TrainWorker:
         # Every rank builds the same seeded weights, so the replicas (or the shards) start identical.
         lm = self._build_trained_model(path, dtype)
         if arr.model.enable_gradient_checkpointing:
-            enable_gradient_checkpointing(lm, arr.model.gradient_checkpointing_policy)
+            enable_gradient_checkpointing(
+                lm, arr.model.gradient_checkpointing_policy, arr.model.gradient_checkpointing_layers
+            )
         self.actor = self._wrap(PolicyModel(lm, packed=arr.model.use_remove_padding), fsdp.param_offload)
         optim = arr.actor.optim
         self.optimizer = torch.optim.AdamW(
