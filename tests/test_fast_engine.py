@@ -16,7 +16,7 @@ from trainer.models.presets import build_model
 from trainer.rollout import FastRolloutEngine, SamplingParams, make_engine
 from trainer.rollout.fast_engine import DecodeBuffers
 from trainer.rollout.lean_decoder import LeanWeights, lean_shape, prefill_logits
-from trainer.rollout.sampling import keyed_exponential, sample_keyed
+from trainer.rollout.sampling import keyed_exponential, sample_keyed, token_log_probs
 
 EOS = 1
 CUDA = torch.cuda.is_available()
@@ -162,7 +162,8 @@ def test_graph_replay_gives_the_eager_tokens(tok, prompts, liven):
 
 
 @needs_cuda
-def test_triton_race_draws_what_sample_keyed_draws():
+@pytest.mark.parametrize("programs", [None, 1, 64, 10_000])  # default; one chunk a row; 1; the most chunks
+def test_triton_race_draws_what_sample_keyed_draws(programs):
     from trainer.kernels.triton_sampling import keyed_race
 
     torch.manual_seed(0)
@@ -171,18 +172,20 @@ def test_triton_race_draws_what_sample_keyed_draws():
     step, seed = torch.tensor(5, device="cuda"), torch.tensor(1234, device="cuda")
     tokens = torch.empty(64, dtype=torch.long, device="cuda")
     bad = torch.empty(64, dtype=torch.bool, device="cuda")
-    keyed_race(logits, keys, step, seed, 1.0 / 0.8, tokens, bad)
+    log_probs = torch.empty(64, dtype=torch.float32, device="cuda")
+    keyed_race(logits, keys, step, seed, 1.0 / 0.8, tokens, bad, log_probs, programs=programs)
     expected = sample_keyed(logits / 0.8, keys, step, seed)
     # the same noise; only last-bit differences of log in the race could ever split a near tie
     assert (tokens == expected).float().mean() >= 0.98
     assert not bad.any()
+    torch.testing.assert_close(log_probs, token_log_probs(logits, tokens, 0.8), rtol=0, atol=1e-4)
     # the noise really is keyed_exponential's: with flat logits the race picks its argmin
     flat = torch.zeros(4, 1000, device="cuda")
-    keyed_race(flat, keys[:4], step, seed, 1.0, tokens[:4], bad[:4])
+    keyed_race(flat, keys[:4], step, seed, 1.0, tokens[:4], bad[:4], programs=programs)
     assert torch.equal(tokens[:4], keyed_exponential(keys[:4], step, 1000, seed).argmin(dim=-1))
     logits[3, 17] = float("nan")
     logits[9] = float("-inf")
-    keyed_race(logits, keys, step, seed, 1.0, tokens, bad)
+    keyed_race(logits, keys, step, seed, 1.0, tokens, bad, programs=programs)
     assert torch.nonzero(bad).flatten().tolist() == [3, 9]
 
 
@@ -192,7 +195,6 @@ def test_triton_race_samples_the_softmax_at_a_152k_vocabulary():
     kernel's fused log-probs are token_log_probs'. With tl.log's approximate log in E = -log(u) the
     tail tokens won too often: the gap was about -0.25 nats."""
     from trainer.kernels.triton_sampling import keyed_race
-    from trainer.rollout.sampling import token_log_probs
 
     rows, vocab, temperature = 128, 151936, 0.9
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(1)) * 2.5

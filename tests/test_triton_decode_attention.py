@@ -94,6 +94,16 @@ def check(device: str, dtype, programs=None) -> None:
     torch.testing.assert_close(got.float(), reference(q, k, v, bias, 600), rtol=tol, atol=tol)
     with pytest.raises(ValueError, match="shared_slots needs kv_rows"):
         decode_attention(q, k, v, bias, 600, shared_slots=128)
+    # last_slot: slots after it are never read (NaN there would poison any tile that read them), whole
+    # and split, with the attention bucket (attn_len) well past it and ending inside a tile
+    q, k, v, bias = case(24, 2, 6, 64, 640, 437, dtype, device, seed=5)
+    want = reference(q, k, v, bias, 437)
+    k[:, :, 437:], v[:, :, 437:] = float("nan"), float("nan")
+    last = torch.tensor(436, device=device)
+    for progs, splits in ((16, None), (16, 3), (programs, None)):
+        got = decode_attention(q, k, v, bias, 640, programs=progs, splits=splits, last_slot=last)
+        torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+    assert decode_attention(q, k, v, bias, 640, programs=16).isnan().any()  # without it they are read
 
 
 @pytest.mark.skipif(not (CUDA and HAS_TRITON), reason="needs a GPU with Triton")

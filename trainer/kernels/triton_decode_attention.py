@@ -42,11 +42,11 @@ MAX_SPLITS = 128
 
 @triton.jit
 def _partial_kernel(
-    q_ptr, k_ptr, v_ptr, bias_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr, kv_rows_ptr,
+    q_ptr, k_ptr, v_ptr, bias_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr, kv_rows_ptr, last_slot_ptr,
     sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sbias_b, so_b, so_h, so_g,
     attn_len, tiles_per_split, scale, shared_slots,
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    PRECISION: tl.constexpr, WHOLE: tl.constexpr,
+    PRECISION: tl.constexpr, WHOLE: tl.constexpr, HAS_LAST_SLOT: tl.constexpr,
 ):
     # WHOLE: one chunk per (row, KV head), so the program's sums are final: it writes the output
     # itself and there is nothing to merge
@@ -63,12 +63,13 @@ def _partial_kernel(
     q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=g[:, None] < GROUP, other=0.0)
     start = split * tiles_per_split * BLOCK
     end = tl.minimum(start + tiles_per_split * BLOCK, attn_len)
+    if HAS_LAST_SLOT:  # no row sees a slot after the one written this step: its tiles are not read
+        end = tl.minimum(end, tl.load(last_slot_ptr).to(tl.int32) + 1)
     # a finite start: a tile whose slots are all masked (-inf bias) then adds exp(-inf) = 0, never NaN
     running_max = tl.full([GROUP_PAD], -1.0e30, tl.float32)
     running_sum = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
-    for tile in range(tiles_per_split):
-        first = start + tile * BLOCK
+    for first in range(start, end, BLOCK):
         n = first + tl.arange(0, BLOCK)
         inside = n < end
         src = tl.where(first < shared_slots, kv_row, b)  # a tile lies wholly in or out of the prompt
@@ -147,7 +148,7 @@ def decode_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, attn_len: int, programs: int | None = None,
     block_n: int | None = None, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
     kv_rows: torch.Tensor | None = None, shared_slots: int = 0, splits: int | None = None,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, last_slot: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [b, KV heads, group, d]; k, v [b, KV heads, slots, d] (d contiguous); bias [b, slots] (0 on
     visible slots, -inf elsewhere; slots contiguous) -> [b, KV heads, group, d] in q's dtype, over
@@ -157,6 +158,9 @@ def decode_attention(
     and launch (benchmarks/decode_kernels_tune.py times the choices). ``kv_rows`` ([b] integers) and
     ``shared_slots``: slots below ``shared_slots`` (whole tiles) are read from row kv_rows[i]'s
     cache instead of row i's, for rows whose prompts are the same (the fast engine's GRPO groups).
+    ``last_slot``: a device integer, the last slot any row can see (the fast engine's write slot):
+    slots after it, masked by the bias anyway, are not read, so a step pays for the slots written so
+    far, not for the rest of its attention bucket; the result is the same (their weights are 0).
     ``splits`` overrides split_count (benchmarks); ``out``, q's shape and dtype, receives the result."""
     b, kv_heads, group, d = q.shape
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or bias.stride(-1) != 1:
@@ -186,13 +190,13 @@ def decode_attention(
     if out is None:
         out = torch.empty_like(q)
     _partial_kernel[(b * kv_heads, splits)](
-        q, k, v, bias, acc, maxes, sums, out, kv_rows,
+        q, k, v, bias, acc, maxes, sums, out, kv_rows, kv_rows if last_slot is None else last_slot,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), bias.stride(0), out.stride(0), out.stride(1), out.stride(2),
         attn_len, tiles_per_split, 1.0 / math.sqrt(d), shared_slots,
         KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d, BLOCK=block_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # no TF32 rounding of float32 inputs
-        WHOLE=whole, num_warps=num_warps, num_stages=num_stages,
+        WHOLE=whole, HAS_LAST_SLOT=last_slot is not None, num_warps=num_warps, num_stages=num_stages,
     )
     if not whole:
         _merge_kernel[(b * kv_heads, group)](

@@ -200,8 +200,11 @@ class FastRolloutEngine(RolloutEngine):
         """One decode step: the graph-captured body."""
         buf.attn_bias.index_fill_(1, buf.write_slot.view(1), 0.0)  # the slot written now becomes visible
         attend = self._attend
-        if attend is not None:  # the GPU kernel reads each prompt group's K/V from one row's cache
-            attend = functools.partial(attend, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width)
+        if attend is not None:  # the GPU kernel reads each prompt group's K/V from one row's cache,
+            # and no slot after the one written now (the rest of the attention bucket is masked)
+            attend = functools.partial(
+                attend, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width, last_slot=buf.write_slot
+            )
         logits = decode_logits(
             self.weights, buf.cache_k, buf.cache_v, buf.last, buf.positions, buf.write_slot, buf.attn_bias, attn_len,
             attend, self.fused_decode,
