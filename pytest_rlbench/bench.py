@@ -120,6 +120,9 @@ def describe_config(cfg: Config) -> RunConfig:
                if arr.model.enable_gradient_checkpointing else {}),
             **({"gradient_checkpointing_layers": arr.model.gradient_checkpointing_layers}
                if arr.model.enable_gradient_checkpointing and arr.model.gradient_checkpointing_layers else {}),
+            # kernels and layouts that change how, not what, the step computes: recorded where on
+            **({"use_liger": True} if arr.model.use_liger else {}),
+            **({"use_remove_padding": True} if arr.model.use_remove_padding else {}),
             "param_offload": arr.actor.fsdp_config.param_offload,
             "optimizer_offload": arr.actor.fsdp_config.optimizer_offload,
             "dataset": dataset_label(cfg),

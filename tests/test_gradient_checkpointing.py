@@ -166,3 +166,6 @@ def test_records_and_trl_comparisons_name_a_selective_policy():
     assert describe_config(some).settings["gradient_checkpointing_layers"] == 20
     assert "gradient_checkpointing_layers" not in describe_config(plain).settings
     assert "gradient_checkpointing_layers 20: trl checkpoints every layer" in differences(some, 4)
+    packed = build_config(["actor_rollout_ref.model.use_remove_padding=True"])
+    assert describe_config(packed).settings["use_remove_padding"] is True
+    assert "use_remove_padding" not in describe_config(plain).settings and "use_liger" not in describe_config(plain).settings

@@ -13,7 +13,8 @@ What makes it fast, and why each piece is there:
 - Attention over a bucket of slots: a step attends over the first ``attn_len`` cache slots, rounded
   up to a bucket, with one graph per (decoded slots, bucket), captured the second time it is met
   (the first runs eagerly); the host knows the step count, so it picks the graph without reading the
-  device.
+  device. The GPU attention kernel reads the write slot on the device and reads no slot after it, so
+  the bucket's unwritten slots cost nothing.
 - Row compaction (decode_buffers.py): at a check, once at most half the decoded slots still run,
   the running rows and their caches move to the front and later steps decode only those slots, so
   ragged lengths do not keep paying for rows that have ended.
@@ -25,7 +26,8 @@ What makes it fast, and why each piece is there:
   residual add + RMSNorm, RoPE + the K/V cache write, SiLU(gate) * up, each one kernel, so a layer
   is its four matmuls, attention and four small kernels instead of ~28 launches (``fused_decode``,
   or the RLBENCH_FUSED_DECODE environment variable read when the engine is built: "0" turns it off).
-- Sampling in one fused kernel on GPU (trainer/kernels/triton_sampling.py): the keyed exponential
+- Sampling in one pass over the logits on GPU (trainer/kernels/triton_sampling.py: a kernel over
+  chunks of each row's vocabulary, and one that combines a row's chunks): the keyed exponential
   race of ``sampling.sample_keyed`` (a row's draw does not depend on its batch), with temperature,
   and top-k / top-p through ``sampling.process_logits`` when they are on. The same pass flags
   non-finite logits and, without top-k / top-p, computes each sampled token's log-prob
