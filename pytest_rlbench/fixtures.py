@@ -176,6 +176,14 @@ class RLBenchSession:
             given = "rl_model" in self.opts.sources or not self.opts.workload
             source = self.opts.source_of("rl_model" if given else "rl_workload")
             raise SetupError(f"{source}: {exc}") from exc
+        layers = self.trainer_config().actor_rollout_ref.model.gradient_checkpointing_layers
+        if layers is not None:  # the model's depth is known here, before any worker starts
+            from trainer.models.checkpointing import check_layer_count
+
+            try:
+                check_layer_count(layers, spec.arch.num_layers, spec.model_type)
+            except ValueError as exc:
+                raise SetupError(f"{self.opts.source_of('rl_config')}: {exc}") from exc
         self._model = RLModel(name, spec, tokenizer)
         return self._model
 

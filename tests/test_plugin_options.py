@@ -204,6 +204,23 @@ def test_every_bad_option_value_is_a_usage_error(
     assert not (pytester.path / "seen.json").exists()
 
 
+def test_more_checkpointed_layers_than_the_model_has_stop_the_session_before_any_worker(
+    pytester: pytest.Pytester,
+) -> None:
+    """The model's depth is read from its config when the session prepares the model, before Ray
+    starts or a worker builds the model (where the same check would fail in the worker's set-up)."""
+    pytester.makepyfile("def test_model(rl_model):\n    pass\n")
+    result = pytester.runpytest(
+        "--rl-config=actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "--rl-config=actor_rollout_ref.model.gradient_checkpointing_layers=5",
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    out = result.stdout.str() + result.stderr.str()
+    assert "pytest-rlbench: --rl-config: actor_rollout_ref.model.gradient_checkpointing_layers=5: the model " \
+        "(qwen2) has 2 decoder layers; expected 1 to 2" in out, out
+    assert "no tests ran" in out  # stopped at collection's end, before the test (and its workers)
+
+
 def test_ini_values_apply_and_the_command_line_wins(pytester: pytest.Pytester) -> None:
     import json
 

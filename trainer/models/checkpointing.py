@@ -133,16 +133,20 @@ def decoder_layers(lm: nn.Module) -> list[nn.Module]:
     return [m for m in lm.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
-def checked_layer_count(lm: nn.Module, layers: int | None) -> int:
-    """How many decoder layers to checkpoint: ``layers``, or all of them when None; a clear error when
-    the model has fewer (the config cannot know the model's depth)."""
-    total = len(decoder_layers(lm))
+def check_layer_count(layers: int | None, total: int, model_type: str) -> int:
+    """How many of a model's ``total`` decoder layers to checkpoint: ``layers``, or all when None; a
+    clear error when the model has fewer (the config alone cannot know the model's depth: the plugin
+    checks this against the model's config at start-up, the worker again on the built model)."""
     if layers is None:
         return total
     if not 1 <= layers <= total:
-        kind = getattr(lm.config, "model_type", type(lm).__name__)
-        raise ValueError(f"{LAYERS_KEY}={layers}: the model ({kind}) has {total} decoder layers; expected 1 to {total}")
+        raise ValueError(f"{LAYERS_KEY}={layers}: the model ({model_type}) has {total} decoder layers; expected 1 to {total}")
     return layers
+
+
+def checked_layer_count(lm: nn.Module, layers: int | None) -> int:
+    """check_layer_count for the built model ``lm``."""
+    return check_layer_count(layers, len(decoder_layers(lm)), getattr(lm.config, "model_type", type(lm).__name__))
 
 
 def _checkpoint_module_forward(module: nn.Module, kwargs: dict[str, Any]) -> None:
