@@ -97,7 +97,9 @@ def dataset_label(cfg: Config) -> str:
     )
 
 
-def describe_config(cfg: Config) -> RunConfig:
+def describe_config(cfg: Config, rounds: int | None = None, warmup_rounds: int | None = None) -> RunConfig:
+    """The run's config as a record states it; ``rounds`` and ``warmup_rounds`` (the session's options,
+    where known) say whether a phase's figure includes its first call's one-time costs."""
     arr = cfg.actor_rollout_ref
     return RunConfig(
         algorithm=cfg.algorithm.adv_estimator,
@@ -126,6 +128,8 @@ def describe_config(cfg: Config) -> RunConfig:
             "param_offload": arr.actor.fsdp_config.param_offload,
             "optimizer_offload": arr.actor.fsdp_config.optimizer_offload,
             "dataset": dataset_label(cfg),
+            **({"rounds": rounds} if rounds is not None else {}),
+            **({"warmup_rounds": warmup_rounds} if warmup_rounds is not None else {}),
             # what sizes vLLM's engine (on CPU a fraction of host memory; a session default there)
             **({"gpu_memory_utilization": arr.rollout.gpu_memory_utilization} if arr.rollout.name == "vllm" else {}),
         },
@@ -148,7 +152,7 @@ def complete_context(recorder: BenchRecorder, state: RLBenchSession) -> None:
     if ctx.model is None:
         ctx.model = describe_model(state.model(), state.trainer_config())
     if ctx.config is None:
-        ctx.config = describe_config(state.trainer_config())
+        ctx.config = describe_config(state.trainer_config(), state.opts.rounds, state.opts.warmup_rounds)
 
 
 # ----------------------------------------------------------------------------- fixtures

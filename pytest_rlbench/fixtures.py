@@ -142,6 +142,8 @@ class RLBenchSession:
             cfg = build_trainer_config(opts, gpus_per_node=gpus, workdir=self.workdir())
             self.replay_notes = session_replay_notes(opts, cfg)
             self.config_notes = [f"rlbench: {line}" for line in settings_without_effect(cfg)]
+            if opts.warmup_rounds == 0:
+                self.config_notes.append(f"rlbench: {first_call_note(opts.source_of('rl_warmup_rounds'))}")
             self.config.hook.pytest_rlbench_update_config(config=self.config, rl_config=cfg)
             validate(cfg)
             check_panel_engines(cfg, opts.rollout_panel)  # every --rl-rollout engine, before any work
@@ -221,6 +223,16 @@ class RLBenchSession:
     def close(self) -> None:
         if self.connection is not None:
             self.connection.close()
+
+
+def first_call_note(option: str) -> str:
+    """What a session without warm-up rounds times: each phase's first call, one-time costs and all."""
+    return (
+        f"{option} 0: each phase's timed rounds start with its first call in this session, which includes "
+        "one-time costs; on GPU, Triton compiling the kernels its cache (~/.triton) lacks (liger-kernel's, the "
+        "fast engine's) and the fast engine capturing its CUDA graphs: on an H100 at VERL's 1.5B replay shape a "
+        "cold cache added about 2 s to old_log_prob and to update_actor (docs/benchmarks.md)"
+    )
 
 
 SESSION_KEY = pytest.StashKey[RLBenchSession]()

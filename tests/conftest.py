@@ -31,6 +31,7 @@ def plugin_deps_loaded() -> None:
     import matplotlib.patches  # noqa: F401
     import matplotlib.ticker  # noqa: F401
     import pyarrow.parquet  # noqa: F401
+    import torch._dynamo  # noqa: F401  (torch.manual_seed imports it on first use; it cannot be imported twice)
 
     import trainer.data.source  # noqa: F401
     import trainer.rollout  # noqa: F401  (the registries the session's config check reads)
