@@ -31,7 +31,8 @@
 #                                                      # (benchmarks/gate_slow_phase.py); one report each
 #   bash benchmarks/gpu_suites.sh OUT_DIR replay-update-full replay-update-save_attention replay-update-save_matmuls
 #                                                      # update_actor alone at the replay shape (its gradient
-#                                                      # checkpointing on) under the policy the shape names
+#                                                      # checkpointing on) under the policy the shape names;
+#                                                      # replay-update-mlp14: the mlp policy on 14 layers
 #
 # The package must be importable (pip install -e . or PYTHONPATH); with PYTHONPATH the plugin is
 # loaded with -p pytest_rlbench.plugin, as it is not installed through its entry point.
@@ -149,6 +150,8 @@ for shape in "$@"; do
         replay-step-uniform)  # the step with every response at the published mean (issue 15's uniform row)
             python3 -m pytest "${replay[@]}" suites/test_step.py "${uniform[@]}" ;;
         replay-phases) python3 -m pytest "${replay[@]}" suites/test_phases.py -k "${REPLAY_PHASES:-old_log_prob or test_ref or update_actor}" ;;
+        replay-update)  # update_actor under the policy an -mlp / -mlpN suffix chose
+            python3 -m pytest "${replay[@]}" suites/test_phases.py -k update_actor ;;
         replay-update-*)  # the workload turns gradient checkpointing on; the shape names its policy
             python3 -m pytest "${replay[@]}" suites/test_phases.py -k update_actor \
                 --rl-config "actor_rollout_ref.model.gradient_checkpointing_policy=${base#replay-update-}" ;;

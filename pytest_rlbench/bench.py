@@ -152,7 +152,7 @@ def complete_context(recorder: BenchRecorder, state: RLBenchSession) -> None:
     if ctx.model is None:
         ctx.model = describe_model(state.model(), state.trainer_config())
     if ctx.config is None:
-        ctx.config = describe_config(state.trainer_config(), state.opts.rounds, state.opts.warmup_rounds)
+        ctx.config = describe_config(state.trainer_config(), *state.rounds())
 
 
 # ----------------------------------------------------------------------------- fixtures

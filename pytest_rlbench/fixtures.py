@@ -142,8 +142,9 @@ class RLBenchSession:
             cfg = build_trainer_config(opts, gpus_per_node=gpus, workdir=self.workdir())
             self.replay_notes = session_replay_notes(opts, cfg)
             self.config_notes = [f"rlbench: {line}" for line in settings_without_effect(cfg)]
-            if opts.warmup_rounds == 0:
-                self.config_notes.append(f"rlbench: {first_call_note(opts.source_of('rl_warmup_rounds'))}")
+            if self.rounds()[1] == 0:
+                why = "--benchmark-disable" if opts.warmup_rounds else f"{opts.source_of('rl_warmup_rounds')} 0"
+                self.config_notes.append(f"rlbench: {first_call_note(why)}")
             self.config.hook.pytest_rlbench_update_config(config=self.config, rl_config=cfg)
             validate(cfg)
             check_panel_engines(cfg, opts.rollout_panel)  # every --rl-rollout engine, before any work
@@ -160,6 +161,13 @@ class RLBenchSession:
         path = Path(cfg.data.train_files[0])
         if not path.exists():
             write_synthetic_set(cfg.data, path, self.model().tokenizer)
+
+    def rounds(self) -> tuple[int, int]:
+        """(timed rounds, warm-up rounds) each phase runs: the options', or one timed round and no warm-up
+        under --benchmark-disable (pytest-benchmark times nothing then; rl_bench times one call)."""
+        if self.config.getoption("benchmark_disable", default=False):
+            return 1, 0
+        return self.opts.rounds, self.opts.warmup_rounds
 
     def model(self) -> RLModel:
         """The model's spec and tokenizer; a directory must hold a readable config and weights."""
@@ -225,10 +233,11 @@ class RLBenchSession:
             self.connection.close()
 
 
-def first_call_note(option: str) -> str:
-    """What a session without warm-up rounds times: each phase's first call, one-time costs and all."""
+def first_call_note(why: str) -> str:
+    """What a session without warm-up rounds times (``why``: the option that says so): each phase's
+    first call, one-time costs and all."""
     return (
-        f"{option} 0: each phase's timed rounds start with its first call in this session, which includes "
+        f"{why}: each phase's timed rounds start with its first call in this session, which includes "
         "one-time costs; on GPU, Triton compiling the kernels its cache (~/.triton) lacks (liger-kernel's, the "
         "fast engine's) and the fast engine capturing its CUDA graphs: on an H100 at VERL's 1.5B replay shape a "
         "cold cache added about 2 s to old_log_prob and to update_actor (docs/benchmarks.md)"

@@ -39,3 +39,9 @@ def test_the_summary_says_when_the_timed_rounds_include_first_calls(pytester: py
     warm = pytester.runpytest("--rl-rounds=1", "--rl-warmup-rounds=1", "-p", "no:randomly")
     assert warm.ret == pytest.ExitCode.OK, warm.stdout.str()
     assert "first call" not in warm.stdout.str()
+    # --benchmark-disable runs each phase once, untimed by pytest-benchmark: one first call, recorded so
+    off = pytester.runpytest("--rl-warmup-rounds=1", "--benchmark-disable", "--rl-report=off.json", "-p", "no:randomly")
+    assert off.ret == pytest.ExitCode.OK, off.stdout.str()
+    off.stdout.fnmatch_lines(["rlbench: --benchmark-disable: each phase's timed rounds start with its first call*"])
+    settings = json.loads((pytester.path / "off.json").read_text())["run"]["config"]["settings"]
+    assert (settings["rounds"], settings["warmup_rounds"]) == (1, 0)

@@ -162,7 +162,7 @@ def test_graph_replay_gives_the_eager_tokens(tok, prompts, liven):
 
 
 @needs_cuda
-@pytest.mark.parametrize("programs", [None, 1, 64, 10_000])  # default; one chunk a row; 1; the most chunks
+@pytest.mark.parametrize("programs", [None, 1, 200, 10_000])  # default; one chunk a row; 4; the most (75)
 def test_triton_race_draws_what_sample_keyed_draws(programs):
     from trainer.kernels.triton_sampling import keyed_race
 
@@ -179,10 +179,16 @@ def test_triton_race_draws_what_sample_keyed_draws(programs):
     assert (tokens == expected).float().mean() >= 0.98
     assert not bad.any()
     torch.testing.assert_close(log_probs, token_log_probs(logits, tokens, 0.8), rtol=0, atol=1e-4)
-    # the noise really is keyed_exponential's: with flat logits the race picks its argmin
-    flat = torch.zeros(4, 1000, device="cuda")
+    # the noise really is keyed_exponential's: with flat logits the race picks its argmin, in whichever
+    # chunk it lies (5,000 tokens: up to 3 chunks of 2,048)
+    flat = torch.zeros(4, 5000, device="cuda")
     keyed_race(flat, keys[:4], step, seed, 1.0, tokens[:4], bad[:4], programs=programs)
-    assert torch.equal(tokens[:4], keyed_exponential(keys[:4], step, 1000, seed).argmin(dim=-1))
+    assert torch.equal(tokens[:4], keyed_exponential(keys[:4], step, 5000, seed).argmin(dim=-1))
+    # the token drawn does not depend on the chunk count
+    one_chunk = torch.empty_like(tokens)
+    keyed_race(logits, keys, step, seed, 1.0 / 0.8, one_chunk, bad, programs=1)
+    keyed_race(logits, keys, step, seed, 1.0 / 0.8, tokens, bad, programs=programs)
+    assert torch.equal(tokens, one_chunk)
     logits[3, 17] = float("nan")
     logits[9] = float("-inf")
     keyed_race(logits, keys, step, seed, 1.0, tokens, bad, programs=programs)

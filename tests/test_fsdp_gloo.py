@@ -17,7 +17,7 @@ from op_counts import OpCounter
 
 from trainer.batch import Batch, left_justify, left_pad
 from trainer.config import ActorConfig
-from trainer.models.checkpointing import ATTENTION_OPS, enable_gradient_checkpointing
+from trainer.models.checkpointing import ATTENTION_OPS, MATMUL_OPS, enable_gradient_checkpointing
 from trainer.models.presets import build_model
 from trainer.workers.actor import UpdateSettings, compute_log_probs, micro_batch_groups, update_policy
 from trainer.workers.distributed import DataParallel, free_port
@@ -120,9 +120,9 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
             with OpCounter() as ops:  # the attention kernels that ran: log-probs, update and its recompute
                 logp, metrics = run_shard(policy, shard, cfg, dp)
             state = full_model_state(policy.lm)
-            attention = ops.total(ATTENTION_OPS)
+            attention, matmuls = ops.total(ATTENTION_OPS), ops.total(MATMUL_OPS)
             torch.save({"logp": logp, "metrics": metrics, "state": state, "groups": groups, "attention": attention,
-                        "packed_calls": len(packed_calls)},
+                        "matmuls": matmuls, "packed_calls": len(packed_calls)},
                        os.path.join(out_dir, f"setting{setting}_rank{rank}.pt"))
     finally:
         dp.shutdown()  # the group, then rank 0's rendezvous socket
@@ -170,9 +170,11 @@ def test_fsdp_shards_of_unequal_size_take_the_single_process_step(two_process_re
         return
     policy, layers = checkpointing(SETTINGS[setting][3])
     layers = layers or single.lm.config.num_hidden_layers
-    plain = [torch.load(two_process_results / f"setting0_rank{r}.pt")["attention"] for r in range(2)]
-    recomputed = [r["attention"] - p for r, p in zip(ranks, plain, strict=True)]
+    plain = [torch.load(two_process_results / f"setting0_rank{r}.pt") for r in range(2)]
+    recomputed = [r["attention"] - p["attention"] for r, p in zip(ranks, plain, strict=True)]
     assert recomputed == ([layers * len(r["groups"]) for r in ranks] if policy == "full" else [0, 0]), policy
+    if policy in ("full", "mlp"):  # their recompute runs matmuls again (the MLP's, at least) on every rank
+        assert all(r["matmuls"] > p["matmuls"] for r, p in zip(ranks, plain, strict=True)), policy
 
 
 def test_strategy_resolution():

@@ -82,19 +82,45 @@ def test_each_policy_recomputes_only_what_it_does_not_keep(runs):
     assert mlp_attention == 0 and 0 < mlp_matmuls < full_matmuls
 
 
-def test_only_the_first_layers_are_checkpointed_when_layers_is_set():
+@pytest.mark.parametrize("policy", ["full", "mlp"])
+def test_only_the_first_layers_are_checkpointed_when_layers_is_set(policy):
     """gradient_checkpointing_layers=1: the first layer recomputes, the second keeps its activations;
     the gradients stay those of no checkpointing."""
-    lm = build_model("tiny", torch.float32, seed=0).train()
-    assert lm.config.num_hidden_layers == 2
-    enable_gradient_checkpointing(lm, "full", layers=1)
-    ids, mask, response, weights = toy_inputs()
-    logp, _ = PolicyModel(lm)(ids, mask, response, temperature=0.7)
-    with OpCounter() as counter:
-        (logp * weights).sum().backward()
-    assert counter.total(ATTENTION_OPS) == 1
+    def gradients(layers: int | None) -> tuple[dict[str, torch.Tensor], OpCounter]:
+        lm = build_model("tiny", torch.float32, seed=0).train()
+        assert lm.config.num_hidden_layers == 2
+        if layers is not None:
+            enable_gradient_checkpointing(lm, policy, layers=layers)
+        ids, mask, response, weights = toy_inputs()
+        logp, _ = PolicyModel(lm)(ids, mask, response, temperature=0.7)
+        with OpCounter() as counter:
+            (logp * weights).sum().backward()
+        return {n: p.grad for n, p in lm.named_parameters()}, counter
+
+    plain, plain_ops = gradients(None)
+    first, first_ops = gradients(1)
+    both, both_ops = gradients(2)
+    for name, grad in first.items():
+        torch.testing.assert_close(grad, plain[name], rtol=1e-5, atol=1e-7, msg=name)
+    recomputed = [c.total(MATMUL_OPS) - plain_ops.total(MATMUL_OPS) for c in (first_ops, both_ops)]
+    assert 0 < recomputed[0] and 2 * recomputed[0] == recomputed[1]  # one layer's recompute, then two
+    assert first_ops.total(ATTENTION_OPS) == (1 if policy == "full" else 0)
     with pytest.raises(ValueError, match=r"gradient_checkpointing_layers=3: the model \(qwen2\) has 2 decoder layers"):
         enable_gradient_checkpointing(build_model("tiny"), "mlp", layers=3)
+
+
+def test_a_deep_copy_of_an_mlp_checkpointed_model_runs_its_own_weights():
+    import copy
+
+    lm = build_model("tiny", torch.float32, seed=0).train()
+    enable_gradient_checkpointing(lm, "mlp")
+    twin = copy.deepcopy(lm)
+    with torch.no_grad():
+        for layer in twin.model.layers:
+            layer.mlp.down_proj.weight.zero_()  # the MLPs of the copy now add nothing
+    ids, mask, response, _ = toy_inputs()
+    mine, theirs = PolicyModel(lm)(ids, mask, response)[0], PolicyModel(twin)(ids, mask, response)[0]
+    assert not torch.allclose(mine, theirs)  # a closure over the original would have run its weights
 
 
 def test_the_mlp_policy_is_a_plain_call_without_gradients():

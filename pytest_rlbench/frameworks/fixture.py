@@ -63,7 +63,7 @@ def rl_trainer(
     workers = getattr(getattr(trainer, "workers", None), "info", [])
     context.hardware = describe_hardware(rl_cluster, cfg, workers)
     context.model = describe_model(rl_model, cfg)
-    context.config = describe_config(cfg, session.opts.rounds, session.opts.warmup_rounds)
+    context.config = describe_config(cfg, *session.rounds())
     context.workload = describe_workload(cfg, context.model)
     try:
         yield trainer

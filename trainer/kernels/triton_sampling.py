@@ -1,4 +1,4 @@
-"""One fused GPU kernel for keyed sampling: the exponential race of ``sampling.sample_keyed`` in one pass.
+"""Keyed sampling on GPU in one pass over the logits: the exponential race of ``sampling.sample_keyed``.
 
 ``sample_keyed`` builds [B, V] float32 probabilities and [B, V] keyed Exp(1) noise through a dozen
 int64 tensor operations: at a 152k vocabulary and batch 128 that is several GB of memory traffic per
@@ -8,7 +8,9 @@ same 32-bit integer mixing, here in uint32 arithmetic, which wraps as the int64 
 and ``sampling.hash_to_uniform``), and keeps the running argmax of z / T - log(E), which is the
 argmax of softmax(z / T) / E; a second, small kernel combines a row's chunks. One program per row
 (as this kernel first was) left most of the GPU idle: 128 rows took 0.15 ms per decode step on an
-H100, about ten times the time to read their logits; chunks give about four programs per SM. The logs are libdevice's correctly rounded ones, not the approximate
+H100, about ten times the time to read their logits; chunks give about four programs per SM. The
+sampled token does not depend on the chunk count (every score is computed alike); the fused log-prob
+sums its chunks in another order, so its last bits may change with the batch size and the GPU. The logs are libdevice's correctly rounded ones, not the approximate
 ``lg2.approx`` that ``tl.log`` may lower to: E = -log(u) for u near 1 is a difference of nearly
 equal numbers, and an approximate log there turned tail tokens into winners often enough to move
 the mean log-prob of the sampled tokens by -0.25 nats on the 1.5B architecture. The same pass keeps

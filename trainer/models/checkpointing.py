@@ -34,6 +34,7 @@ Function, such as liger-kernel's) are invisible to it and always recomputed.
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -149,19 +150,23 @@ def checked_layer_count(lm: nn.Module, layers: int | None) -> int:
     return check_layer_count(layers, len(decoder_layers(lm)), getattr(lm.config, "model_type", type(lm).__name__))
 
 
-def _checkpoint_module_forward(module: nn.Module, kwargs: dict[str, Any]) -> None:
-    """Make ``module``'s forward (as bound now: liger's, where liger replaced it) a checkpointed call
-    when it trains with gradients, and a plain call otherwise (a no-grad forward has no backward)."""
+def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """A checkpointed module's forward: the plain one under torch.utils.checkpoint when it trains
+    with gradients, else the plain one (a no-grad forward has no backward to recompute for)."""
     from torch.utils.checkpoint import checkpoint
 
-    forward = module.forward
+    plain = self._rlbench_plain_forward
+    if self.training and torch.is_grad_enabled():
+        return checkpoint(plain, *args, **self._rlbench_checkpoint_kwargs, **kwargs)
+    return plain(*args, **kwargs)
 
-    def checkpointed(*args: Any, **kw: Any) -> Any:
-        if module.training and torch.is_grad_enabled():
-            return checkpoint(forward, *args, **kwargs, **kw)
-        return forward(*args, **kw)
 
-    module.forward = checkpointed
+def _checkpoint_module_forward(module: nn.Module, kwargs: dict[str, Any]) -> None:
+    """Checkpoint ``module``'s forward as bound now (liger's, where liger replaced it). Bound methods
+    and attributes, not a closure: a deep copy of the model then calls its own weights."""
+    module._rlbench_plain_forward = module.forward
+    module._rlbench_checkpoint_kwargs = kwargs
+    module.forward = types.MethodType(_checkpointed_forward, module)
 
 
 def enable_gradient_checkpointing(lm: nn.Module, policy: str = FULL, layers: int | None = None) -> None:
