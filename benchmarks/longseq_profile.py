@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 
 from trainer.algorithms.entropy import logprobs_from_hidden
-from trainer.models.checkpointing import decoder_layers, enable_gradient_checkpointing
+from trainer.models.checkpointing import enable_gradient_checkpointing
+from trainer.models.layers import decoder_layers
 from trainer.models.presets import build_model
 from trainer.workers.fsdp import PolicyModel
 

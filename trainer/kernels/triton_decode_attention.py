@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from trainer.kernels import sm_count
+
 # Cache slots per tile: 64 where each (row, KV head) is one program, 32 where rows are few and their
 # caches are split (1 and 16 rows at 27,648 slots: 7% and 3% faster than 64 on an H100;
 # benchmarks/decode_kernels_tune.py, docs/benchmarks.md)
@@ -126,9 +128,8 @@ def _merge_kernel(
 
 
 def default_programs(device: torch.device) -> int:
-    """How many programs ``decode_attention`` aims for unless told: twice the SMs (8 off a GPU, for
-    Triton's interpreter)."""
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    """How many programs ``decode_attention`` aims for unless told: twice the SMs."""
+    return 2 * sm_count(device)
 
 
 def split_count(rows: int, kv_heads: int, attn_len: int, programs: int) -> int:

@@ -10,10 +10,11 @@ argmax of softmax(z / T) / E; a second, small kernel combines a row's chunks. On
 (as this kernel first was) left most of the GPU idle: 128 rows took 0.15 ms per decode step on an
 H100, about ten times the time to read their logits; chunks give about four programs per SM. The
 sampled token does not depend on the chunk count (every score is computed alike); the fused log-prob
-sums its chunks in another order, so its last bits may change with the batch size and the GPU. The logs are libdevice's correctly rounded ones, not the approximate
-``lg2.approx`` that ``tl.log`` may lower to: E = -log(u) for u near 1 is a difference of nearly
-equal numbers, and an approximate log there turned tail tokens into winners often enough to move
-the mean log-prob of the sampled tokens by -0.25 nats on the 1.5B architecture. The same pass keeps
+sums its chunks in another order, so its last bits may change with the batch size and the GPU.
+
+The logs are libdevice's correctly rounded ones, not the approximate ``lg2.approx`` that ``tl.log``
+may lower to: E = -log(u) for u near 1 is a difference of nearly equal numbers, and an approximate
+log there turned tail tokens into winners often enough to move the mean log-prob of the sampled tokens by -0.25 nats on the 1.5B architecture. The same pass keeps
 a running log-sum-exp of z / T, so the sampled token's log-prob (``sampling.token_log_probs``) costs
 no second read of the logits, and flags rows whose softmax is no distribution (a NaN or +inf logit,
 or every logit -inf).
@@ -24,13 +25,12 @@ samples a new draw at every replay. Only imported where Triton and a GPU exist.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from trainer.kernels import sm_count
 from trainer.rollout.sampling import UNIFORM_BITS
 
 BLOCK = 2048
@@ -185,7 +185,7 @@ def keyed_race(
         raise ValueError(f"keyed_race: logits must be contiguous in the vocabulary dim; strides {logits.stride()}")
     b, vocab = logits.shape
     if programs is None:
-        programs = 4 * _sm_count(logits.device)
+        programs = 4 * sm_count(logits.device)
     chunks = race_chunks(b, vocab, programs)
     chunk = triton.cdiv(triton.cdiv(vocab, chunks), BLOCK) * BLOCK
     chunks = triton.cdiv(vocab, chunk)  # rounding the chunk up may leave fewer
@@ -204,10 +204,3 @@ def keyed_race(
         log_probs_out if write else part_score, vocab, chunks, float(inv_temperature),
         PARTS_PAD=max(2, triton.next_power_of_2(chunks)), WRITE_LOG_PROBS=write,
     )
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 2  # Triton's interpreter
-    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -41,6 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.models.layers import decoder_layers
+
 KEY = "actor_rollout_ref.model.gradient_checkpointing_policy"
 FULL = "full"
 
@@ -126,14 +128,6 @@ def checkpoint_kwargs(policy: str) -> dict[str, Any]:
     return kwargs
 
 
-def decoder_layers(lm: nn.Module) -> list[nn.Module]:
-    """The repeated decoder layers of the transformers model ``lm``, in order (those transformers can
-    checkpoint)."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    return [m for m in lm.modules() if isinstance(m, GradientCheckpointingLayer)]
-
-
 def check_layer_count(layers: int | None, total: int, model_type: str) -> int:
     """How many of a model's ``total`` decoder layers to checkpoint: ``layers``, or all when None; a
     clear error when the model has fewer (the config alone cannot know the model's depth: the plugin
@@ -143,11 +137,6 @@ def check_layer_count(layers: int | None, total: int, model_type: str) -> int:
     if not 1 <= layers <= total:
         raise ValueError(f"{LAYERS_KEY}={layers}: the model ({model_type}) has {total} decoder layers; expected 1 to {total}")
     return layers
-
-
-def checked_layer_count(lm: nn.Module, layers: int | None) -> int:
-    """check_layer_count for the built model ``lm``."""
-    return check_layer_count(layers, len(decoder_layers(lm)), getattr(lm.config, "model_type", type(lm).__name__))
 
 
 def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -179,10 +168,10 @@ def enable_gradient_checkpointing(lm: nn.Module, policy: str = FULL, layers: int
     each chosen layer's ``mlp`` submodule's forward instead, inside the layer (and its FSDP2 unit,
     whose parameters are gathered again for the layer's backward, where the recompute runs)."""
     kwargs = checkpoint_kwargs(policy)
-    count = checked_layer_count(lm, layers)
-    chosen = decoder_layers(lm)[:count]
+    blocks = decoder_layers(lm)
+    count = check_layer_count(layers, len(blocks), getattr(lm.config, "model_type", type(lm).__name__))
     if policy == MLP:
-        for layer in chosen:
+        for layer in blocks[:count]:
             mlp = getattr(layer, "mlp", None)
             if not isinstance(mlp, nn.Module):
                 raise ValueError(f"{KEY}=mlp: {type(layer).__name__} has no mlp submodule to checkpoint")
@@ -193,5 +182,5 @@ def enable_gradient_checkpointing(lm: nn.Module, policy: str = FULL, layers: int
         enable(activation_checkpointing_kwargs=kwargs)
     else:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    for layer in decoder_layers(lm)[count:]:
+    for layer in blocks[count:]:
         layer.gradient_checkpointing = False  # read on each call by transformers' wrapper

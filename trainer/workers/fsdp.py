@@ -27,6 +27,7 @@ from torch import nn
 
 from trainer.algorithms.entropy import logprobs_from_hidden
 from trainer.batch import PACK_MIN_PADDING, left_justify, pack_rows, packing_pays
+from trainer.models.layers import decoder_layers
 from trainer.models.packed_attention import packed_call_kwargs, use_packed_attention
 
 STRATEGIES: tuple[str, ...] = ("fsdp2", "dp")
@@ -142,18 +143,6 @@ class PolicyModel(nn.Module):
 
 
 # ----------------------------------------------------------------------------- FSDP2
-def decoder_layers(lm: nn.Module) -> list[nn.Module]:
-    """The transformer blocks, each its own FSDP unit (the classes HF lists in _no_split_modules)."""
-    names = set(getattr(lm, "_no_split_modules", None) or ())
-    layers = [m for m in lm.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ValueError(
-            f"{type(lm).__name__}: found no decoder layers to shard (expected modules of the classes in "
-            f"_no_split_modules, {sorted(names) or 'none listed'})"
-        )
-    return layers
-
-
 def shard_model(
     policy: PolicyModel,
     device: torch.device,
