@@ -31,8 +31,7 @@ from pathlib import Path
 import torch
 
 from trainer.algorithms.entropy import logprobs_from_hidden
-from trainer.models.checkpointing import enable_gradient_checkpointing
-from trainer.models.layers import decoder_layers
+from trainer.models.checkpointing import disable_gradient_checkpointing, enable_gradient_checkpointing
 from trainer.models.presets import build_model
 from trainer.workers.fsdp import PolicyModel
 
@@ -85,20 +84,8 @@ def checkpointed(lm, spec: str):
     if spec == "none":
         return lambda: None
     policy, _, layers = spec.partition("/")
-    saved = [(m, m.__dict__.get("forward")) for m in lm.modules()]
     enable_gradient_checkpointing(lm, policy, int(layers) if layers else None)
-
-    def undo() -> None:
-        getattr(lm, "activation_checkpointing_disable", lm.gradient_checkpointing_disable)()
-        for layer in decoder_layers(lm):
-            layer.gradient_checkpointing = False
-        for module, forward in saved:  # the mlp policy replaced these instance forwards
-            if forward is None:
-                module.__dict__.pop("forward", None)
-            else:
-                module.forward = forward
-
-    return undo
+    return functools.partial(disable_gradient_checkpointing, lm)
 
 
 def top_kernels(fn) -> list[tuple[str, float]]:

@@ -14,6 +14,7 @@ from trainer.models.checkpointing import (
     MATMUL_OPS,
     POLICIES,
     checkpoint_kwargs,
+    disable_gradient_checkpointing,
     enable_gradient_checkpointing,
 )
 from trainer.models.presets import build_model
@@ -107,6 +108,26 @@ def test_only_the_first_layers_are_checkpointed_when_layers_is_set(policy):
     assert first_ops.total(ATTENTION_OPS) == (1 if policy == "full" else 0)
     with pytest.raises(ValueError, match=r"gradient_checkpointing_layers=3: the model \(qwen2\) has 2 decoder layers"):
         enable_gradient_checkpointing(build_model("tiny"), "mlp", layers=3)
+
+
+@pytest.mark.parametrize(("policy", "layers"), [("full", None), ("mlp", None), ("full", 1), ("mlp", 1)])
+def test_disabling_undoes_every_policy(policy, layers):
+    """disable_gradient_checkpointing (benchmarks/longseq_profile.py compares settings on one model):
+    the backward then recomputes nothing, and the MLPs run their own forward again."""
+    plain = build_model("tiny", torch.float32, seed=0).train()
+    lm = build_model("tiny", torch.float32, seed=0).train()
+    forwards = [layer.mlp.forward for layer in lm.model.layers]
+    enable_gradient_checkpointing(lm, policy, layers)
+    disable_gradient_checkpointing(lm)
+    assert [layer.mlp.forward for layer in lm.model.layers] == forwards
+    ids, mask, response, weights = toy_inputs()
+    counts = []
+    for model in (plain, lm):
+        logp, _ = PolicyModel(model)(ids, mask, response)
+        with OpCounter() as counter:
+            (logp * weights).sum().backward()
+        counts.append(counter.total(MATMUL_OPS))
+    assert counts[0] == counts[1]
 
 
 def test_a_deep_copy_of_an_mlp_checkpointed_model_runs_its_own_weights():

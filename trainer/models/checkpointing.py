@@ -184,3 +184,15 @@ def enable_gradient_checkpointing(lm: nn.Module, policy: str = FULL, layers: int
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     for layer in blocks[count:]:
         layer.gradient_checkpointing = False  # read on each call by transformers' wrapper
+
+
+def disable_gradient_checkpointing(lm: nn.Module) -> None:
+    """Undo ``enable_gradient_checkpointing`` on ``lm``, whatever the policy: every layer and MLP block
+    runs its plain forward again (benchmarks compare settings on one model)."""
+    disable = getattr(lm, "activation_checkpointing_disable", None) or lm.gradient_checkpointing_disable
+    disable()
+    for module in lm.modules():
+        plain = module.__dict__.pop("_rlbench_plain_forward", None)
+        if plain is not None:
+            module.forward = plain
+            del module._rlbench_checkpoint_kwargs
