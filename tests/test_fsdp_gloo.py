@@ -8,6 +8,7 @@ on the whole batch. This module stays light to import: the spawned workers impor
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from trainer.config import ActorConfig
 from trainer.models.checkpointing import ATTENTION_OPS, MATMUL_OPS, enable_gradient_checkpointing
 from trainer.models.presets import build_model
 from trainer.workers.actor import UpdateSettings, compute_log_probs, micro_batch_groups, update_policy
-from trainer.workers.distributed import DataParallel, free_port
+from trainer.workers.distributed import DataParallel, Rendezvous
 from trainer.workers.fsdp import PolicyModel, full_model_state, resolve_strategy, shard_model
 
 ROWS_PER_RANK = ([0, 1, 2, 3, 4], [5, 6, 7])  # unequal on purpose
@@ -99,11 +100,31 @@ def count_calls(obj: object, method: str) -> list[int]:
     return calls
 
 
-def _rank_main(rank: int, port: int, out_dir: str) -> None:
+def _rendezvous_port(rank: int, out_dir: str) -> tuple[int, Rendezvous | None]:
+    """Rank 0 binds the store's socket on a free port and publishes the port in a file, which rank 1
+    waits for: a port chosen by the parent and bound later by rank 0 could be taken in between."""
+    path = os.path.join(out_dir, "port")
+    if rank == 0:
+        rendezvous = Rendezvous("127.0.0.1")
+        with open(path + ".tmp", "w") as f:
+            f.write(str(rendezvous.port))
+        os.replace(path + ".tmp", path)  # rank 1 never reads a half-written file
+        return rendezvous.port, rendezvous
+    deadline = time.monotonic() + 300
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 1: rank 0 did not publish its rendezvous port in {path}")
+        time.sleep(0.05)
+    with open(path) as f:
+        return int(f.read()), None
+
+
+def _rank_main(rank: int, out_dir: str) -> None:
     """One worker of a two-process gloo group: every setting in turn, results saved per setting."""
     torch.set_num_threads(1)
     dp = DataParallel(rank, 2, torch.device("cpu"))
-    dp.init("127.0.0.1", port, "gloo")
+    port, rendezvous = _rendezvous_port(rank, out_dir)
+    dp.init("127.0.0.1", port, "gloo", rendezvous=rendezvous)
     try:
         for setting, values in enumerate(SETTINGS):
             cfg = actor_config(*values[:5])
@@ -131,7 +152,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def two_process_results(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fsdp_gloo")
-    mp.start_processes(_rank_main, args=(free_port(), str(out)), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank_main, args=(str(out),), nprocs=2, start_method="spawn")
     return out
 
 
