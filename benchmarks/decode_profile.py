@@ -66,6 +66,9 @@ def main() -> None:
     ap.add_argument("--trace-rows", type=int, nargs="*", default=[64, 1])
     ap.add_argument("--attention", nargs="+", default=["split", "sdpa"], choices=["split", "sdpa"])
     ap.add_argument("--fusion", nargs="+", default=["fused", "eager"], choices=["fused", "eager"])
+    ap.add_argument("--attention-alone", action="store_true",
+                    help="with --trace-rows: also profile the captured step, and time the attention kernel alone "
+                         "over every layer on the engine's own cache and on a fresh one of the context's size")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -85,6 +88,58 @@ def main() -> None:
             torch.cuda.empty_cache()
     (out / "decode_profile.json").write_text(json.dumps({"gpu": gpu, "model": args.model, "steps": results,
                                                           "traces": traces}, indent=1))
+
+
+def kernel_times(prof) -> dict:
+    """GPU time per kernel family, kernels launched, and the 12 costliest kernels, from a torch profile."""
+    families: dict[str, float] = {}
+    kernels = 0
+    for evt in prof.key_averages():
+        us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if us and evt.device_type.name == "CUDA":
+            families[kernel_family(evt.key)] = families.get(kernel_family(evt.key), 0.0) + us / 1e3
+            kernels += evt.count
+    top = sorted(
+        ((e.key, (getattr(e, "device_time_total", None) or 0.0) / 1e3) for e in prof.key_averages()),
+        key=lambda kv: -kv[1],
+    )[:12]
+    return {"kernels_per_step": kernels, "ms_by_family": families, "top_kernels_ms": top}
+
+
+def attention_alone(engine, buf, context: int, attn_len: int) -> dict:
+    """The decode attention kernel over every layer, one CUDA graph, three ways: on the engine's cache
+    with the engine's arguments (the prompt rows' shared slots, the write slot), on the engine's cache
+    with neither, and on a fresh cache of exactly ``context`` slots (decode_kernels_tune.py's set-up)."""
+    from decode_kernels_tune import graph_ms  # benchmarks/ is on the path: this script runs from there
+
+    from trainer.kernels.triton_decode_attention import decode_attention
+
+    s = engine.shape
+    q = torch.randn(s.num_layers, buf.batch, s.num_kv_heads, s.group, s.head_dim, device=buf.cache_k.device,
+                    dtype=buf.cache_k.dtype)
+    kv_bytes = 2 * s.num_layers * buf.batch * s.num_kv_heads * context * s.head_dim * buf.cache_k.element_size()
+
+    def engine_cache(shared: bool) -> None:
+        extra = dict(kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width, last_slot=buf.write_slot) if shared else {}
+        for layer in range(s.num_layers):
+            decode_attention(q[layer], buf.cache_k[layer], buf.cache_v[layer], buf.attn_bias, attn_len, **extra)
+
+    out = {"context": context, "attn_len": attn_len, "cache_slots": buf.slots}
+    for name, body in (("engine_cache_engine_args", lambda: engine_cache(True)),
+                       ("engine_cache_plain", lambda: engine_cache(False))):
+        ms = graph_ms(body)
+        out[name] = {"ms": ms, "gb_per_s": kv_bytes / ms / 1e6}
+    k = torch.randn(s.num_layers, buf.batch, s.num_kv_heads, context, s.head_dim, device=q.device, dtype=q.dtype)
+    v = torch.randn_like(k)
+    bias = torch.zeros(buf.batch, context, device=q.device, dtype=q.dtype)
+
+    def fresh() -> None:
+        for layer in range(s.num_layers):
+            decode_attention(q[layer], k[layer], v[layer], bias, context)
+
+    ms = graph_ms(fresh)
+    out["fresh_cache"] = {"ms": ms, "gb_per_s": kv_bytes / ms / 1e6}
+    return out
 
 
 def profile_engine(engine, labels, args, sampling, peak, results, traces) -> None:
@@ -123,23 +178,21 @@ def profile_engine(engine, labels, args, sampling, peak, results, traces) -> Non
 
             context = max(args.context)
             attn_len = min(buf.slots, -(-context // 128) * 128)
+            buf.write_slot.fill_(context - 1)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 engine._decode_step(buf, attn_len, sampling)
                 torch.cuda.synchronize()
-            families: dict[str, float] = {}
-            kernels = 0
-            for evt in prof.key_averages():
-                us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
-                if us and evt.device_type.name == "CUDA":
-                    families[kernel_family(evt.key)] = families.get(kernel_family(evt.key), 0.0) + us / 1e3
-                    kernels += evt.count
-            top = sorted(
-                ((e.key, (getattr(e, "device_time_total", None) or 0.0) / 1e3) for e in prof.key_averages()),
-                key=lambda kv: -kv[1],
-            )[:12]
-            traces[f"{variant}-{rows}"] = {"context": context, "kernels_per_step": kernels, "ms_by_family": families,
-                                           "top_kernels_ms": top}
+            traces[f"{variant}-{rows}"] = {"context": context, **kernel_times(prof)}
             print(json.dumps({"trace": f"{variant}-{rows}", **traces[f"{variant}-{rows}"]}), flush=True)
+            if args.attention_alone and labels["attention"] == "split":
+                buf.write_slot.fill_(context - 1)
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:  # the captured step, as generation runs it
+                    engine._step(buf, attn_len, sampling)
+                    torch.cuda.synchronize()
+                traces[f"{variant}-{rows}-replayed"] = {"context": context, **kernel_times(prof)}
+                print(json.dumps({"trace": f"{variant}-{rows}-replayed", **traces[f"{variant}-{rows}-replayed"]}), flush=True)
+                traces[f"{variant}-{rows}-attention-alone"] = attention_alone(engine, buf, context, attn_len)
+                print(json.dumps({"attention_alone": traces[f"{variant}-{rows}-attention-alone"]}), flush=True)
         engine.release()
         del buf
         torch.cuda.empty_cache()

@@ -75,8 +75,8 @@ def check(device: str, dtype, programs=None) -> None:
     for row, source in enumerate(kv_rows.tolist()):
         shared_k[row, :, :128], shared_v[row, :, :128] = k[source, :, :128], v[source, :, :128]
     want = reference(q, shared_k, shared_v, bias, 400)
-    for progs in (programs, 4):
-        got = decode_attention(q, k, v, bias, 400, programs=progs, kv_rows=kv_rows, shared_slots=128)
+    for progs, splits in ((programs, None), (4, None), (4, 3)):  # 3 chunks: the first holds prompt and own slots
+        got = decode_attention(q, k, v, bias, 400, programs=progs, kv_rows=kv_rows, shared_slots=128, splits=splits)
         torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
     assert not torch.allclose(reference(q, k, v, bias, 400), want, rtol=tol, atol=tol)  # the test can tell
     # rows x KV heads past the programs aimed for: one chunk each, written whole with no merge;

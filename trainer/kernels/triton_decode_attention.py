@@ -43,6 +43,34 @@ MAX_SPLITS = 128
 
 
 @triton.jit
+def _attend_tiles(q, k_base, v_base, bias_row, lo, hi, end, d, sk_s, sv_s, scale, running_max, running_sum, acc,
+                  BLOCK: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """Online softmax over the tiles of slots [lo, hi), from one cache's K and V rows at k_base,
+    v_base: the running max, sum and weighted V sum, updated. MASKED: slots from ``end`` on are not
+    read (their weight is 0); else every slot of every tile is read."""
+    for first in range(lo, hi, BLOCK):
+        n = first + tl.arange(0, BLOCK)
+        if MASKED:
+            inside = n < end
+            k = tl.load(k_base + n[:, None] * sk_s + d[None, :], mask=inside[:, None], other=0.0)
+            bias = tl.load(bias_row + n, mask=inside, other=float("-inf")).to(tl.float32)
+            v = tl.load(v_base + n[:, None] * sv_s + d[None, :], mask=inside[:, None], other=0.0)
+        else:
+            k = tl.load(k_base + n[:, None] * sk_s + d[None, :])
+            bias = tl.load(bias_row + n).to(tl.float32)
+            v = tl.load(v_base + n[:, None] * sv_s + d[None, :])
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, BLOCK] float32
+        scores = scores + bias[None, :]
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        rescale = tl.exp(running_max - new_max)
+        p = tl.exp(scores - new_max[:, None])
+        running_sum = running_sum * rescale + tl.sum(p, axis=1)
+        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        running_max = new_max
+    return running_max, running_sum, acc
+
+
+@triton.jit
 def _partial_kernel(
     q_ptr, k_ptr, v_ptr, bias_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr, kv_rows_ptr, last_slot_ptr,
     sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sbias_b, so_b, so_h, so_g,
@@ -71,21 +99,25 @@ def _partial_kernel(
     running_max = tl.full([GROUP_PAD], -1.0e30, tl.float32)
     running_sum = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
-    for first in range(start, end, BLOCK):
-        n = first + tl.arange(0, BLOCK)
-        inside = n < end
-        src = tl.where(first < shared_slots, kv_row, b)  # a tile lies wholly in or out of the prompt
-        k = tl.load(k_ptr + src * sk_b + h * sk_h + n[:, None] * sk_s + d[None, :], mask=inside[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, BLOCK] float32
-        bias = tl.load(bias_ptr + b * sbias_b + n, mask=inside, other=float("-inf")).to(tl.float32)
-        scores = scores + bias[None, :]
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        rescale = tl.exp(running_max - new_max)
-        p = tl.exp(scores - new_max[:, None])
-        running_sum = running_sum * rescale + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + src * sv_b + h * sv_h + n[:, None] * sv_s + d[None, :], mask=inside[:, None], other=0.0)
-        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        running_max = new_max
+    # The whole tiles unmasked, the prompt's from kv_row's cache and the rest from the row's own, then
+    # the last, partial tile masked. Why: masking every tile by a bound read from memory (last_slot)
+    # made the kernel 14% slower at 64 rows x 14,336 slots on an H100 than masking by attn_len, the
+    # loop's bound the same (docs/benchmarks.md). shared_slots is whole tiles.
+    whole_end = start + tl.maximum(end - start, 0) // BLOCK * BLOCK
+    mid = tl.maximum(tl.minimum(whole_end, shared_slots), start)
+    bias_row = bias_ptr + b * sbias_b
+    shared_k, shared_v = k_ptr + kv_row * sk_b + h * sk_h, v_ptr + kv_row * sv_b + h * sv_h
+    own_k, own_v = k_ptr + b * sk_b + h * sk_h, v_ptr + b * sv_b + h * sv_h
+    running_max, running_sum, acc = _attend_tiles(
+        q, shared_k, shared_v, bias_row, start, mid, end, d, sk_s, sv_s, scale, running_max, running_sum, acc,
+        BLOCK, PRECISION, False)
+    running_max, running_sum, acc = _attend_tiles(
+        q, own_k, own_v, bias_row, mid, whole_end, end, d, sk_s, sv_s, scale, running_max, running_sum, acc,
+        BLOCK, PRECISION, False)
+    in_prompt = whole_end < shared_slots
+    running_max, running_sum, acc = _attend_tiles(
+        q, tl.where(in_prompt, shared_k, own_k), tl.where(in_prompt, shared_v, own_v), bias_row, whole_end, end, end, d,
+        sk_s, sv_s, scale, running_max, running_sum, acc, BLOCK, PRECISION, True)
     if WHOLE:
         out = acc / running_sum[:, None]
         tl.store(out_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :], out.to(out_ptr.dtype.element_ty),
