@@ -116,22 +116,93 @@ def matmul_rows(shape, rows: int) -> list[dict]:
     return out
 
 
+SPLIT_TILES = [  # (block_n, block_k, num_warps, num_stages) of the split-K decode matmul
+    (32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4),
+    (128, 128, 8, 3), (256, 64, 8, 3),
+]
+SPLITS = [1, 2, 3, 4, 6, 8, 12, 16]
+
+
+def _split_layers(x, weights, bias, plan) -> None:
+    from split_matmul import split_matmul  # benchmarks/ is on the path: this script runs from there
+
+    for i in range(weights.shape[0]):
+        split_matmul(x, weights[i].T, None if bias is None else bias[i], plan)
+
+
+def _linear_layers(x, weights, bias) -> None:
+    for i in range(weights.shape[0]):
+        F.linear(x, weights[i].T, None if bias is None else bias[i])
+
+
+def split_matmul_rows(shape, rows: int) -> list[dict]:
+    """The engine's matmuls (weights stored [in, out], F.linear on the [out, in] view) by cuBLAS and by
+    the split-K Triton kernel at every tile and split that keeps the grid under 16 programs an SM."""
+    from split_matmul import SplitPlan, split_matmul
+
+    from trainer.kernels import sm_count
+
+    h, inter, layers = shape.hidden, shape.intermediate, shape.num_layers
+    sms = sm_count(torch.device("cuda"))
+    block_m = max(16, min(128, 1 << (rows - 1).bit_length()))
+    out = []
+    for name, n, k in [("qkv", shape.q_size + 2 * shape.kv_size, h), ("o", h, shape.q_size),
+                       ("gate_up", 2 * inter, h), ("down", h, inter), ("lm_head", shape.vocab, h)]:
+        count = 1 if name == "lm_head" else layers
+        wt = torch.randn(count, k, n, device="cuda", dtype=torch.bfloat16)  # [count, in, out], as LeanWeights
+        bias = torch.randn(count, n, device="cuda", dtype=torch.bfloat16) if name == "qkv" and shape.qkv_bias else None
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        weight_bytes = wt.numel() * wt.element_size()
+        want = F.linear(x, wt[0].T, None if bias is None else bias[0]).float()
+        ms = graph_ms(functools.partial(_linear_layers, x, wt, bias))
+        out.append({"rows": rows, "matmul": name, "kernel": "cublas", "ms": ms, "gb_per_s": weight_bytes / ms / 1e6})
+        print(json.dumps(out[-1]), flush=True)
+        for block_n, block_k, warps, stages in SPLIT_TILES:
+            for split in SPLITS:
+                plan = SplitPlan(block_m, block_n, block_k, split, warps, stages)
+                if split > 1 and plan.programs(rows, n) > 16 * sms or k // split < block_k:
+                    continue
+                entry = {"rows": rows, "matmul": name, "kernel": "split", "block_n": block_n, "block_k": block_k,
+                         "num_warps": warps, "num_stages": stages, "split": split, "programs": plan.programs(rows, n)}
+                try:
+                    got = split_matmul(x, wt[0].T, None if bias is None else bias[0], plan).float()
+                    entry["max_abs_diff"] = (got - want).abs().max().item()
+                    ms = graph_ms(functools.partial(_split_layers, x, wt, bias, plan))
+                except Exception as exc:  # a tile this GPU cannot run (shared memory): recorded, not fatal
+                    entry["error"] = str(exc)[:200]
+                    out.append(entry)
+                    continue
+                entry.update(ms=ms, gb_per_s=weight_bytes / ms / 1e6)
+                out.append(entry)
+        best = min((e for e in out if e["matmul"] == name and e.get("kernel") == "split" and "ms" in e),
+                   key=lambda e: e["ms"], default=None)
+        print(json.dumps({"best_split": best}), flush=True)
+        del wt, bias
+    torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("--model", default="r1-distill-qwen-1.5b")
-    ap.add_argument("--shapes", nargs="+", default=["128x768", "128x1280", "64x8192", "16x27648", "1x27648"])
+    ap.add_argument("--shapes", nargs="*", default=["128x768", "128x1280", "64x8192", "16x27648", "1x27648"])
     ap.add_argument("--matmul-rows", type=int, nargs="*", default=[128, 64])
+    ap.add_argument("--split-matmul-rows", type=int, nargs="*", default=[],
+                    help="time the split-K Triton matmul against cuBLAS at these row counts")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_kernels_tune.py needs a CUDA GPU")
     shape = lean_shape(preset_config(args.model))
-    results = {"gpu": torch.cuda.get_device_name(), "model": args.model, "attention": [], "matmul": []}
+    results = {"gpu": torch.cuda.get_device_name(), "model": args.model, "attention": [], "matmul": [],
+               "split_matmul": []}
     for spec in args.shapes:
         rows, context = (int(x) for x in spec.split("x"))
         results["attention"] += attention_rows(shape, rows, context)
     for rows in args.matmul_rows:
         results["matmul"] += matmul_rows(shape, rows)
+    for rows in args.split_matmul_rows:
+        results["split_matmul"] += split_matmul_rows(shape, rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
 
