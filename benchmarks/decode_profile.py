@@ -3,6 +3,7 @@
     python benchmarks/decode_profile.py OUT_DIR [--model r1-distill-qwen-1.5b] [--rows 64 16 4 1]
                                                 [--context 1024 8192 16384 27648] [--trace-rows 64 1]
                                                 [--attention split sdpa] [--fusion fused eager]
+                                                [--attention-alone]
 
 For each (rows, context) it times the engine's captured decode step (CUDA graph replays, device
 synchronised, median of 20 after 5 warm-up) over a cache whose first ``context`` slots are visible,
@@ -13,7 +14,10 @@ elementwise work between the matmuls (``fused``: the Triton kernels of
 trainer/kernels/triton_decode_fused.py; ``eager``: torch's ops, as on CPU). With ``--trace-rows`` it
 also profiles one eager step per row count at the longest context (torch.profiler) and writes the
 time per kernel family (matmul, attention, sampling, the rest) and the kernels (memsets included)
-launched per step (a captured step replays the same ones). GPU only. Results: OUT_DIR/decode_profile.json.
+launched per step (a captured step replays the same ones). With ``--attention-alone`` it then profiles
+the captured step itself and times the split attention kernel alone over every layer: on the engine's
+cache with the engine's arguments, without them, and on a fresh cache of the context's size (which
+told an argument's cost from the step's). GPU only. Results: OUT_DIR/decode_profile.json.
 
 The issue-15 shape (16 prompts x 8 responses, prompt 256 + response 1024), fused against eager:
     python benchmarks/decode_profile.py OUT --rows 128 --context 1280 --attention split --trace-rows 128
