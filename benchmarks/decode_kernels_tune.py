@@ -2,7 +2,8 @@
 tile and launch, and the layer matmuls' cuBLAS back end and weight layout (issue 15).
 
     python benchmarks/decode_kernels_tune.py OUT.json [--model r1-distill-qwen-1.5b]
-        [--shapes 128x768 128x1280 64x8192 16x27648 1x27648]
+        [--shapes 128x768 128x1280 64x8192 16x27648 1x27648] [--matmul-rows 128 64]
+        [--split-matmul-rows 128 64]
 
 Attention is timed at the kernel's own split count (``"splits": "rule"``; ``rule_splits`` says how
 many that was) and at 1, 2 and 4 chunks a row. Each figure is one CUDA graph of the op over every layer (as a decode step runs it: each layer's own
@@ -91,13 +92,17 @@ def _matmul_layers(x, weights, pretransposed: bool) -> None:
         torch.mm(x, weights[i]) if pretransposed else F.linear(x, weights[i])
 
 
-def matmul_rows(shape, rows: int) -> list[dict]:
+def layer_matmuls(shape) -> list[tuple[str, int, int, int]]:
+    """The decode step's matmuls as (name, out features N, in features K, how many a step): the lean
+    forward's fused q/k/v, o, fused gate/up and down once per layer, the LM head once."""
     h, inter, layers = shape.hidden, shape.intermediate, shape.num_layers
-    qkv = shape.q_size + 2 * shape.kv_size
+    return [("qkv", shape.q_size + 2 * shape.kv_size, h, layers), ("o", h, shape.q_size, layers),
+            ("gate_up", 2 * inter, h, layers), ("down", h, inter, layers), ("lm_head", shape.vocab, h, 1)]
+
+
+def matmul_rows(shape, rows: int) -> list[dict]:
     out = []
-    for name, n, k in [("qkv", qkv, h), ("o", h, shape.q_size), ("gate_up", 2 * inter, h), ("down", h, inter),
-                       ("lm_head", shape.vocab, h)]:
-        count = 1 if name == "lm_head" else layers
+    for name, n, k, count in layer_matmuls(shape):
         w = torch.randn(count, n, k, device="cuda", dtype=torch.bfloat16)
         wt = w.transpose(1, 2).contiguous()  # [count, k, n]
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
@@ -123,38 +128,33 @@ SPLIT_TILES = [  # (block_n, block_k, num_warps, num_stages) of the split-K deco
 SPLITS = [1, 2, 3, 4, 6, 8, 12, 16]
 
 
-def _split_layers(x, weights, bias, plan) -> None:
-    from split_matmul import split_matmul  # benchmarks/ is on the path: this script runs from there
-
+def _engine_layout_layers(matmul, x, weights, bias) -> None:
+    """``matmul(x, W, b)`` over every layer's weights, stored [in, out] and passed as the [out, in] view
+    (LeanWeights' layout on CUDA)."""
     for i in range(weights.shape[0]):
-        split_matmul(x, weights[i].T, None if bias is None else bias[i], plan)
-
-
-def _linear_layers(x, weights, bias) -> None:
-    for i in range(weights.shape[0]):
-        F.linear(x, weights[i].T, None if bias is None else bias[i])
+        matmul(x, weights[i].T, None if bias is None else bias[i])
 
 
 def split_matmul_rows(shape, rows: int) -> list[dict]:
     """The engine's matmuls (weights stored [in, out], F.linear on the [out, in] view) by cuBLAS and by
     the split-K Triton kernel at every tile and split that keeps the grid under 16 programs an SM."""
-    from split_matmul import SplitPlan, split_matmul
+    from split_matmul import (  # benchmarks/ is on the path: this script runs from there
+        SplitPlan,
+        split_matmul,
+    )
 
     from trainer.kernels import sm_count
 
-    h, inter, layers = shape.hidden, shape.intermediate, shape.num_layers
     sms = sm_count(torch.device("cuda"))
     block_m = max(16, min(128, 1 << (rows - 1).bit_length()))
     out = []
-    for name, n, k in [("qkv", shape.q_size + 2 * shape.kv_size, h), ("o", h, shape.q_size),
-                       ("gate_up", 2 * inter, h), ("down", h, inter), ("lm_head", shape.vocab, h)]:
-        count = 1 if name == "lm_head" else layers
+    for name, n, k, count in layer_matmuls(shape):
         wt = torch.randn(count, k, n, device="cuda", dtype=torch.bfloat16)  # [count, in, out], as LeanWeights
         bias = torch.randn(count, n, device="cuda", dtype=torch.bfloat16) if name == "qkv" and shape.qkv_bias else None
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
         weight_bytes = wt.numel() * wt.element_size()
         want = F.linear(x, wt[0].T, None if bias is None else bias[0]).float()
-        ms = graph_ms(functools.partial(_linear_layers, x, wt, bias))
+        ms = graph_ms(functools.partial(_engine_layout_layers, F.linear, x, wt, bias))
         out.append({"rows": rows, "matmul": name, "kernel": "cublas", "ms": ms, "gb_per_s": weight_bytes / ms / 1e6})
         print(json.dumps(out[-1]), flush=True)
         for block_n, block_k, warps, stages in SPLIT_TILES:
@@ -167,7 +167,8 @@ def split_matmul_rows(shape, rows: int) -> list[dict]:
                 try:
                     got = split_matmul(x, wt[0].T, None if bias is None else bias[0], plan).float()
                     entry["max_abs_diff"] = (got - want).abs().max().item()
-                    ms = graph_ms(functools.partial(_split_layers, x, wt, bias, plan))
+                    ms = graph_ms(functools.partial(_engine_layout_layers, functools.partial(split_matmul, plan=plan),
+                                                    x, wt, bias))
                 except Exception as exc:  # a tile this GPU cannot run (shared memory): recorded, not fatal
                     entry["error"] = str(exc)[:200]
                     out.append(entry)
