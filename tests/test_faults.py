@@ -49,6 +49,14 @@ def env_with_repo(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), **extra}
 
 
+def default_sigint() -> None:
+    """A session subprocess's preexec_fn: SIGINT back to its default, so that Python turns it into
+    KeyboardInterrupt. Whoever starts these tests from a background job of a non-interactive shell
+    (``bash .ci/run &``) hands every child SIGINT ignored, and an interrupt test would then wait for
+    an exit that never comes."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_gone(pids: list[int], within_s: float) -> list[int]:
     """The pids of ``pids`` still running after ``within_s`` seconds."""
     deadline = time.monotonic() + within_s
@@ -268,6 +276,7 @@ def test_an_interrupt_stops_workers_then_ray_exits_2_and_leaves_no_process(
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
         cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=default_sigint,
     )
     ours: list[int] = []
     try:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_faults import INTERRUPTED_SESSION, SMALL, env_with_repo
+from test_faults import INTERRUPTED_SESSION, SMALL, default_sigint, env_with_repo
 
 from trainer.driver.ray_processes import command_line, descendants
 
@@ -49,7 +49,7 @@ class Session:
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *[f"--rl-config={o}" for o in SMALL]],
-                cwd=path, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+                cwd=path, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint,
             )
         self.seen: dict[int, str] = {}  # pid -> start time
 
