@@ -11,13 +11,17 @@ with random weights of the model preset, and writes the bandwidth the step would
 (weights + the rows' K and V read once), once per attention kernel (``split``: the engine's
 split-cache Triton kernel; ``sdpa``: torch's scaled_dot_product_attention) and per treatment of the
 elementwise work between the matmuls (``fused``: the Triton kernels of
-trainer/kernels/triton_decode_fused.py; ``eager``: torch's ops, as on CPU). With ``--trace-rows`` it
+trainer/kernels/triton_decode_fused.py, with RoPE and the cache write inside the attention kernel;
+``fused-rope-apart``: the same with them a kernel of their own; ``eager``: torch's ops, as on
+CPU). With ``--trace-rows`` it
 also profiles one eager step per row count at the longest context (torch.profiler) and writes the
 time per kernel family (matmul, attention, sampling, the rest) and the kernels (memsets included)
 launched per step (a captured step replays the same ones). With ``--attention-alone`` it then profiles
 the captured step itself and times the split attention kernel alone over every layer: on the engine's
 cache with the engine's arguments, without them, and on a fresh cache of the context's size (which
-told an argument's cost from the step's). GPU only. Results: OUT_DIR/decode_profile.json.
+told an argument's cost from the step's). Besides the median of single replays, each row has
+``burst_step_ms``: 50 replays back to back over one synchronisation, divided by 50, as generation
+replays them. GPU only. Results: OUT_DIR/decode_profile.json.
 
 The issue-15 shape (16 prompts x 8 responses, prompt 256 + response 1024), fused against eager:
     python benchmarks/decode_profile.py OUT --rows 128 --context 1280 --attention split --trace-rows 128
@@ -69,7 +73,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, nargs="+", default=[1024, 8192, 16384, 27648])
     ap.add_argument("--trace-rows", type=int, nargs="*", default=[64, 1])
     ap.add_argument("--attention", nargs="+", default=["split", "sdpa"], choices=["split", "sdpa"])
-    ap.add_argument("--fusion", nargs="+", default=["fused", "eager"], choices=["fused", "eager"])
+    ap.add_argument("--fusion", nargs="+", default=["fused", "eager"], choices=["fused", "fused-rope-apart", "eager"])
     ap.add_argument("--attention-alone", action="store_true",
                     help="with --trace-rows: also profile the captured step, and time the attention kernel alone "
                          "over every layer on the engine's own cache and on a fresh one of the context's size")
@@ -86,7 +90,7 @@ def main() -> None:
     for attention in args.attention:
         for fusion in args.fusion:
             engine = FastRolloutEngine(model, tokenizer, split_attention=attention == "split",
-                                       fused_decode=fusion == "fused")
+                                       fused_decode=fusion != "eager", rope_in_attention=fusion == "fused")
             profile_engine(engine, {"attention": attention, "fusion": fusion}, args, sampling, peak, results, traces)
             del engine
             torch.cuda.empty_cache()
@@ -172,9 +176,18 @@ def profile_engine(engine, labels, args, sampling, peak, results, traces) -> Non
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - start)
             seconds = statistics.median(times)
+            burst = 50  # back to back, as generation replays steps between its checks
+            buf.step.zero_()
+            buf.write_slot.fill_(context - 1)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(burst):
+                engine._step(buf, attn_len, sampling)  # the write slot moves on: at most 50 slots past context
+            torch.cuda.synchronize()
+            burst_ms = (time.perf_counter() - start) / burst * 1e3
             need = roofline_bytes(engine, rows, context)
-            row = {**labels, "rows": rows, "context": context, "step_ms": seconds * 1e3, "bytes": need,
-                   "bandwidth_use": (need / seconds / peak) if peak else None}
+            row = {**labels, "rows": rows, "context": context, "step_ms": seconds * 1e3, "burst_step_ms": burst_ms,
+                   "bytes": need, "bandwidth_use": (need / seconds / peak) if peak else None}
             results.append(row)
             print(json.dumps(row), flush=True)
         if rows in args.trace_rows:

@@ -73,6 +73,36 @@ def test_prefill_logits_equal_the_transformers_forward(model, tok, prompts):
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
+def test_each_prompt_is_prefilled_once_and_every_row_of_it_holds_its_cache(model, tok, prompts, monkeypatch):
+    import trainer.rollout.fast_engine as fast_engine
+
+    prefilled = []
+
+    def counting_prefill(weights, cache_k, cache_v, ids, mask):
+        prefilled.append(ids.shape[0])
+        return prefill_logits(weights, cache_k, cache_v, ids, mask)
+
+    monkeypatch.setattr(fast_engine, "prefill_logits", counting_prefill)
+    engine = FastRolloutEngine(model, tok)
+    n = 3
+    engine.generate(prompts, list(range(len(prompts))), [], n, 4, SamplingParams(), 3)
+    assert sum(prefilled) == len(prompts), f"{n} rows per prompt should share one prefill, got {prefilled}"
+    buf = engine._buffers
+    width = buf.prompt_width
+    # each row's prompt slots hold its own prompt's K/V: what a prefill of every row computes
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts for _ in range(n)])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts for _ in range(n)])
+    k, v = torch.zeros_like(buf.cache_k[:, :, :, :width]), torch.zeros_like(buf.cache_v[:, :, :, :width])
+    with torch.no_grad():
+        prefill_logits(engine.weights, k, v, ids, mask)
+    visible = mask.bool()[None, :, None, :, None]  # padding slots are masked out of attention anyway
+    torch.testing.assert_close(buf.cache_k[:, :, :, :width] * visible, k * visible, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(buf.cache_v[:, :, :, :width] * visible, v * visible, rtol=1e-5, atol=1e-5)
+    for first in range(0, len(prompts) * n, n):  # and bit for bit the same in every row of a group
+        for row in range(first + 1, first + n):
+            assert torch.equal(buf.cache_k[:, row, :, :width], buf.cache_k[:, first, :, :width])
+
+
 @pytest.mark.parametrize("name", ["hf", "static", "fast"])
 def test_ignore_eos_runs_every_row_to_the_limit(name, model, tok, prompts):
     max_new = 24

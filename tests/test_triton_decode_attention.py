@@ -5,6 +5,8 @@ row or many, one chunk or many.
 Runs on a GPU (skipped elsewhere). On a CPU machine the same check runs in Triton's interpreter
 (Triton 3.6 needs numpy < 2.3 there):
     TRITON_INTERPRET=1 python -c "import torch, tests.test_triton_decode_attention as t; t.check('cpu', torch.float32, programs=16)"
+and the kernel with RoPE and the cache write in it (decode_attention_with_rope):
+    TRITON_INTERPRET=1 python -c "import torch, tests.test_triton_decode_attention as t; t.check_with_rope('cpu', torch.float32)"
 """
 
 from __future__ import annotations
@@ -104,6 +106,47 @@ def check(device: str, dtype, programs=None) -> None:
         got = decode_attention(q, k, v, bias, 640, programs=progs, splits=splits, last_slot=last)
         torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
     assert decode_attention(q, k, v, bias, 640, programs=16).isnan().any()  # without it they are read
+
+
+def check_with_rope(device: str, dtype) -> None:
+    """decode_attention_with_rope against its two steps, rope_and_cache_write then decode_attention
+    (the fast engine's kernels before they were one): the same caches and output, bit for bit (both
+    compile without FMA contraction, which moved RoPE's roundings). Every slot from the write slot on
+    starts as NaN, so a kernel that read the write slot before writing it, or any slot after it,
+    would give NaN; the slot sits inside a chunk and at a chunk's first slot, whole and split."""
+    from trainer.kernels.triton_decode_attention import decode_attention, decode_attention_with_rope
+    from trainer.kernels.triton_decode_fused import rope_and_cache_write
+
+    rows, kv_heads, group, d, slots, attn_len = 6, 2, 6, 64, 512, 384
+    heads = kv_heads * group
+    kv_rows = torch.tensor([0, 0, 0, 3, 3, 3], device=device)  # two prompts of three rows, 128 shared slots
+    for slot in (300, 256):
+        _, k, v, bias = case(rows, kv_heads, group, d, slots, slot + 1, dtype, device, seed=slot)
+        k[:, :, slot:], v[:, :, slot:] = float("nan"), float("nan")
+        gen = torch.Generator().manual_seed(slot)
+        qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=gen).to(device, dtype)
+        angles = torch.rand(rows, d // 2, generator=gen) * 6.28
+        cos, sin = (f(torch.cat([angles, angles], dim=1)).to(device, dtype) for f in (torch.cos, torch.sin))
+        write = torch.tensor(slot, device=device)
+        for splits in (None, 2, 3):  # whole (12 programs of 16); slot 256 opens the third of 3 chunks
+            k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
+            q = rope_and_cache_write(qkv, cos, sin, k1, v1, write, heads).view(rows, kv_heads, group, d)
+            want = decode_attention(q, k1, v1, bias, attn_len, programs=16, kv_rows=kv_rows, shared_slots=128,
+                                    splits=splits, last_slot=write)
+            got = decode_attention_with_rope(qkv, cos, sin, k2, v2, bias, attn_len, write, heads, programs=16,
+                                             kv_rows=kv_rows, shared_slots=128, splits=splits)
+            assert not got.isnan().any(), (slot, splits)
+            assert torch.equal(got, want), (slot, splits)
+            for new, old in ((k2, k1), (v2, v1)):  # the slot written, and no other
+                assert torch.equal(new.isnan(), old.isnan()) and torch.equal(new.nan_to_num(), old.nan_to_num())
+    with pytest.raises(ValueError, match="expected qkv"):
+        decode_attention_with_rope(qkv[:, :-1], cos, sin, k, v, bias, attn_len, write, heads)
+
+
+@pytest.mark.skipif(not (CUDA and HAS_TRITON), reason="needs a GPU with Triton")
+def test_rope_and_cache_write_inside_the_kernel_on_gpu():
+    check_with_rope("cuda", torch.bfloat16)
+    check_with_rope("cuda", torch.float32)
 
 
 @pytest.mark.skipif(not (CUDA and HAS_TRITON), reason="needs a GPU with Triton")

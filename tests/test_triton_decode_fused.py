@@ -198,6 +198,22 @@ def test_fused_engine_follows_the_eager_engine(tok, prompts, liven):
                                    rtol=0, atol=0.1)
 
 
+@pytest.mark.skipif(DEVICE != "cuda" or not HAS_TRITON, reason="the engine fuses on a GPU only")
+def test_rope_inside_the_attention_kernel_changes_no_token(tok, prompts, liven):
+    """The engine with RoPE and the cache write inside the attention kernel and with them a kernel of
+    their own: bf16, CUDA graphs, compaction, the same rounding code, so the same tokens and
+    log-probs bit for bit."""
+    model = liven(build_model("tiny", seed=0)).to("cuda", torch.bfloat16)
+    inside, apart = (
+        FastRolloutEngine(model, tok, rope_in_attention=r).generate(
+            prompts, list(range(len(prompts))), [], 2, 200, SamplingParams(), 3
+        )
+        for r in (True, False)
+    )
+    assert torch.equal(inside.response_ids, apart.response_ids)
+    assert torch.equal(inside.rollout_log_probs, apart.rollout_log_probs)
+
+
 # ----------------------------------------------------------------------------- anywhere
 def test_fusion_switch_reads_the_environment_once():
     assert fused_decode_from_env({}) is True

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from trainer.kernels import sm_count
+from trainer.kernels.triton_decode_fused import rope_heads
 
 # Cache slots per tile: 64 where each (row, KV head) is one program, 32 where rows are few and their
 # caches are split (1 and 16 rows at 27,648 slots: 7% and 3% faster than 64 on an H100;
@@ -72,14 +73,16 @@ def _attend_tiles(q, k_base, v_base, bias_row, lo, hi, end, d, sk_s, sv_s, scale
 
 @triton.jit
 def _partial_kernel(
-    q_ptr, k_ptr, v_ptr, bias_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr, kv_rows_ptr, last_slot_ptr,
-    sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sbias_b, so_b, so_h, so_g,
+    q_ptr, k_ptr, v_ptr, bias_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr, kv_rows_ptr, last_slot_ptr, cos_ptr, sin_ptr,
+    sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sbias_b, so_b, so_h, so_g, s_cos, s_sin,
     attn_len, tiles_per_split, scale, shared_slots,
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    PRECISION: tl.constexpr, WHOLE: tl.constexpr, HAS_LAST_SLOT: tl.constexpr,
+    PRECISION: tl.constexpr, WHOLE: tl.constexpr, HAS_LAST_SLOT: tl.constexpr, ROPE: tl.constexpr,
 ):
     # WHOLE: one chunk per (row, KV head), so the program's sums are final: it writes the output
-    # itself and there is nothing to merge
+    # itself and there is nothing to merge. ROPE: q_ptr is the qkv matmul's output (q heads, then k's,
+    # then v's); the queries are rotated here, and the program whose chunk holds the write slot
+    # (last_slot) rotates this step's key and writes it and the value there first.
     bh = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -90,9 +93,23 @@ def _partial_kernel(
     kv_row = tl.load(kv_rows_ptr + b).to(tl.int64)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=g[:, None] < GROUP, other=0.0)
     start = split * tiles_per_split * BLOCK
     end = tl.minimum(start + tiles_per_split * BLOCK, attn_len)
+    q_heads = q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g  # [GROUP_PAD, 1]
+    if ROPE:
+        cos = tl.load(cos_ptr + b * s_cos + d[None, :]).to(tl.float32)
+        sin = tl.load(sin_ptr + b * s_sin + d[None, :]).to(tl.float32)
+        q = rope_heads(q_heads, cos, sin, d[None, :], g[:, None] < GROUP, D)
+        slot = tl.load(last_slot_ptr).to(tl.int64)
+        if (slot >= start) & (slot < end):  # only this program reads the slot written now
+            qkv_row = q_ptr + b * sq_b
+            k_new = rope_heads(qkv_row + (KV_HEADS * GROUP + h) * D, cos, sin, d[None, :], d[None, :] < D, D)
+            tl.store(k_ptr + b * sk_b + h * sk_h + slot * sk_s + d[None, :], k_new)
+            v_new = tl.load(qkv_row + (KV_HEADS * GROUP + KV_HEADS + h) * D + d)
+            tl.store(v_ptr + b * sv_b + h * sv_h + slot * sv_s + d, v_new)
+        tl.debug_barrier()  # the stores above are visible to every thread of the program's loads below
+    else:
+        q = tl.load(q_heads + d[None, :], mask=g[:, None] < GROUP, other=0.0)
     if HAS_LAST_SLOT:  # no row sees a slot after the one written this step: its tiles are not read
         end = tl.minimum(end, tl.load(last_slot_ptr).to(tl.int32) + 1)
     # a finite start: a tile whose slots are all masked (-inf bias) then adds exp(-inf) = 0, never NaN
@@ -195,8 +212,57 @@ def decode_attention(
     slots after it, masked by the bias anyway, are not read, so a step pays for the slots written so
     far, not for the rest of its attention bucket; the result is the same (their weights are 0).
     ``splits`` overrides split_count (benchmarks); ``out``, q's shape and dtype, receives the result."""
+    if q.stride(-1) != 1:
+        raise ValueError("decode_attention needs the last dimension of q contiguous")
+    return _attend(q, k, v, bias, attn_len, programs, block_n, num_warps, num_stages, kv_rows, shared_slots, splits,
+                   out, last_slot, rope=None)
+
+
+def decode_attention_with_rope(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+    attn_len: int, write_slot: torch.Tensor, heads: int, programs: int | None = None, block_n: int | None = None,
+    num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES, kv_rows: torch.Tensor | None = None,
+    shared_slots: int = 0, splits: int | None = None,
+) -> torch.Tensor:
+    """One decode step's RoPE, K/V cache write and attention in one kernel: what
+    ``rope_and_cache_write`` (trainer/kernels/triton_decode_fused.py) and then ``decode_attention``
+    with ``last_slot=write_slot`` compute, bit for bit in bf16 (the same rounding code), without the
+    separate kernel's launch and its q round trip through memory.
+
+    qkv [b, (heads + 2 KV heads) * d] (the fused q/k/v matmul's output: q heads, then k's, then v's),
+    cos, sin [b, d], one layer's k, v caches [b, KV heads, slots, d], write_slot (a one-element device
+    integer: this step's slot, the last any row sees) -> [b, KV heads, group, d]. The program whose
+    chunk of slots holds the write slot rotates the key and writes it and the value there before it
+    reads its tiles; no other program reads that slot. The other options are decode_attention's."""
+    b, kv_heads, _, d = k.shape
+    if heads % kv_heads or qkv.shape != (b, (heads + 2 * kv_heads) * d) or v.shape != k.shape:
+        raise ValueError(
+            f"decode_attention_with_rope: expected qkv [{b}, {(heads + 2 * kv_heads) * d}] for {heads} query heads "
+            f"and caches [b, KV heads, slots, d] with KV heads dividing them; got qkv {tuple(qkv.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if cos.shape != (b, d) or sin.shape != (b, d) or write_slot.numel() != 1:
+        raise ValueError(
+            f"decode_attention_with_rope: expected cos and sin [{b}, {d}] and one write slot; got "
+            f"{tuple(cos.shape)}, {tuple(sin.shape)}, {write_slot.numel()} slots"
+        )
+    if qkv.stride(-1) != 1 or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError("decode_attention_with_rope needs the last dimension of qkv, cos and sin contiguous")
+    q = qkv[:, : heads * d].view(b, kv_heads, heads // kv_heads, d)  # the kernel finds k and v after it in the row
+    return _attend(q, k, v, bias, attn_len, programs, block_n, num_warps, num_stages, kv_rows, shared_slots, splits,
+                   None, write_slot, rope=(cos, sin))
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, attn_len: int, programs: int | None,
+    block_n: int | None, num_warps: int, num_stages: int, kv_rows: torch.Tensor | None, shared_slots: int,
+    splits: int | None, out: torch.Tensor | None, last_slot: torch.Tensor | None,
+    rope: tuple[torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
+    """The launch behind decode_attention and decode_attention_with_rope (``rope``: cos, sin; q a view of
+    qkv's query columns, its rows' k and v heads after them)."""
     b, kv_heads, group, d = q.shape
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or bias.stride(-1) != 1:
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or bias.stride(-1) != 1:
         raise ValueError("decode_attention needs the last dimension of q, k, v and bias contiguous")
     if d < 16 or d & (d - 1):
         raise ValueError(f"decode_attention needs a power-of-two head_dim >= 16, got {d}")
@@ -221,15 +287,21 @@ def decode_attention(
     maxes = torch.empty((parts, group_pad), dtype=torch.float32, device=q.device)
     sums = torch.empty_like(maxes)
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty((b, kv_heads, group, d), dtype=q.dtype, device=q.device)
+    cos, sin = rope if rope is not None else (q, q)  # not read without rope
     _partial_kernel[(b * kv_heads, splits)](
-        q, k, v, bias, acc, maxes, sums, out, kv_rows, kv_rows if last_slot is None else last_slot,
+        q, k, v, bias, acc, maxes, sums, out, kv_rows, kv_rows if last_slot is None else last_slot, cos, sin,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), bias.stride(0), out.stride(0), out.stride(1), out.stride(2),
+        cos.stride(0), sin.stride(0),
         attn_len, tiles_per_split, 1.0 / math.sqrt(d), shared_slots,
         KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d, BLOCK=block_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # no TF32 rounding of float32 inputs
-        WHOLE=whole, HAS_LAST_SLOT=last_slot is not None, num_warps=num_warps, num_stages=num_stages,
+        WHOLE=whole, HAS_LAST_SLOT=last_slot is not None, ROPE=rope is not None,
+        num_warps=num_warps, num_stages=num_stages,
+        # RoPE's products are rounded where the eager path rounds only without FMA contraction (as in
+        # rope_and_cache_write); off for the whole kernel cost nothing measurable on an H100 (docs/benchmarks.md)
+        enable_fp_fusion=False,
     )
     if not whole:
         _merge_kernel[(b * kv_heads, group)](

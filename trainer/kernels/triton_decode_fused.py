@@ -81,6 +81,22 @@ def add_rms_norm(
 
 
 @triton.jit
+def rope_heads(heads_ptr, cos, sin, d, inside, D: tl.constexpr):
+    """RoPE on the heads whose first elements ``heads_ptr`` [R, 1] points at, over columns ``d`` [1,
+    BLOCK] (``inside`` [R, BLOCK] masks): x * cos + rotate_half(x) * sin, with cos and sin float32
+    [1, BLOCK] and rotate_half(x) = [-x[D/2:], x[:D/2]]. Each product is rounded to the heads' dtype
+    before the sum, as the eager path rounds; [R, BLOCK] in that dtype. The decode attention kernel
+    applies it too (decode_attention_with_rope), so both run this one definition; both compile
+    without FMA contraction, which would join a product to the sum and skip its rounding."""
+    dtype: tl.constexpr = heads_ptr.dtype.element_ty
+    x = tl.load(heads_ptr + d, mask=inside, other=0.0).to(tl.float32)
+    first_half = d < D // 2
+    partner = tl.load(heads_ptr + tl.where(first_half, d + D // 2, d - D // 2), mask=inside, other=0.0).to(tl.float32)
+    rotated = tl.where(first_half, -partner, partner)
+    return (_round(x * cos, dtype) + _round(rotated * sin, dtype)).to(dtype)
+
+
+@triton.jit
 def _rope_cache_kernel(
     qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slot_ptr,
     s_qkv, s_cos, s_sin, s_q_b, s_q_h, s_k_b, s_k_h, s_k_s, s_v_b, s_v_h, s_v_s,
@@ -89,23 +105,18 @@ def _rope_cache_kernel(
     # one program per (row, head of q, k or v); qkv's row holds the q heads, then k's, then v's
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    d = tl.arange(0, BLOCK_D)
+    d = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]: one head's columns
     inside = d < D
-    dtype: tl.constexpr = q_ptr.dtype.element_ty
     src = qkv_ptr + row * s_qkv + head * D
-    x = tl.load(src + d, mask=inside, other=0.0)
     if head >= HEADS + KV_HEADS:  # a value head: into the cache as it is
         slot = tl.load(slot_ptr).to(tl.int64)
         kv = head - HEADS - KV_HEADS
-        tl.store(v_ptr + row * s_v_b + kv * s_v_h + slot * s_v_s + d, x, mask=inside)
+        tl.store(v_ptr + row * s_v_b + kv * s_v_h + slot * s_v_s + d, tl.load(src + d, mask=inside, other=0.0),
+                 mask=inside)
     else:
-        # rotate_half: [-x[D/2:], x[:D/2]]
-        first_half = d < D // 2
-        partner = tl.load(src + tl.where(first_half, d + D // 2, d - D // 2), mask=inside, other=0.0).to(tl.float32)
-        rotated = tl.where(first_half, -partner, partner)
         cos = tl.load(cos_ptr + row * s_cos + d, mask=inside, other=0.0).to(tl.float32)
         sin = tl.load(sin_ptr + row * s_sin + d, mask=inside, other=0.0).to(tl.float32)
-        out = (_round(x.to(tl.float32) * cos, dtype) + _round(rotated * sin, dtype)).to(dtype)
+        out = rope_heads(src, cos, sin, d, inside, D)
         if head < HEADS:
             tl.store(q_ptr + row * s_q_b + head * s_q_h + d, out, mask=inside)
         else:

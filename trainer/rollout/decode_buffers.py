@@ -37,9 +37,9 @@ def round_up(n: int, multiple: int) -> int:
 def shared_prompt_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
     """[b] long on the host: for each row, the first row with the same prompt (tokens and padding).
 
-    GRPO repeats each prompt rollout.n times, so n rows' caches hold the same prompt K/V (bit for bit
-    where one prefill GEMM computed them); the attention kernel reads it from one of them, and the n
-    programs reading it at once share it through L2."""
+    GRPO repeats each prompt rollout.n times, so n rows' caches hold the same prompt K/V (bit for bit:
+    the fast engine prefills each prompt once and copies its K/V to the group's rows); the attention
+    kernel reads it from one of them, and the n programs reading it at once share it through L2."""
     first: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
     rows = [first.setdefault((tuple(ids), tuple(mask)), i)
             for i, (ids, mask) in enumerate(zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True))]

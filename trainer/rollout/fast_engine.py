@@ -15,6 +15,8 @@ What makes it fast, and why each piece is there:
   (the first runs eagerly); the host knows the step count, so it picks the graph without reading the
   device. The GPU attention kernel reads the write slot on the device and reads no slot after it, so
   the bucket's unwritten slots cost nothing.
+- One prefill per distinct prompt: GRPO's rollout.n rows of a prompt get its K/V and logits by copy
+  (``_prefill_once_per_prompt``), as vLLM's prefix caching shares a prompt's blocks among its samples.
 - Row compaction (decode_buffers.py): at a check, once at most half the decoded slots still run,
   the running rows and their caches move to the front and later steps decode only those slots, so
   ragged lengths do not keep paying for rows that have ended.
@@ -26,6 +28,8 @@ What makes it fast, and why each piece is there:
   residual add + RMSNorm, RoPE + the K/V cache write, SiLU(gate) * up, each one kernel, so a layer
   is its four matmuls, attention and four small kernels instead of ~28 launches (``fused_decode``,
   or the RLBENCH_FUSED_DECODE environment variable read when the engine is built: "0" turns it off).
+  With the split attention kernel, RoPE and the K/V cache write run inside it
+  (``decode_attention_with_rope``; ``rope_in_attention=False`` keeps them a kernel of their own).
 - Sampling in one pass over the logits on GPU (trainer/kernels/triton_sampling.py: a kernel over
   chunks of each row's vocabulary, and one that combines a row's chunks): the keyed exponential
   race of ``sampling.sample_keyed`` (a row's draw does not depend on its batch), with temperature,
@@ -82,7 +86,7 @@ from trainer.workers.fsdp import compute_dtype
 if TYPE_CHECKING:
     from trainer.config import RolloutConfig
 
-PREFILL_TOKENS = 32768  # rows per prefill chunk are chosen so that a chunk holds about this many tokens
+PREFILL_TOKENS = 32768  # distinct prompts per prefill chunk are chosen so that a chunk holds about this many tokens
 FUSED_DECODE_ENV = "RLBENCH_FUSED_DECODE"  # "0": the eager elementwise ops on GPU too (to compare), "1": fused
 
 
@@ -109,6 +113,7 @@ class FastRolloutEngine(RolloutEngine):
         compact_rows: bool = True,
         split_attention: bool = True,
         fused_decode: bool | None = None,
+        rope_in_attention: bool = True,
     ) -> None:
         super().__init__(model, tokenizer, config, share_weights=False)
         if check_every < 1:
@@ -135,18 +140,21 @@ class FastRolloutEngine(RolloutEngine):
         self._pool: tuple[int, int] | None = None
         self._race: Callable[..., None] | None = None
         self._attend: Callable[..., torch.Tensor] | None = None  # None: SDPA
+        self._attend_with_rope: Callable[..., torch.Tensor] | None = None  # with fused_decode: RoPE in the kernel
         # Triton kernels for the elementwise work between a decode step's matmuls (lean_decoder.py);
         # None: read FUSED_DECODE_ENV once, here. CPU keeps the eager ops.
         wanted = fused_decode_from_env() if fused_decode is None else fused_decode
         self.fused_decode = wanted and device.type == "cuda"
         if device.type == "cuda":
-            from trainer.kernels.triton_decode_attention import decode_attention
+            from trainer.kernels.triton_decode_attention import decode_attention, decode_attention_with_rope
             from trainer.kernels.triton_sampling import keyed_race
 
             self._race = keyed_race
             # the kernel takes power-of-two head dims of 16 or more; other models keep SDPA
             d = self.shape.head_dim
             self._attend = decode_attention if split_attention and d >= 16 and not d & (d - 1) else None
+            if self._attend is not None and self.fused_decode and rope_in_attention:
+                self._attend_with_rope = decode_attention_with_rope
         # CUDA-graph capture seconds and graph count, cumulative: benchmarks/gpu_micro.py's engine run records them
         self.stats: dict[str, float] = {}
 
@@ -201,15 +209,20 @@ class FastRolloutEngine(RolloutEngine):
     def _decode_step(self, buf: DecodeBuffers, attn_len: int, sampling: SamplingParams) -> None:
         """One decode step: the graph-captured body."""
         buf.attn_bias.index_fill_(1, buf.write_slot.view(1), 0.0)  # the slot written now becomes visible
-        attend = self._attend
+        attend, attend_with_rope = self._attend, self._attend_with_rope
         if attend is not None:  # the GPU kernel reads each prompt group's K/V from one row's cache,
             # and no slot after the one written now (the rest of the attention bucket is masked)
             attend = functools.partial(
                 attend, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width, last_slot=buf.write_slot
             )
+        if attend_with_rope is not None:  # the same, with this step's RoPE and K/V write in the kernel
+            attend_with_rope = functools.partial(
+                attend_with_rope, write_slot=buf.write_slot, heads=self.shape.num_heads, kv_rows=buf.prompt_rows,
+                shared_slots=buf.prompt_width,
+            )
         logits = decode_logits(
             self.weights, buf.cache_k, buf.cache_v, buf.last, buf.positions, buf.write_slot, buf.attn_bias, attn_len,
-            attend, self.fused_decode,
+            attend, self.fused_decode, attend_with_rope,
         )
         buf.write_slot.add_(1)
         buf.positions.add_(1)
@@ -261,6 +274,35 @@ class FastRolloutEngine(RolloutEngine):
             self.stats["graphs"] = float(len(self._graphs))
         graph.replay()
 
+    def _prefill_once_per_prompt(
+        self, buf: DecodeBuffers, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, groups: torch.Tensor
+    ) -> torch.Tensor:
+        """Prefill each distinct prompt once and give every row of its group that prompt's K/V and
+        last-position logits [b, V]: GRPO's rollout.n rows of one prompt would otherwise each redo the
+        same forward (at 16 prompts x 8 of 256 tokens, 8x the prefill's FLOPs). Prefix caching in
+        vLLM shares a prompt's KV blocks among its n samples the same way. ``groups`` [b] (host): each
+        row's group's first row (shared_prompt_rows). Every row's cache then holds its prompt's K/V
+        bit for bit, whichever row the attention kernel reads it from (DecodeBuffers.prompt_rows)."""
+        firsts, group_of = torch.unique(groups, return_inverse=True)  # firsts ascending; row -> its index there
+        b, width = prompt_ids.shape
+        logits = torch.empty((b, self.shape.vocab), dtype=self.weights.dtype, device=self.device)
+        chunk = max(1, PREFILL_TOKENS // width)  # distinct prompts per prefill forward
+        for start in range(0, len(firsts), chunk):
+            prompts = firsts[start : start + chunk]
+            layers, _, kv_heads, _, d = buf.cache_k.shape
+            k = torch.empty((layers, len(prompts), kv_heads, width, d), dtype=buf.cache_k.dtype, device=self.device)
+            v = torch.empty_like(k)
+            at = prompts.to(prompt_ids.device)
+            prompt_logits = prefill_logits(self.weights, k, v, prompt_ids[at], prompt_mask[at])
+            rows = torch.nonzero((group_of >= start) & (group_of < start + len(prompts))).flatten()
+            of = (group_of[rows] - start).to(self.device)  # each row's prompt within this chunk
+            rows = rows.to(self.device)
+            for layer in range(layers):  # one layer at a time: the gathered temporary is 1/L of it
+                buf.cache_k[layer, rows, :, :width] = k[layer, of]
+                buf.cache_v[layer, rows, :, :width] = v[layer, of]
+            logits[rows] = prompt_logits[of]
+        return logits
+
     def release(self) -> None:
         """Drop the KV cache, decode state and graphs (VERL's free_cache_engine)."""
         self._graphs.clear()
@@ -277,16 +319,7 @@ class FastRolloutEngine(RolloutEngine):
         buf = self._prepare(b, padded, request.max_new_tokens, sampling)
         groups = shared_prompt_rows(prompt_ids, prompt_mask)
         buf.reset(prompt_mask, request.row_keys, request.seed, request.targets, groups.to(self.device))
-        # whole prompt groups per chunk where the micro-batch starts a group: the rows of one prompt
-        # are then prefilled by one GEMM, so the prompt K/V they share (prompt_rows) is bit for bit theirs
-        n = max(1, request.n)
-        chunk = max(n, PREFILL_TOKENS // padded // n * n)
-        logits = torch.empty((b, self.shape.vocab), dtype=self.weights.dtype, device=self.device)
-        for r in range(0, b, chunk):
-            logits[r : r + chunk] = prefill_logits(
-                self.weights, buf.cache_k[:, r : r + chunk], buf.cache_v[:, r : r + chunk],
-                prompt_ids[r : r + chunk], prompt_mask[r : r + chunk],
-            )
+        logits = self._prefill_once_per_prompt(buf, prompt_ids, prompt_mask, groups)
         self._sample(buf, logits, sampling)
         del logits
         bucket = self._bucket(buf.slots)

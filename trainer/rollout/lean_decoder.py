@@ -258,6 +258,7 @@ def decode_logits(
     attn_len: int,
     attend: Callable[..., torch.Tensor] | None = None,
     fused: bool = False,
+    attend_with_rope: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One token per row through the decoder: [b] -> logits [b, V]; writes this token's K and V at
     ``write_slot`` and attends over cache slots [0, attn_len) (the bias is 0 on visible slots, -inf
@@ -267,10 +268,14 @@ def decode_logits(
     attn_len)``, when given, replaces SDPA (the GPU's split-cache kernel,
     trainer/kernels/triton_decode_attention.py). ``fused`` runs the elementwise work between the
     matmuls as the Triton kernels of trainer/kernels/triton_decode_fused.py (Triton only), with the
-    same roundings as the eager ops here."""
+    same roundings as the eager ops here. ``attend_with_rope(qkv [b, (heads + 2 KV heads) d], cos, sin
+    [b, d], k_cache, v_cache, bias, attn_len)``, with ``fused``, does a layer's RoPE, cache write at
+    ``write_slot`` and attention in one kernel (decode_attention_with_rope) instead."""
     s = w.shape
     if fused:
-        return _decode_logits_fused(w, cache_k, cache_v, last, positions, write_slot, attn_bias, attn_len, attend)
+        return _decode_logits_fused(
+            w, cache_k, cache_v, last, positions, write_slot, attn_bias, attn_len, attend, attend_with_rope
+        )
     b = last.shape[0]
     q_size, kv_size, d = s.q_size, s.kv_size, s.head_dim
     h = F.embedding(last, w.embed)
@@ -295,9 +300,11 @@ def decode_logits(
 def _decode_logits_fused(
     w: LeanWeights, cache_k: torch.Tensor, cache_v: torch.Tensor, last: torch.Tensor, positions: torch.Tensor,
     write_slot: torch.Tensor, attn_bias: torch.Tensor, attn_len: int, attend: Callable[..., torch.Tensor] | None,
+    attend_with_rope: Callable[..., torch.Tensor] | None,
 ) -> torch.Tensor:
     """decode_logits with a layer's elementwise work in three kernels: each residual add joins the
-    RMSNorm after it, RoPE joins the K/V cache write, SiLU joins the product with up."""
+    RMSNorm after it, RoPE joins the K/V cache write (and, given ``attend_with_rope``, the attention
+    kernel too), SiLU joins the product with up."""
     from trainer.kernels.triton_decode_fused import add_rms_norm, rope_and_cache_write, silu_mul
 
     s = w.shape
@@ -307,9 +314,13 @@ def _decode_logits_fused(
     for layer in range(s.num_layers):
         h, x = add_rms_norm(h, delta, w.ln_in[layer], s.rms_eps)
         bias_l = w.qkv_bias[layer] if w.qkv_bias is not None else None
-        q = rope_and_cache_write(F.linear(x, w.qkv[layer], bias_l), cos, sin, cache_k[layer], cache_v[layer],
-                                 write_slot, s.num_heads)
-        attn = _attention(s, q, cache_k[layer], cache_v[layer], attn_bias, attn_len, attend)
+        qkv = F.linear(x, w.qkv[layer], bias_l)
+        if attend_with_rope is not None:
+            attn = attend_with_rope(qkv, cos, sin, cache_k[layer], cache_v[layer], attn_bias, attn_len)
+            attn = attn.reshape(qkv.shape[0], s.q_size)
+        else:
+            q = rope_and_cache_write(qkv, cos, sin, cache_k[layer], cache_v[layer], write_slot, s.num_heads)
+            attn = _attention(s, q, cache_k[layer], cache_v[layer], attn_bias, attn_len, attend)
         h, x = add_rms_norm(h, F.linear(attn, w.o[layer]), w.ln_post[layer], s.rms_eps)
         delta = F.linear(silu_mul(F.linear(x, w.gate_up[layer])), w.down[layer])
     return F.linear(add_rms_norm(h, delta, w.norm, s.rms_eps)[1], w.lm_head)
