@@ -2,7 +2,7 @@
 
     python benchmarks/decode_profile.py OUT_DIR [--model r1-distill-qwen-1.5b] [--rows 64 16 4 1]
                                                 [--context 1024 8192 16384 27648] [--trace-rows 64 1]
-                                                [--attention split sdpa] [--fusion fused eager]
+                                                [--attention split sdpa] [--fusion fused fused-rope-apart eager]
                                                 [--attention-alone]
 
 For each (rows, context) it times the engine's captured decode step (CUDA graph replays, device
@@ -11,13 +11,14 @@ with random weights of the model preset, and writes the bandwidth the step would
 (weights + the rows' K and V read once), once per attention kernel (``split``: the engine's
 split-cache Triton kernel; ``sdpa``: torch's scaled_dot_product_attention) and per treatment of the
 elementwise work between the matmuls (``fused``: the Triton kernels of
-trainer/kernels/triton_decode_fused.py, with RoPE and the cache write inside the attention kernel;
-``fused-rope-apart``: the same with them a kernel of their own; ``eager``: torch's ops, as on
-CPU). With ``--trace-rows`` it
+trainer/kernels/triton_decode_fused.py, with RoPE and the cache write inside the split attention
+kernel (with sdpa they stay a kernel of their own); ``fused-rope-apart``: the same with them a
+kernel of their own; ``eager``: torch's ops, as on CPU). With ``--trace-rows`` it
 also profiles one eager step per row count at the longest context (torch.profiler) and writes the
 time per kernel family (matmul, attention, sampling, the rest) and the kernels (memsets included)
 launched per step (a captured step replays the same ones). With ``--attention-alone`` it then profiles
-the captured step itself and times the split attention kernel alone over every layer: on the engine's
+the captured step itself and times the split attention kernel alone (``decode_attention``, without
+RoPE) over every layer: on the engine's
 cache with the engine's arguments, without them, and on a fresh cache of the context's size (which
 told an argument's cost from the step's). Besides the median of single replays, each row has
 ``burst_step_ms``: 50 replays back to back over one synchronisation, divided by 50, as generation
@@ -178,11 +179,12 @@ def profile_engine(engine, labels, args, sampling, peak, results, traces) -> Non
             seconds = statistics.median(times)
             burst = 50  # back to back, as generation replays steps between its checks
             buf.step.zero_()
-            buf.write_slot.fill_(context - 1)
+            # the burst writes slots context - 50 to context - 1: inside the attention length, as in the engine
+            buf.write_slot.fill_(max(0, context - burst))
             torch.cuda.synchronize()
             start = time.perf_counter()
             for _ in range(burst):
-                engine._step(buf, attn_len, sampling)  # the write slot moves on: at most 50 slots past context
+                engine._step(buf, attn_len, sampling)
             torch.cuda.synchronize()
             burst_ms = (time.perf_counter() - start) / burst * 1e3
             need = roofline_bytes(engine, rows, context)

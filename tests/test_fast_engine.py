@@ -78,15 +78,16 @@ def test_each_prompt_is_prefilled_once_and_every_row_of_it_holds_its_cache(model
 
     prefilled = []
 
-    def counting_prefill(weights, cache_k, cache_v, ids, mask):
+    def counting_prefill(weights, cache_k, cache_v, ids, mask, into=None):
         prefilled.append(ids.shape[0])
-        return prefill_logits(weights, cache_k, cache_v, ids, mask)
+        return prefill_logits(weights, cache_k, cache_v, ids, mask, into)
 
     monkeypatch.setattr(fast_engine, "prefill_logits", counting_prefill)
-    engine = FastRolloutEngine(model, tok)
+    monkeypatch.setattr(fast_engine, "PREFILL_TOKENS", 256)  # two prompts a chunk: four chunks
+    engine = FastRolloutEngine(model, tok, compact_rows=False)  # the rows stay in their slots
     n = 3
     engine.generate(prompts, list(range(len(prompts))), [], n, 4, SamplingParams(), 3)
-    assert sum(prefilled) == len(prompts), f"{n} rows per prompt should share one prefill, got {prefilled}"
+    assert prefilled == [2, 2, 2, 2], f"{n} rows per prompt should share one prefill, got {prefilled}"
     buf = engine._buffers
     width = buf.prompt_width
     # each row's prompt slots hold its own prompt's K/V: what a prefill of every row computes
@@ -101,6 +102,7 @@ def test_each_prompt_is_prefilled_once_and_every_row_of_it_holds_its_cache(model
     for first in range(0, len(prompts) * n, n):  # and bit for bit the same in every row of a group
         for row in range(first + 1, first + n):
             assert torch.equal(buf.cache_k[:, row, :, :width], buf.cache_k[:, first, :, :width])
+            assert torch.equal(buf.cache_v[:, row, :, :width], buf.cache_v[:, first, :, :width])
 
 
 @pytest.mark.parametrize("name", ["hf", "static", "fast"])

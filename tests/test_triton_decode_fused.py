@@ -128,10 +128,13 @@ def test_silu_mul_is_silu_of_gate_times_up(dtype):
 
 def decode_step_pair(dtype: torch.dtype, attention: str, steps: int = 3):
     """Logits and caches of ``steps`` decode steps of the tiny model after a prefill: eager, fused.
-    ``attention``: "sdpa", or "split" for the engine's GPU kernel (trainer/kernels/triton_decode_attention.py)."""
-    attend = None
-    if attention == "split":
+    ``attention``: "sdpa", "split" for the engine's GPU kernel (trainer/kernels/triton_decode_attention.py),
+    or "split-rope": that kernel, and in the fused step the kernel with RoPE and the cache write in it."""
+    attend = attend_with_rope = None
+    if attention.startswith("split"):
         from trainer.kernels.triton_decode_attention import decode_attention as attend
+    if attention == "split-rope":
+        from trainer.kernels.triton_decode_attention import decode_attention_with_rope as attend_with_rope
     model = build_model("tiny", seed=0)
     with torch.no_grad():
         for p in model.parameters():  # a random model at a scale where its logits vary
@@ -153,7 +156,8 @@ def decode_step_pair(dtype: torch.dtype, attention: str, steps: int = 3):
                 buf.attn_bias.index_fill_(1, buf.write_slot.view(1), 0.0)
                 last = ids[:, -1 - step]  # the same tokens either way: compare the step, not sampling
                 logits.append(decode_logits(weights, buf.cache_k, buf.cache_v, last, buf.positions, buf.write_slot,
-                                            buf.attn_bias, buf.slots, attend, fused=fused))
+                                            buf.attn_bias, buf.slots, attend, fused=fused,
+                                            attend_with_rope=attend_with_rope if fused else None))
                 buf.write_slot.add_(1)
                 buf.positions.add_(1)
         outs.append((torch.stack(logits), buf.cache_k, buf.cache_v))
@@ -165,7 +169,7 @@ def decode_step_pair(dtype: torch.dtype, attention: str, steps: int = 3):
     torch.float32,
     pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not EXACT, reason="the interpreter truncates to bf16")),
 ], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("attention", ["sdpa", "split"])
+@pytest.mark.parametrize("attention", ["sdpa", "split", "split-rope"])
 def test_fused_decode_step_matches_the_eager_step(dtype, attention):
     (eager, k0, v0), (fused, k1, v1) = decode_step_pair(dtype, attention)
     assert eager.float().std() > 1.0, "the set-up should give logits that vary"
@@ -204,12 +208,9 @@ def test_rope_inside_the_attention_kernel_changes_no_token(tok, prompts, liven):
     their own: bf16, CUDA graphs, compaction, the same rounding code, so the same tokens and
     log-probs bit for bit."""
     model = liven(build_model("tiny", seed=0)).to("cuda", torch.bfloat16)
-    inside, apart = (
-        FastRolloutEngine(model, tok, rope_in_attention=r).generate(
-            prompts, list(range(len(prompts))), [], 2, 200, SamplingParams(), 3
-        )
-        for r in (True, False)
-    )
+    engines = [FastRolloutEngine(model, tok, fused_decode=True, rope_in_attention=r) for r in (True, False)]
+    assert engines[0]._attend_with_rope is not None and engines[1]._attend_with_rope is None
+    inside, apart = (e.generate(prompts, list(range(len(prompts))), [], 2, 200, SamplingParams(), 3) for e in engines)
     assert torch.equal(inside.response_ids, apart.response_ids)
     assert torch.equal(inside.rollout_log_probs, apart.rollout_log_probs)
 

@@ -17,8 +17,12 @@ KV head i // group), padded to 16 rows for the tensor-core dot.
 [0, attn_len), as ``F.scaled_dot_product_attention(q, k[..., :attn_len, :], v[..., :attn_len, :],
 attn_mask=bias[:, None, None, :attn_len])`` does for the fast engine's [b, KV heads, group, d]
 queries. Scores and the softmax sums are float32; the probabilities are cast to V's dtype for the
-second product, as flash attention does (float32 inputs multiply in full float32). Only imported
-where Triton exists.
+second product, as flash attention does (float32 inputs multiply in full float32).
+
+``decode_attention_with_rope`` is the same kernel fed the fused q/k/v matmul's output: it applies
+RoPE to the queries and writes this step's rotated key and value into the cache slot before it
+attends, which the fast engine otherwise does in a kernel of its own (``rope_and_cache_write``,
+trainer/kernels/triton_decode_fused.py). Only imported where Triton exists.
 """
 
 from __future__ import annotations
@@ -72,6 +76,24 @@ def _attend_tiles(q, k_base, v_base, bias_row, lo, hi, end, d, sk_s, sv_s, scale
 
 
 @triton.jit
+def _rope_step(qkv_row, h, g, d, cos_row, sin_row, k_slot, v_slot, writes,
+               KV_HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr):
+    """This step's RoPE from the fused q/k/v matmul's output row ``qkv_row`` (the q heads, then the k
+    heads, then the v heads, each D wide): the rotated queries of KV head h's group, [GROUP_PAD, D]
+    (rows g >= GROUP zero), returned; where ``writes`` (the program whose chunk of slots holds this
+    step's slot), head h's rotated key and its value stored at ``k_slot`` and ``v_slot`` first."""
+    cos = tl.load(cos_row + d[None, :]).to(tl.float32)
+    sin = tl.load(sin_row + d[None, :]).to(tl.float32)
+    q = rope_heads(qkv_row + (h * GROUP + g[:, None]) * D, cos, sin, d[None, :], g[:, None] < GROUP, D)
+    if writes:
+        key = rope_heads(qkv_row + (KV_HEADS * GROUP + h) * D, cos, sin, d[None, :], d[None, :] < D, D)
+        tl.store(k_slot + d[None, :], key)
+        tl.store(v_slot + d, tl.load(qkv_row + (KV_HEADS * GROUP + KV_HEADS + h) * D + d))
+    tl.debug_barrier()  # the stores are visible to every thread of the program's loads after this
+    return q
+
+
+@triton.jit
 def _partial_kernel(
     q_ptr, k_ptr, v_ptr, bias_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr, kv_rows_ptr, last_slot_ptr, cos_ptr, sin_ptr,
     sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sbias_b, so_b, so_h, so_g, s_cos, s_sin,
@@ -81,8 +103,9 @@ def _partial_kernel(
 ):
     # WHOLE: one chunk per (row, KV head), so the program's sums are final: it writes the output
     # itself and there is nothing to merge. ROPE: q_ptr is the qkv matmul's output (q heads, then k's,
-    # then v's); the queries are rotated here, and the program whose chunk holds the write slot
-    # (last_slot) rotates this step's key and writes it and the value there first.
+    # then v's, packed); the queries are rotated here, and the program whose chunk holds the write
+    # slot (last_slot) rotates this step's key and writes it and the value there first.
+    tl.static_assert(HAS_LAST_SLOT or not ROPE, "ROPE writes this step's K/V at last_slot")
     bh = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -95,23 +118,15 @@ def _partial_kernel(
     d = tl.arange(0, D)
     start = split * tiles_per_split * BLOCK
     end = tl.minimum(start + tiles_per_split * BLOCK, attn_len)
-    q_heads = q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g  # [GROUP_PAD, 1]
-    if ROPE:
-        cos = tl.load(cos_ptr + b * s_cos + d[None, :]).to(tl.float32)
-        sin = tl.load(sin_ptr + b * s_sin + d[None, :]).to(tl.float32)
-        q = rope_heads(q_heads, cos, sin, d[None, :], g[:, None] < GROUP, D)
-        slot = tl.load(last_slot_ptr).to(tl.int64)
-        if (slot >= start) & (slot < end):  # only this program reads the slot written now
-            qkv_row = q_ptr + b * sq_b
-            k_new = rope_heads(qkv_row + (KV_HEADS * GROUP + h) * D, cos, sin, d[None, :], d[None, :] < D, D)
-            tl.store(k_ptr + b * sk_b + h * sk_h + slot * sk_s + d[None, :], k_new)
-            v_new = tl.load(qkv_row + (KV_HEADS * GROUP + KV_HEADS + h) * D + d)
-            tl.store(v_ptr + b * sv_b + h * sv_h + slot * sv_s + d, v_new)
-        tl.debug_barrier()  # the stores above are visible to every thread of the program's loads below
+    last = tl.load(last_slot_ptr).to(tl.int64) if HAS_LAST_SLOT else 0
+    if ROPE:  # only the program whose chunk holds the slot written now reads that slot
+        q = _rope_step(q_ptr + b * sq_b, h, g, d, cos_ptr + b * s_cos, sin_ptr + b * s_sin,
+                       k_ptr + b * sk_b + h * sk_h + last * sk_s, v_ptr + b * sv_b + h * sv_h + last * sv_s,
+                       (last >= start) & (last < end), KV_HEADS, GROUP, D)
     else:
-        q = tl.load(q_heads + d[None, :], mask=g[:, None] < GROUP, other=0.0)
+        q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=g[:, None] < GROUP, other=0.0)
     if HAS_LAST_SLOT:  # no row sees a slot after the one written this step: its tiles are not read
-        end = tl.minimum(end, tl.load(last_slot_ptr).to(tl.int32) + 1)
+        end = tl.minimum(end, last.to(tl.int32) + 1)
     # a finite start: a tile whose slots are all masked (-inf bias) then adds exp(-inf) = 0, never NaN
     running_max = tl.full([GROUP_PAD], -1.0e30, tl.float32)
     running_sum = tl.zeros([GROUP_PAD], tl.float32)
@@ -233,7 +248,9 @@ def decode_attention_with_rope(
     cos, sin [b, d], one layer's k, v caches [b, KV heads, slots, d], write_slot (a one-element device
     integer: this step's slot, the last any row sees) -> [b, KV heads, group, d]. The program whose
     chunk of slots holds the write slot rotates the key and writes it and the value there before it
-    reads its tiles; no other program reads that slot. The other options are decode_attention's."""
+    reads its tiles; no other program reads that slot. The write slot must lie in [0, attn_len), as
+    the fast engine's attention length always covers it: a slot past it is in no chunk and is not
+    written. The other options are decode_attention's."""
     b, kv_heads, _, d = k.shape
     if heads % kv_heads or qkv.shape != (b, (heads + 2 * kv_heads) * d) or v.shape != k.shape:
         raise ValueError(
@@ -263,7 +280,7 @@ def _attend(
     qkv's query columns, its rows' k and v heads after them)."""
     b, kv_heads, group, d = q.shape
     if k.stride(-1) != 1 or v.stride(-1) != 1 or bias.stride(-1) != 1:
-        raise ValueError("decode_attention needs the last dimension of q, k, v and bias contiguous")
+        raise ValueError("decode_attention needs the last dimension of k, v and bias contiguous")
     if d < 16 or d & (d - 1):
         raise ValueError(f"decode_attention needs a power-of-two head_dim >= 16, got {d}")
     if programs is None:

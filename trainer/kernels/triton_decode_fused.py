@@ -8,7 +8,9 @@ four matmuls; even replayed from a CUDA graph each costs microseconds. Three ker
 - ``add_rms_norm``: the residual add and the next RMSNorm (the input norm of a layer, its
   post-attention norm, the final norm) in one pass over the row;
 - ``rope_and_cache_write``: RoPE on the query and key heads of the fused qkv matmul's output, the
-  rotated keys and the values written into this step's cache slot, the rotated queries returned;
+  rotated keys and the values written into this step's cache slot, the rotated queries returned
+  (with the GPU's split attention kernel the engine does this inside that kernel instead,
+  ``decode_attention_with_rope``, through the same ``rope_heads``);
 - ``silu_mul``: SiLU(gate) * up over the fused gate/up matmul's output.
 
 Numerics are the eager path's (trainer/rollout/lean_decoder.py), which follows transformers
@@ -82,9 +84,10 @@ def add_rms_norm(
 
 @triton.jit
 def rope_heads(heads_ptr, cos, sin, d, inside, D: tl.constexpr):
-    """RoPE on the heads whose first elements ``heads_ptr`` [R, 1] points at, over columns ``d`` [1,
-    BLOCK] (``inside`` [R, BLOCK] masks): x * cos + rotate_half(x) * sin, with cos and sin float32
-    [1, BLOCK] and rotate_half(x) = [-x[D/2:], x[:D/2]]. Each product is rounded to the heads' dtype
+    """RoPE on the heads whose first elements ``heads_ptr`` points at ([R, 1], or one pointer for one
+    head), over columns ``d`` [1, BLOCK] (``inside``, broadcast to [R, BLOCK], masks): x * cos +
+    rotate_half(x) * sin, with cos and sin float32 [1, BLOCK] and rotate_half(x) = [-x[D/2:],
+    x[:D/2]]. Each product is rounded to the heads' dtype
     before the sum, as the eager path rounds; [R, BLOCK] in that dtype. The decode attention kernel
     applies it too (decode_attention_with_rope), so both run this one definition; both compile
     without FMA contraction, which would join a product to the sum and skip its rounding."""

@@ -26,9 +26,9 @@ What makes it fast, and why each piece is there:
   prompt's K/V from one row's cache (``DecodeBuffers.prompt_rows``), so their programs share it in L2.
 - The elementwise work of a decode step fused on GPU (trainer/kernels/triton_decode_fused.py):
   residual add + RMSNorm, RoPE + the K/V cache write, SiLU(gate) * up, each one kernel, so a layer
-  is its four matmuls, attention and four small kernels instead of ~28 launches (``fused_decode``,
-  or the RLBENCH_FUSED_DECODE environment variable read when the engine is built: "0" turns it off).
-  With the split attention kernel, RoPE and the K/V cache write run inside it
+  is its four matmuls, attention and three small kernels instead of ~28 launches (``fused_decode``,
+  or the RLBENCH_FUSED_DECODE environment variable read when the engine is built: "0" turns it off):
+  with the split attention kernel, RoPE and the K/V cache write run inside it
   (``decode_attention_with_rope``; ``rope_in_attention=False`` keeps them a kernel of their own).
 - Sampling in one pass over the logits on GPU (trainer/kernels/triton_sampling.py: a kernel over
   chunks of each row's vocabulary, and one that combines a row's chunks): the keyed exponential
@@ -43,8 +43,8 @@ What makes it fast, and why each piece is there:
   captured step reads to mark the row finished; the buffers keep max_new_tokens as their shape (so
   the graphs are reused from step to step) and the loop stops at the longest target.
 - Weights come from the actor on the device in the reshard phase: each parameter (gathered whole
-  with ``DTensor.full_tensor()`` under FSDP2) is copied into the engine's fixed buffers, whose
-  addresses the captured graphs hold.
+  with ``DTensor.full_tensor()`` under FSDP2 over several GPUs; on one, its local shard is already
+  whole) is copied into the engine's fixed buffers, whose addresses the captured graphs hold.
 
 On CPU, or with rollout.enforce_eager, the same step runs eagerly, and sampling goes through
 ``sampling.sample_keyed``: greedy decoding gives the tokens of the hf and static engines.
@@ -210,15 +210,15 @@ class FastRolloutEngine(RolloutEngine):
         """One decode step: the graph-captured body."""
         buf.attn_bias.index_fill_(1, buf.write_slot.view(1), 0.0)  # the slot written now becomes visible
         attend, attend_with_rope = self._attend, self._attend_with_rope
-        if attend is not None:  # the GPU kernel reads each prompt group's K/V from one row's cache,
-            # and no slot after the one written now (the rest of the attention bucket is masked)
+        # the GPU kernel reads each prompt group's K/V from one row's cache, and no slot after the one
+        # written now (the rest of the attention bucket is masked)
+        if attend_with_rope is not None:  # this step's RoPE and K/V write in the kernel too
+            attend, attend_with_rope = None, functools.partial(
+                attend_with_rope, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width
+            )
+        elif attend is not None:
             attend = functools.partial(
                 attend, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width, last_slot=buf.write_slot
-            )
-        if attend_with_rope is not None:  # the same, with this step's RoPE and K/V write in the kernel
-            attend_with_rope = functools.partial(
-                attend_with_rope, write_slot=buf.write_slot, heads=self.shape.num_heads, kv_rows=buf.prompt_rows,
-                shared_slots=buf.prompt_width,
             )
         logits = decode_logits(
             self.weights, buf.cache_k, buf.cache_v, buf.last, buf.positions, buf.write_slot, buf.attn_bias, attn_len,
@@ -288,18 +288,13 @@ class FastRolloutEngine(RolloutEngine):
         logits = torch.empty((b, self.shape.vocab), dtype=self.weights.dtype, device=self.device)
         chunk = max(1, PREFILL_TOKENS // width)  # distinct prompts per prefill forward
         for start in range(0, len(firsts), chunk):
-            prompts = firsts[start : start + chunk]
-            layers, _, kv_heads, _, d = buf.cache_k.shape
-            k = torch.empty((layers, len(prompts), kv_heads, width, d), dtype=buf.cache_k.dtype, device=self.device)
-            v = torch.empty_like(k)
-            at = prompts.to(prompt_ids.device)
-            prompt_logits = prefill_logits(self.weights, k, v, prompt_ids[at], prompt_mask[at])
-            rows = torch.nonzero((group_of >= start) & (group_of < start + len(prompts))).flatten()
+            at = firsts[start : start + chunk].to(prompt_ids.device)
+            rows = torch.nonzero((group_of >= start) & (group_of < start + len(at))).flatten()
             of = (group_of[rows] - start).to(self.device)  # each row's prompt within this chunk
             rows = rows.to(self.device)
-            for layer in range(layers):  # one layer at a time: the gathered temporary is 1/L of it
-                buf.cache_k[layer, rows, :, :width] = k[layer, of]
-                buf.cache_v[layer, rows, :, :width] = v[layer, of]
+            prompt_logits = prefill_logits(  # each layer's K/V written straight into every row of its group
+                self.weights, buf.cache_k, buf.cache_v, prompt_ids[at], prompt_mask[at], into=(rows, of)
+            )
             logits[rows] = prompt_logits[of]
         return logits
 

@@ -269,9 +269,12 @@ def decode_logits(
     trainer/kernels/triton_decode_attention.py). ``fused`` runs the elementwise work between the
     matmuls as the Triton kernels of trainer/kernels/triton_decode_fused.py (Triton only), with the
     same roundings as the eager ops here. ``attend_with_rope(qkv [b, (heads + 2 KV heads) d], cos, sin
-    [b, d], k_cache, v_cache, bias, attn_len)``, with ``fused``, does a layer's RoPE, cache write at
-    ``write_slot`` and attention in one kernel (decode_attention_with_rope) instead."""
+    [b, d], k_cache, v_cache, bias, attn_len, write_slot, heads)`` does a layer's RoPE, cache write at
+    ``write_slot`` and attention in one kernel (decode_attention_with_rope) in the fused step; it
+    needs ``fused``."""
     s = w.shape
+    if attend_with_rope is not None and not fused:
+        raise ValueError("decode_logits: attend_with_rope replaces a fused step's kernels; it needs fused=True")
     if fused:
         return _decode_logits_fused(
             w, cache_k, cache_v, last, positions, write_slot, attn_bias, attn_len, attend, attend_with_rope
@@ -316,8 +319,9 @@ def _decode_logits_fused(
         bias_l = w.qkv_bias[layer] if w.qkv_bias is not None else None
         qkv = F.linear(x, w.qkv[layer], bias_l)
         if attend_with_rope is not None:
-            attn = attend_with_rope(qkv, cos, sin, cache_k[layer], cache_v[layer], attn_bias, attn_len)
-            attn = attn.reshape(qkv.shape[0], s.q_size)
+            attn = attend_with_rope(
+                qkv, cos, sin, cache_k[layer], cache_v[layer], attn_bias, attn_len, write_slot, s.num_heads
+            ).reshape(qkv.shape[0], s.q_size)
         else:
             q = rope_and_cache_write(qkv, cos, sin, cache_k[layer], cache_v[layer], write_slot, s.num_heads)
             attn = _attention(s, q, cache_k[layer], cache_v[layer], attn_bias, attn_len, attend)
@@ -332,9 +336,12 @@ def prefill_logits(
     cache_v: torch.Tensor,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
+    into: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Left-padded prompts [b, P] into cache slots [0, P); the last position's logits [b, V].
 
+    ``into`` = (rows, prompt) [n] each: cache row rows[i] gets prompt prompt[i]'s K/V (a prompt may go
+    to several rows, one layer at a time); by default row i of the caches gets prompt i.
     A padding query attends to itself only (never to nothing, which would give NaN rows whose
     values, even weighted by 0, would poison the real tokens' sums).
     """
@@ -355,8 +362,12 @@ def prefill_logits(
         q = apply_rope(qkv[..., :q_size].view(b, width, s.num_heads, d).transpose(1, 2), cos, sin)
         k = apply_rope(qkv[..., q_size : q_size + kv_size].view(b, width, s.num_kv_heads, d).transpose(1, 2), cos, sin)
         v = qkv[..., q_size + kv_size :].view(b, width, s.num_kv_heads, d).transpose(1, 2)
-        cache_k[layer, :, :, :width] = k
-        cache_v[layer, :, :, :width] = v
+        if into is None:
+            cache_k[layer, :, :, :width] = k
+            cache_v[layer, :, :, :width] = v
+        else:
+            cache_k[layer, into[0], :, :width] = k[into[1]]
+            cache_v[layer, into[0], :, :width] = v[into[1]]
         attn = F.scaled_dot_product_attention(
             q, k.repeat_interleave(s.group, dim=1), v.repeat_interleave(s.group, dim=1), attn_mask=allowed
         )

@@ -236,8 +236,10 @@ def _is_dtensor(t: Any) -> bool:
 
 def full_tensor(t: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
     """The whole tensor behind a (possibly sharded) parameter, on ``device`` (a collective for a
-    DTensor: every rank must call it in the same order). Shards offloaded to the CPU are moved to
-    ``device`` first, since NCCL gathers device tensors only."""
+    DTensor over several ranks: every rank must call it in the same order). Shards offloaded to the
+    CPU are moved to ``device`` first, since NCCL gathers device tensors only. Read it, do not write
+    it: a plain tensor, or a one-rank DTensor's local shard, may come back as the parameter's own
+    storage (every caller copies it)."""
     if not _is_dtensor(t):
         return t if device is None else t.to(device)
     from torch.distributed.tensor import DTensor
