@@ -368,10 +368,11 @@ def test_closing_the_rendezvous_after_its_group_closes_no_other_descriptor(tmp_p
 
     import torch.distributed as dist
 
-    from trainer.workers.distributed import DataParallel, free_port
+    from trainer.workers.distributed import DataParallel, Rendezvous
 
     dp = DataParallel(0, 1)
-    dp.init("127.0.0.1", free_port(), "gloo", force=True)
+    rendezvous = Rendezvous("127.0.0.1")  # bound now: no free port that another process could take first
+    dp.init("127.0.0.1", rendezvous.port, "gloo", force=True, rendezvous=rendezvous)
     served = dp.rendezvous.socket.fileno()
     dist.destroy_process_group()
     gc.collect()

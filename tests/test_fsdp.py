@@ -13,7 +13,7 @@ import torch
 from trainer.build import build_trainer
 from trainer.config import build_config
 from trainer.models.presets import build_model
-from trainer.workers.distributed import DataParallel, free_port
+from trainer.workers.distributed import DataParallel, Rendezvous
 from trainer.workers.fsdp import PolicyModel, full_model_state, is_fsdp, shard_model
 
 # ----------------------------------------------------------------------------- whole steps over Ray
@@ -72,7 +72,8 @@ def test_fsdp2_steps_equal_the_replicated_step(two_node_cluster, tmp_path):
 def test_fsdp_modules_are_what_shard_model_made():
     # A process group of one (FSDP2 needs a group even for a single worker).
     dp = DataParallel(0, 1, torch.device("cpu"))
-    dp.init("127.0.0.1", free_port(), "gloo", force=True)
+    rendezvous = Rendezvous("127.0.0.1")  # bound now: no free port that another process could take first
+    dp.init("127.0.0.1", rendezvous.port, "gloo", force=True, rendezvous=rendezvous)
     try:
         policy = shard_model(PolicyModel(build_model("tiny", seed=0)), torch.device("cpu"), 1)
         assert is_fsdp(policy) and all(is_fsdp(layer) for layer in policy.lm.model.layers)
