@@ -22,6 +22,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 NCCL_INTERFACE_ENV = "NCCL_SOCKET_IFNAME"  # NCCL's environment variables, docs.nvidia.com/deeplearning/nccl
 
