@@ -8,13 +8,11 @@ import pytest
 import torch
 
 from trainer.algorithms.kl import (
+    KL_CONTROLLERS,
     KL_ESTIMATORS,
-    UNSUPPORTED_KL,
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
-    get_kl_estimator,
-    kl_estimator_names,
     kl_loss,
     kl_penalty,
     make_kl_controller,
@@ -62,18 +60,18 @@ def test_straight_through_variant_keeps_value_takes_k2_gradient() -> None:
 
 
 def test_registry_errors() -> None:
-    assert set(KL_ESTIMATORS) == {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"}
-    assert kl_estimator_names() == (*KL_ESTIMATORS, *(f"{name}+" for name in KL_ESTIMATORS))
+    plain = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+    assert KL_ESTIMATORS.names() == (*plain, *(f"{name}+" for name in plain))
     with pytest.raises(ValueError, match="unknown KL estimator 'k4'; valid names: kl, k1, abs"):
-        get_kl_estimator("k4")
+        KL_ESTIMATORS["k4"]
 
 
 @pytest.mark.parametrize("name", ["full", "full+"])
 def test_full_kl_is_refused_with_its_reason_and_the_valid_names(name: str) -> None:
     # "full" passed validation and then failed in the first update: kl over the last dim of the
     # [B, T] token log-probs gave a [B] tensor ("loss_mat must be [B, T]; got shape (16,)").
-    assert "full" not in KL_ESTIMATORS and "full-vocabulary" in UNSUPPORTED_KL["full"]
-    with pytest.raises(ValueError, match=r"'full\+?' is not supported: it needs the full-vocabulary log-probs.*"
+    assert "full" not in KL_ESTIMATORS and "full-vocabulary" in KL_ESTIMATORS.refused()["full"]
+    with pytest.raises(ValueError, match=r"'full\+?' is not supported: needs the full-vocabulary log-probs.*"
                        r"valid names: kl, k1, abs, mse, k2, low_var_kl, k3, kl\+"):
         kl_penalty(LOGP, REF, name)
 
@@ -127,7 +125,8 @@ def test_adaptive_controller_in_reward_updates_after_use() -> None:
 
 
 def test_controller_errors() -> None:
-    with pytest.raises(ValueError, match="valid kinds: fixed, adaptive"):
+    assert KL_CONTROLLERS.names() == ("fixed", "adaptive")
+    with pytest.raises(ValueError, match="unknown KL controller 'pid'; valid names: fixed, adaptive"):
         make_kl_controller("pid")
     with pytest.raises(ValueError, match="horizon must be positive; got 0"):
         AdaptiveKLController(0.1, 0.1, 0)

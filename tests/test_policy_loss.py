@@ -11,7 +11,6 @@ from trainer.algorithms.aggregation import agg_loss
 from trainer.algorithms.policy_loss import (
     POLICY_LOSSES,
     actor_loss,
-    get_policy_loss,
     vanilla_policy_loss,
 )
 
@@ -122,10 +121,10 @@ def test_bad_arguments() -> None:
 
 
 def test_registry() -> None:
-    assert get_policy_loss("vanilla") is vanilla_policy_loss
+    assert POLICY_LOSSES["vanilla"] is vanilla_policy_loss
     assert list(POLICY_LOSSES) == ["vanilla"]
     with pytest.raises(ValueError, match="unknown policy loss 'gspo'; valid names: vanilla"):
-        get_policy_loss("gspo")
+        POLICY_LOSSES["gspo"]
 
 
 def test_actor_loss_combines_terms() -> None:

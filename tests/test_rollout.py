@@ -309,7 +309,7 @@ def test_load_weights_rejects_mismatched_state(tok):
 def test_make_engine_by_name_and_unknown_names(model, tok):
     assert type(engine("hf", model, tok)).name == "hf"
     assert type(engine("static", model, tok)).name == "static"
-    with pytest.raises(ValueError, match="unknown rollout engine 'sglang'; available: fast, hf, static, vllm"):
+    with pytest.raises(ValueError, match="unknown rollout engine 'sglang'; valid names: hf, static, fast, vllm"):
         make_engine("sglang", model, tok)
     with pytest.raises(ValueError, match="already registered"):
         register_engine("hf", ENGINES["static"])

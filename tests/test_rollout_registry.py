@@ -53,13 +53,13 @@ def declare(tmp_path: Path, entry: str) -> Path:
 @pytest.fixture
 def forget_toy():
     yield
-    ENGINES.pop("toy", None)
+    ENGINES.unregister("toy")
     sys.modules.pop("toy_engines", None)
 
 
 def test_the_bundled_names_come_first_and_unknown_names_list_them():
     assert engine_names()[:3] == ("hf", "static", "fast")
-    with pytest.raises(ValueError, match="unknown rollout engine 'sglang'; available: fast, hf, static, vllm"):
+    with pytest.raises(ValueError, match="unknown rollout engine 'sglang'; valid names: hf, static, fast, vllm"):
         engine_class("sglang")
 
 
@@ -74,7 +74,7 @@ def test_an_entry_point_engine_is_named_and_built(tmp_path, monkeypatch, forget_
     from trainer.models.presets import build_model
 
     monkeypatch.syspath_prepend(str(declare(tmp_path, "toy_engines:ToyEngine")))
-    assert "toy" in engine_names() and "toy" not in ENGINES, "declared, not imported until asked for"
+    assert "toy" in engine_names() and "toy_engines" not in sys.modules, "declared, not imported until asked for"
     engine = make_engine("toy", build_model("tiny", seed=0), tok)
     assert type(engine).__name__ == "ToyEngine" and ENGINES["toy"] is type(engine)
     batch = engine.generate([[5, 6, 7]], [0], [], 2, 4, SamplingParams(do_sample=False), 0)

@@ -54,10 +54,3 @@ def phases_within(span: str) -> frozenset[str]:
 def nested(a: str, b: str) -> bool:
     """Whether one of the two phases is timed inside the other (their times share work)."""
     return a in phases_within(b) or b in phases_within(a)
-
-
-def check_phase_key(name: str) -> str:
-    """Return ``name`` if it is a known phase key, else raise ValueError listing the valid ones."""
-    if name not in PHASE_KEYS:
-        raise ValueError(f"unknown phase key {name!r}; valid keys: {', '.join(PHASE_KEYS)}")
-    return name

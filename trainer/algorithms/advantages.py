@@ -13,6 +13,9 @@ prompt: the group g(i) of responses whose ``index`` (the prompt's uid) equals in
 
     ADV_ESTIMATORS["grpo"](AdvantageInput(token_level_rewards=r, response_mask=m, index=uids))
     compute_advantage("grpo", token_level_rewards=r, response_mask=m, index=uids)
+
+``ADV_ESTIMATORS`` is the one list of valid names (config validation reads it); a plugin adds an
+estimator with ``@ADV_ESTIMATORS.register("name")``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 import torch
 
 from trainer.algorithms.aggregation import masked_whiten
+from trainer.registry import Registry
 
 
 @dataclass
@@ -65,6 +69,7 @@ class AdvantageInput:
 
 
 AdvantageFn = Callable[[AdvantageInput], tuple[torch.Tensor, torch.Tensor]]
+ADV_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,6 +121,7 @@ def _scores(inp: AdvantageInput) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
+@ADV_ESTIMATORS.register("gae")
 @torch.no_grad()
 def gae(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation with a critic V.
@@ -146,6 +152,7 @@ def gae(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
     return advantages, returns
 
 
+@ADV_ESTIMATORS.register("grpo")
 @torch.no_grad()
 def grpo(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage: A_i = (s_i - mu_g) / (sigma_g + epsilon), broadcast over tokens x mask.
@@ -165,6 +172,7 @@ def grpo(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
     return advantages, advantages
 
 
+@ADV_ESTIMATORS.register("rloo")
 @torch.no_grad()
 def rloo(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO: A_i = s_i - (1/(n-1)) sum_{j in g, j != i} s_j  =  n/(n-1) (s_i - mu_g).
@@ -183,6 +191,7 @@ def rloo(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
     return advantages, advantages
 
 
+@ADV_ESTIMATORS.register("reinforce_plus_plus")
 @torch.no_grad()
 def reinforce_plus_plus(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: G_t = r_t + gamma G_{t+1} per token (KL penalty already in r), then
@@ -202,6 +211,7 @@ def reinforce_plus_plus(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor
     return advantages, returns
 
 
+@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
 @torch.no_grad()
 def reinforce_plus_plus_baseline(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: A_it = whiten_batch(s_i - mu_g) x m_it.
@@ -218,25 +228,6 @@ def reinforce_plus_plus_baseline(inp: AdvantageInput) -> tuple[torch.Tensor, tor
     return advantages, advantages
 
 
-ADV_ESTIMATORS: dict[str, AdvantageFn] = {
-    "gae": gae,
-    "grpo": grpo,
-    "rloo": rloo,
-    "reinforce_plus_plus": reinforce_plus_plus,
-    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
-}
-
-
-def get_adv_estimator(name: str) -> AdvantageFn:
-    """The estimator registered as ``name``; ValueError listing the valid names."""
-    try:
-        return ADV_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; valid names: {', '.join(ADV_ESTIMATORS)}"
-        ) from None
-
-
 def compute_advantage(name: str, **fields: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Run estimator ``name`` on ``AdvantageInput(**fields)``; returns (advantages, returns)."""
-    return get_adv_estimator(name)(AdvantageInput(**fields))
+    return ADV_ESTIMATORS[name](AdvantageInput(**fields))

@@ -3,7 +3,7 @@
 Every loss in the trainer is first a per-token matrix ``loss_mat`` [B, T]; ``response_mask`` [B, T]
 marks the response tokens (prompt and padding out, the closing EOS in). ``agg_loss`` turns the
 matrix into a scalar in one of the four modes of VERL's ``agg_loss`` (verl/trainer/ppo/core_algos.py),
-chosen by name from ``LOSS_AGG_MODES``.
+chosen by name from ``LOSS_AGG_MODES`` (the one list of valid modes; config validation reads it).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from trainer.registry import Registry
 
 # A count below this is treated as "no tokens": the masked sum is then 0 and so is the mean.
 _TINY = 1e-8
@@ -72,6 +74,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
 # ---------------------------------------------------------------------------------------------
 
 AggFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+LOSS_AGG_MODES: Registry[AggFn] = Registry("loss_agg_mode")
 
 
 def _seq_mean(seq_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -84,23 +87,27 @@ def _seq_mean(seq_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean(seq_values, has_tokens)
 
 
+@LOSS_AGG_MODES.register("token-mean")
 def token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, norm_len: int) -> torch.Tensor:
     """L = sum_{i,t} m_it l_it / sum_{i,t} m_it  (every token weighs the same; DAPO)."""
     return masked_mean(loss_mat, mask)
 
 
+@LOSS_AGG_MODES.register("seq-mean-token-sum")
 def seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor, norm_len: int) -> torch.Tensor:
     """L = mean_i sum_t m_it l_it."""
     seq_losses = masked_sum(loss_mat, mask, dim=-1)
     return _seq_mean(seq_losses, mask)
 
 
+@LOSS_AGG_MODES.register("seq-mean-token-mean")
 def seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, norm_len: int) -> torch.Tensor:
     """L = mean_i (sum_t m_it l_it / sum_t m_it)  (every sequence weighs the same; original GRPO)."""
     seq_losses = masked_mean(loss_mat, mask, dim=-1)
     return _seq_mean(seq_losses, mask)
 
 
+@LOSS_AGG_MODES.register("seq-mean-token-sum-norm")
 def seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor, norm_len: int) -> torch.Tensor:
     """L = mean_i (sum_t m_it l_it) / norm_len, norm_len = the max response length (Dr.GRPO's constant).
 
@@ -111,24 +118,6 @@ def seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor, norm_len
     """
     seq_losses = masked_sum(loss_mat, mask, dim=-1)
     return _seq_mean(seq_losses, mask) / norm_len
-
-
-LOSS_AGG_MODES: dict[str, AggFn] = {
-    "token-mean": token_mean,
-    "seq-mean-token-sum": seq_mean_token_sum,
-    "seq-mean-token-mean": seq_mean_token_mean,
-    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
-}
-
-
-def get_agg_fn(mode: str) -> AggFn:
-    """The aggregation function registered as ``mode``; ValueError listing the valid modes."""
-    try:
-        return LOSS_AGG_MODES[mode]
-    except KeyError:
-        raise ValueError(
-            f"unknown loss_agg_mode {mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}"
-        ) from None
 
 
 def agg_loss(
@@ -146,4 +135,4 @@ def agg_loss(
     norm_len = loss_mat.shape[-1] if max_response_length is None else max_response_length
     if norm_len <= 0:
         raise ValueError(f"max_response_length must be positive; got {norm_len}")
-    return get_agg_fn(mode)(loss_mat, mask, norm_len)
+    return LOSS_AGG_MODES[mode](loss_mat, mask, norm_len)

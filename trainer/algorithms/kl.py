@@ -12,7 +12,9 @@ Per-token estimators of KL(pi || pi_ref) from the sampled token's log-probs, x =
 A name ending in "+" (e.g. "low_var_kl+") keeps that estimator's value but takes the gradient of k2,
 which is unbiased for the KL's gradient (VERL's straight-through variant).
 
-VERL's "full" (the exact KL over the vocabulary) is refused: see ``UNSUPPORTED_KL``.
+``KL_ESTIMATORS`` holds every valid name, the "+" variants included, and refuses VERL's "full" (the
+exact KL over the vocabulary) with its reason; config validation reads it, and ``KL_CONTROLLERS``
+for algorithm.kl_ctrl.type.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trainer.algorithms.aggregation import agg_loss, masked_mean
+from trainer.registry import Registry
 
 KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -49,50 +52,41 @@ def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     return torch.clamp(k3, -10.0, 10.0)
 
 
-KL_ESTIMATORS: dict[str, KLFn] = {
-    "kl": kl_k1,
-    "k1": kl_k1,
-    "abs": kl_abs,
-    "mse": kl_k2,
-    "k2": kl_k2,
-    "low_var_kl": kl_k3,
-    "k3": kl_k3,
-}
+def straight_through(fn: KLFn) -> KLFn:
+    """The value of ``fn`` with the gradient of k2: k2 - sg(k2) + sg(fn)."""
 
-# Names VERL knows that this trainer refuses, with the reason (config validation reads it).
-UNSUPPORTED_KL: dict[str, str] = {
-    "full": "needs the full-vocabulary log-probs of actor and reference, which this trainer does not compute",
-}
-
-
-def kl_estimator_names() -> tuple[str, ...]:
-    """Every name ``get_kl_estimator`` accepts: the registry's, then each with the straight-through "+"."""
-    return tuple(KL_ESTIMATORS) + tuple(f"{name}+" for name in KL_ESTIMATORS)
-
-
-def get_kl_estimator(name: str) -> KLFn:
-    """The estimator registered as ``name`` (a trailing "+" gives its straight-through k2 variant)."""
-    base = name[:-1] if name.endswith("+") else name
-    if base not in KL_ESTIMATORS:
-        valid = ", ".join(kl_estimator_names())
-        if base in UNSUPPORTED_KL:
-            raise ValueError(f"KL estimator {name!r} is not supported: it {UNSUPPORTED_KL[base]}; valid names: {valid}")
-        raise ValueError(f"unknown KL estimator {name!r}; valid names: {valid}")
-    fn = KL_ESTIMATORS[base]
-    if base == name:
-        return fn
-
-    def straight_through(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
-        # Value of fn, gradient of k2: k2 - sg(k2) + sg(fn).
+    def value_of_fn_gradient_of_k2(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
         k2 = kl_k2(logp, logp_ref)
         return k2 - k2.detach() + fn(logp, logp_ref).detach()
 
-    return straight_through
+    return value_of_fn_gradient_of_k2
+
+
+# Every valid name: the estimators, then each one's straight-through variant ("+"), as VERL lists them.
+# An estimator added later registers its variant too: register(f"{name}+", straight_through(fn)).
+KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator")
+for _name, _fn in (
+    ("kl", kl_k1),
+    ("k1", kl_k1),
+    ("abs", kl_abs),
+    ("mse", kl_k2),
+    ("k2", kl_k2),
+    ("low_var_kl", kl_k3),
+    ("k3", kl_k3),
+):
+    KL_ESTIMATORS.register(_name, _fn)
+for _name in KL_ESTIMATORS.names():
+    KL_ESTIMATORS.register(f"{_name}+", straight_through(KL_ESTIMATORS[_name]))
+del _name, _fn
+# VERL knows it; this trainer refuses it, with the reason (config validation reports it as unsupported).
+_FULL_KL = "needs the full-vocabulary log-probs of actor and reference, which this trainer does not compute"
+KL_ESTIMATORS.refuse("full", _FULL_KL)
+KL_ESTIMATORS.refuse("full+", _FULL_KL)
 
 
 def kl_penalty(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
     """Per-token KL estimate of kind ``kind``: [B, T] token log-probs -> [B, T]."""
-    return get_kl_estimator(kind)(logp, logp_ref)
+    return KL_ESTIMATORS[kind](logp, logp_ref)
 
 
 def kl_loss(
@@ -144,15 +138,17 @@ class AdaptiveKLController:
 KLController = FixedKLController | AdaptiveKLController
 
 
+# algorithm.kl_ctrl.type -> the controller made from (kl_coef, target_kl, horizon)
+KL_CONTROLLERS: Registry[Callable[[float, float, int], KLController]] = Registry("KL controller")
+KL_CONTROLLERS.register("fixed", lambda kl_coef, target_kl, horizon: FixedKLController(kl_coef))
+KL_CONTROLLERS.register("adaptive", AdaptiveKLController)
+
+
 def make_kl_controller(
     kind: str = "fixed", kl_coef: float = 0.001, target_kl: float = 0.1, horizon: int = 10000
 ) -> KLController:
-    """A controller by name: "fixed" or "adaptive"."""
-    if kind == "fixed":
-        return FixedKLController(kl_coef)
-    if kind == "adaptive":
-        return AdaptiveKLController(kl_coef, target_kl, horizon)
-    raise ValueError(f"unknown KL controller {kind!r}; valid kinds: fixed, adaptive")
+    """A controller by name: "fixed" or "adaptive" (``KL_CONTROLLERS``)."""
+    return KL_CONTROLLERS[kind](kl_coef, target_kl, horizon)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.algorithms.aggregation import agg_loss, masked_mean
+from trainer.registry import Registry
 
 
 @dataclass
@@ -90,16 +91,9 @@ def vanilla_policy_loss(
 
 
 PolicyLossFn = Callable[..., PolicyLossOutput]
-
-POLICY_LOSSES: dict[str, PolicyLossFn] = {"vanilla": vanilla_policy_loss}
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """The policy loss registered as ``name``; ValueError listing the valid names."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy loss {name!r}; valid names: {', '.join(POLICY_LOSSES)}") from None
+# actor_rollout_ref.actor.policy_loss.loss_mode -> the per-token loss (config validation reads the names)
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+POLICY_LOSSES.register("vanilla", vanilla_policy_loss)
 
 
 def actor_loss(

@@ -1,37 +1,45 @@
 """What the trainer supports, and the start-up checks of a whole config.
 
 The valid names of a pluggable piece (rollout engine, advantage estimator, loss aggregation, KL
-estimator, policy loss) are read from its registry when a config is validated, so registering a new
-one makes it valid here with no second list to update. The registries are imported inside the
-functions: they import torch, and trainer.rollout imports this package (a cycle at module load).
-Choices without a registry stay as tables below.
+estimator and controller, policy loss, target-length distribution, checkpointing policy) are read
+from its registry (trainer.registry.Registry) when a config is validated, so registering a new one
+makes it valid here with no second list to update; a name the registry refuses is reported as not
+supported, with the registry's reason. The registries are imported inside ``registry_of``: they
+import torch, which a config must load (and pass ``validate``'s cheap first pass) without. No module
+of theirs imports this package but for type checking (the engines take the config's types from
+trainer.config.schema), so reading them makes no import cycle. Choices without a registry stay as
+tables below.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from trainer.config.schema import KEY_TYPES, Config, ConfigError, UnsupportedConfigError, get_value
+
+if TYPE_CHECKING:
+    from trainer.registry import Registry
 
 ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
 TARGET_LENGTHS_KEY = "actor_rollout_ref.rollout.target_lengths.distribution"
 CHECKPOINT_POLICY_KEY = "actor_rollout_ref.model.gradient_checkpointing_policy"
 CHECKPOINT_LAYERS_KEY = "actor_rollout_ref.model.gradient_checkpointing_layers"
+MEMORY_FRACTION_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
 _DTYPES = ("auto", "fp32", "bf16", "fp16")
 # Choices that no registry lists (plain settings of this trainer or of VERL's ppo_trainer.yaml).
 FIXED_CHOICES: dict[str, tuple[str, ...]] = {
     "data.truncation": ("error", "left", "right", "middle"),
     "data.synthetic_difficulty": ("tiny", "easy", "standard", "hard"),
     "actor_rollout_ref.actor.strategy": ("auto", "fsdp2", "dp"),
-    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "trainer.device": ("cpu", "cuda"),
     "trainer.resume_mode": ("disable", "auto", "resume_path"),
     "actor_rollout_ref.actor.fsdp_config.model_dtype": _DTYPES,
     "actor_rollout_ref.ref.fsdp_config.model_dtype": _DTYPES,
 }
 # Values that VERL accepts and this trainer does not implement (yet): an explicit error, not a guess.
-# A name here is refused even when its registry has it (gae: the estimator exists, the critic not).
+# A name here is refused even when its registry has it (gae: the estimator exists, the critic not);
+# a registry's own refusals (Registry.refuse, e.g. the "full" KL) are added to these.
 KNOWN_BUT_UNSUPPORTED: dict[str, dict[str, str]] = {
     ROLLOUT_KEY: {
         "sglang": "the SGLang engine is not bundled",
@@ -48,7 +56,7 @@ LOGGERS: tuple[str, ...] = ("console", "tensorboard")
 ACCEPTED_NO_EFFECT: dict[str, str] = {
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "rollout runs data-parallel, one engine per worker; "
     "rollout.name=vllm checks it is 1",
-    "actor_rollout_ref.rollout.gpu_memory_utilization": "the rollout KV cache is sized from the batch, except with "
+    MEMORY_FRACTION_KEY: "the rollout KV cache is sized from the batch, except with "
     "rollout.name=vllm, whose engine it sizes",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "sequence parallelism is not implemented; must be 1 on one worker",
     "trainer.critic_warmup": "no critic",
@@ -60,13 +68,14 @@ ACCEPTED_NO_EFFECT: dict[str, str] = {
 
 def settings_without_effect(cfg: Config) -> list[str]:
     """One line per key of ``ACCEPTED_NO_EFFECT`` that ``cfg`` sets away from its default, saying so:
-    such a key is accepted so that a VERL command line runs as it is, and its value changes nothing."""
+    such a key is accepted so that a VERL command line runs as it is, and its value changes nothing.
+    The memory fraction is left out for an engine that sizes itself from it (``uses_memory_fraction``)."""
     default = Config()
-    vllm = cfg.actor_rollout_ref.rollout.name == "vllm"
+    engine = registry_of(ROLLOUT_KEY).get(cfg.actor_rollout_ref.rollout.name)  # None: not validated, unknown
     lines = []
     for key, why in ACCEPTED_NO_EFFECT.items():
-        if vllm and key.startswith("actor_rollout_ref.rollout."):
-            continue  # the vLLM engine reads these
+        if key == MEMORY_FRACTION_KEY and engine is not None and engine.uses_memory_fraction:
+            continue
         value = get_value(cfg, key)
         if value != get_value(default, key):
             lines.append(f"{key}={value} has no effect here: {why}")
@@ -74,62 +83,30 @@ def settings_without_effect(cfg: Config) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- registries
-Registry = tuple[list[str], dict[str, str]]  # registered names; names known but unsupported -> why
-
-
-def _rollout_engines() -> Registry:
-    import trainer.rollout as rollout
-
-    names = rollout.engine_names() if hasattr(rollout, "engine_names") else rollout.ENGINES
-    return list(names), {}
-
-
-def _adv_estimators() -> Registry:
+def registry_of(key: str) -> Registry[Any]:
+    """The registry that lists the valid values of ``key`` (KeyError for a key without one)."""
     from trainer.algorithms.advantages import ADV_ESTIMATORS
-
-    return list(ADV_ESTIMATORS), {}
-
-
-def _loss_agg_modes() -> Registry:
     from trainer.algorithms.aggregation import LOSS_AGG_MODES
-
-    return list(LOSS_AGG_MODES), {}
-
-
-def _kl_estimators() -> Registry:
-    from trainer.algorithms import kl
-
-    return list(kl.kl_estimator_names()), dict(kl.UNSUPPORTED_KL)
-
-
-def _policy_losses() -> Registry:
+    from trainer.algorithms.kl import KL_CONTROLLERS, KL_ESTIMATORS
     from trainer.algorithms.policy_loss import POLICY_LOSSES
+    from trainer.models.checkpointing import POLICIES
+    from trainer.rollout.registry import ENGINES
+    from trainer.rollout.target_lengths import DISTRIBUTIONS
 
-    return list(POLICY_LOSSES), {}
+    registries: dict[str, Registry[Any]] = {
+        ROLLOUT_KEY: ENGINES,
+        TARGET_LENGTHS_KEY: DISTRIBUTIONS,
+        CHECKPOINT_POLICY_KEY: POLICIES,
+        "algorithm.adv_estimator": ADV_ESTIMATORS,
+        "actor_rollout_ref.actor.loss_agg_mode": LOSS_AGG_MODES,
+        "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSSES,
+        "actor_rollout_ref.actor.kl_loss_type": KL_ESTIMATORS,
+        "algorithm.kl_penalty": KL_ESTIMATORS,
+        "algorithm.kl_ctrl.type": KL_CONTROLLERS,
+    }
+    return registries[key]
 
 
-def _checkpoint_policies() -> Registry:
-    from trainer.models.checkpointing import policy_names
-
-    return policy_names(), {}
-
-
-def _target_length_distributions() -> Registry:
-    from trainer.rollout.target_lengths import distribution_names
-
-    return list(distribution_names()), {}
-
-
-REGISTRIES: dict[str, Callable[[], Registry]] = {
-    ROLLOUT_KEY: _rollout_engines,
-    "algorithm.adv_estimator": _adv_estimators,
-    "actor_rollout_ref.actor.loss_agg_mode": _loss_agg_modes,
-    "actor_rollout_ref.actor.kl_loss_type": _kl_estimators,
-    "algorithm.kl_penalty": _kl_estimators,
-    "actor_rollout_ref.actor.policy_loss.loss_mode": _policy_losses,
-    TARGET_LENGTHS_KEY: _target_length_distributions,
-    CHECKPOINT_POLICY_KEY: _checkpoint_policies,
-}
 # The order in which validate checks the choice keys (the first bad one is reported).
 CHOICE_KEYS: tuple[str, ...] = (
     "data.truncation",
@@ -152,14 +129,14 @@ CHOICE_KEYS: tuple[str, ...] = (
 
 
 def choices(key: str) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The supported values of ``key`` (its registry's or its table's), and those known but
+    """The supported values of ``key`` (its table's or its registry's), and those known but
     unsupported with the reason. KeyError for a key that takes any value."""
     unsupported = dict(KNOWN_BUT_UNSUPPORTED.get(key, {}))
-    if key in REGISTRIES:
-        names, more = REGISTRIES[key]()
-        unsupported.update(more)
+    if key in FIXED_CHOICES:
+        names = FIXED_CHOICES[key]
     else:
-        names = list(FIXED_CHOICES[key])
+        names = (known := registry_of(key)).names()
+        unsupported.update(known.refused())
     return tuple(n for n in names if n not in unsupported), unsupported
 
 
@@ -184,13 +161,9 @@ def check_choice(key: str, value: object, shown: str | None = None, invalid: str
 
 # ----------------------------------------------------------------------------- validation
 def _check_rollout_engine(cfg: Config) -> None:
-    """The chosen engine's own start-up checks, if its class has any (``check_config(cfg)``, e.g. the
-    vllm engine: vLLM installed, one engine per worker), found through the engine registry."""
-    from trainer.rollout import engine_class
-
-    check = getattr(engine_class(cfg.actor_rollout_ref.rollout.name), "check_config", None)
-    if check is not None:
-        check(cfg)
+    """The chosen engine's own start-up checks (``RolloutEngine.check_config``, e.g. the vllm engine:
+    vLLM installed, one engine per worker), found through the engine registry."""
+    registry_of(ROLLOUT_KEY)[cfg.actor_rollout_ref.rollout.name].check_config(cfg)
 
 
 def _positive(cfg: Config, *keys: str) -> None:
@@ -287,7 +260,7 @@ def validate(cfg: Config, check_names: bool = True) -> Config:
     check_names False leaves out the keys whose valid names come from a registry (reading one imports
     torch): a cheap first pass, for a caller that checks the names later, before any work starts."""
     for key in CHOICE_KEYS:
-        if check_names or key not in REGISTRIES:
+        if check_names or key in FIXED_CHOICES:
             check_choice(key, get_value(cfg, key))
     _finite(cfg)
     if check_names:

@@ -29,7 +29,6 @@ ABILITY = "math"
 # Short on purpose: with a character-level tokenizer every character is a token, and the standard
 # set's templated prompts must fit the default max_prompt_length of 128.
 INSTRUCTION = 'Give the answer after "####".'
-BOXED_INSTRUCTION = 'Give the answer after "####" or in \\boxed{}.'
 SHORT_INSTRUCTION = 'Answer after "####".'
 
 _PEOPLE: tuple[tuple[str, str], ...] = (

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from trainer.models.layers import decoder_layers
+from trainer.registry import Registry
 
 KEY = "actor_rollout_ref.model.gradient_checkpointing_policy"
 FULL = "full"
@@ -81,13 +82,13 @@ def _varlen_attention_ops() -> frozenset[Any]:
 ATTENTION_OPS = ATTENTION_OPS | _varlen_attention_ops()
 
 MLP = "mlp"
-# policy name -> the op packets whose outputs it keeps (full: none, a plain recompute)
-POLICIES: dict[str, frozenset[Any]] = {
-    FULL: frozenset(),
-    "save_attention": ATTENTION_OPS,
-    "save_matmuls": ATTENTION_OPS | MATMUL_OPS,
-    MLP: frozenset(),  # a plain recompute of a smaller region: each layer's MLP block
-}
+# policy name -> the op packets whose outputs it keeps (full: none, a plain recompute); the valid
+# values of gradient_checkpointing_policy (config validation reads them)
+POLICIES: Registry[frozenset[Any]] = Registry(KEY)
+POLICIES.register(FULL, frozenset())
+POLICIES.register("save_attention", ATTENTION_OPS)
+POLICIES.register("save_matmuls", ATTENTION_OPS | MATMUL_OPS)
+POLICIES.register(MLP, frozenset())  # a plain recompute of a smaller region: each layer's MLP block
 LAYERS_KEY = "actor_rollout_ref.model.gradient_checkpointing_layers"
 # Policies that would compute wrong gradients with use_liger, and why: liger-kernel's RoPE
 # (src/liger_kernel/ops/rope.py, rope_forward) rotates q and k in place in the q/k projections' output
@@ -97,11 +98,6 @@ UNSAFE_WITH_LIGER: dict[str, str] = {
     "save_matmuls": "liger-kernel's RoPE rotates the q/k projections' outputs in place, and this policy keeps "
     "those outputs for the recompute, which would rotate them twice",
 }
-
-
-def policy_names() -> list[str]:
-    """The valid values of ``gradient_checkpointing_policy`` (read by trainer.config.validation)."""
-    return list(POLICIES)
 
 
 def _keep_named_ops(saved: frozenset[Any], ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
@@ -117,13 +113,12 @@ def checkpoint_kwargs(policy: str) -> dict[str, Any]:
     """The keyword arguments of ``torch.utils.checkpoint.checkpoint`` for ``policy``: non-reentrant (the
     kind that composes with FSDP2's hooks) and, for a selective policy, a fresh pair of selective
     contexts per checkpointed call (``context_fn``)."""
-    if policy not in POLICIES:
-        raise ValueError(f"{KEY}: expected one of {', '.join(POLICIES)}; found {policy!r}")
+    saved = POLICIES[policy]
     kwargs: dict[str, Any] = {"use_reentrant": False}
-    if POLICIES[policy]:
+    if saved:
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-        keep: Callable[..., Any] = functools.partial(_keep_named_ops, POLICIES[policy])
+        keep: Callable[..., Any] = functools.partial(_keep_named_ops, saved)
         kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, keep)
     return kwargs
 

@@ -8,7 +8,6 @@ small, which keeps the tiny preset fast on CPU; larger presets keep their own (b
 from __future__ import annotations
 
 import string
-from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -56,11 +55,3 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok
-
-
-def save_tokenizer(directory: str | Path) -> Path:
-    """Write the tokenizer files into ``directory`` (created if needed) and return it."""
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    build_tokenizer().save_pretrained(path)
-    return path

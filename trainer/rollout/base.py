@@ -20,6 +20,10 @@ actor's own module, so ``sync_from`` is a pointer swap that copies nothing and t
 seen at once. With ``share_weights=False`` the engine owns a separate copy and ``sync_from`` copies
 the actor's tensors into it in place, so the engine's tensors keep their addresses (what a captured
 CUDA graph needs) and the copy is the cost the reshard phase measures.
+
+Traits: what the trainer (and the plugin) must know of an engine is a class attribute here, which an
+engine overrides, read through the registry (``engine_class(name).accepts_sharded_model``), so no
+module tests an engine's name; ``check_config`` is the engine's own start-up check of a config.
 """
 
 from __future__ import annotations
@@ -39,8 +43,7 @@ from trainer.rollout.target_lengths import NO_TARGETS, draw_targets
 from trainer.workers.fsdp import full_tensor
 
 if TYPE_CHECKING:
-    from trainer.config import RolloutConfig
-    from trainer.config.schema import TargetLengthsConfig
+    from trainer.config.schema import Config, RolloutConfig, TargetLengthsConfig
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -51,6 +54,20 @@ class RolloutEngine(ABC):
     """Samples n responses per prompt from ``self.model``; see the module docstring for the contract."""
 
     name: ClassVar[str] = "base"
+    # May be built on the actor's own module even when FSDP2 shards it: the engine only copies the
+    # weights (gathered whole) into buffers of its own and never runs that module's forward (under
+    # FSDP a collective). False: under FSDP2 a worker builds it an unsharded replica (at dp every
+    # engine is built on the actor's module).
+    accepts_sharded_model: ClassVar[bool] = False
+    # Sizes its memory from actor_rollout_ref.rollout.gpu_memory_utilization (the others size their
+    # KV cache from the batch and ignore the key).
+    uses_memory_fraction: ClassVar[bool] = False
+
+    @staticmethod
+    def check_config(cfg: Config) -> None:
+        """The engine's start-up checks of a whole config (config validation calls them through the
+        registry when this engine is chosen); raise ConfigError naming the key. None by default."""
+        return None
 
     def __init__(
         self,

@@ -101,6 +101,7 @@ def fused_decode_from_env(environ: Mapping[str, str] | None = None) -> bool:
 # ----------------------------------------------------------------------------- the engine
 class FastRolloutEngine(RolloutEngine):
     name = "fast"
+    accepts_sharded_model = True  # copies the weights into its fixed-address buffers (LeanWeights)
 
     def __init__(
         self,

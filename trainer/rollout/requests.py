@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from trainer.config import RolloutConfig
+    from trainer.config.schema import RolloutConfig
 
 
 @dataclass(frozen=True)

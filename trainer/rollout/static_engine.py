@@ -46,7 +46,7 @@ from trainer.rollout.sampling import (
 )
 
 if TYPE_CHECKING:
-    from trainer.config import RolloutConfig
+    from trainer.config.schema import RolloutConfig
 
 
 @dataclass

@@ -8,8 +8,9 @@ lands in. The draw is a counter-based hash (``sampling.mix32``) turned into a un
 then a standard normal z = Phi^-1(u), computed in float64 on the CPU so that every process and
 device gets the same integers.
 
-The distributions (``DISTRIBUTIONS``, the one list of valid names besides ``NO_TARGETS``) map z to a
-real length; ``draw_targets`` rounds half up and clamps to [1, cap]:
+The distributions (``DISTRIBUTIONS``, the one list of valid names; ``NO_TARGETS`` is registered
+there with no distribution) map z to a real length; ``draw_targets`` rounds half up and clamps to
+[1, cap]:
 - constant: ``mean`` for every row;
 - lognormal: X = exp(mu + sigma z), and a draw above the cap becomes the cap (the truncated mass sits
   on the cap, as a real rollout stops at max_response_length). mu is chosen so that the mean *after*
@@ -27,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from trainer.algorithms.lengths import lognormal_mu, truncated_lognormal_mean  # noqa: F401  (re-exported)
+from trainer.registry import Registry
 from trainer.rollout.sampling import M32, mix32
 
 NO_TARGETS = "none"  # rows end at EOS or at max_response_length, as without this extension
@@ -48,15 +50,11 @@ def lognormal_lengths(z: torch.Tensor, mean: float, sigma: float, cap: float) ->
     return torch.exp(lognormal_mu(mean, sigma, cap) + sigma * z)
 
 
-DISTRIBUTIONS: dict[str, Distribution] = {
-    "constant": constant_lengths,
-    "lognormal": lognormal_lengths,
-}
-
-
-def distribution_names() -> tuple[str, ...]:
-    """Every valid rollout.target_lengths.distribution: "none", then the registered shapes."""
-    return (NO_TARGETS, *DISTRIBUTIONS)
+# rollout.target_lengths.distribution -> its distribution; "none" has none (no targets)
+DISTRIBUTIONS: Registry[Distribution | None] = Registry("target-length distribution")
+DISTRIBUTIONS.register(NO_TARGETS, None)
+DISTRIBUTIONS.register("constant", constant_lengths)
+DISTRIBUTIONS.register("lognormal", lognormal_lengths)
 
 
 def keyed_normals(row_keys: torch.Tensor, seed: int) -> torch.Tensor:
@@ -72,13 +70,10 @@ def draw_targets(
     distribution: str, mean: float, sigma: float, row_keys: torch.Tensor, seed: int, cap: int
 ) -> torch.Tensor | None:
     """Each row's target length [B] (int64, CPU) in [1, cap], or None for ``NO_TARGETS``."""
-    if distribution == NO_TARGETS:
+    draw = DISTRIBUTIONS[distribution]
+    if draw is None:
         return None
-    if distribution not in DISTRIBUTIONS:
-        raise ValueError(
-            f"unknown target-length distribution {distribution!r}; choose one of: {', '.join(distribution_names())}"
-        )
     if cap < 1:
         raise ValueError(f"the target-length cap (max_response_length) must be >= 1, got {cap}")
-    lengths = DISTRIBUTIONS[distribution](keyed_normals(row_keys, seed), mean, sigma, cap)
+    lengths = draw(keyed_normals(row_keys, seed), mean, sigma, cap)
     return torch.floor(lengths + 0.5).clamp(1, cap).long()  # round half up, then into [1, cap]

@@ -48,7 +48,7 @@ from trainer.rollout.sampling import row_hash
 from trainer.workers.fsdp import full_tensor
 
 if TYPE_CHECKING:
-    from trainer.config import Config, RolloutConfig
+    from trainer.config.schema import Config, RolloutConfig
 
 EXTRA_HINT = 'pip install -e ".[vllm]" (on a GPU, a vLLM built for your torch; README, "vLLM")'
 # vLLM's engine core in this process: weights are handed over by reference, and no worker process
@@ -207,6 +207,9 @@ def actor_weights(actor_model: nn.Module, device: torch.device) -> Iterator[tupl
 
 class VLLMRolloutEngine(RolloutEngine):
     name = "vllm"
+    uses_memory_fraction = True  # vllm.LLM(gpu_memory_utilization=...): on CPU, of host memory
+    # accepts_sharded_model stays False: vLLM holds its own weights too, but under FSDP2 the engine is
+    # built on an unsharded replica, as it always was; building it on the sharded actor is untried.
 
     def __init__(
         self, model: nn.Module, tokenizer: Any, config: RolloutConfig | None = None, **kwargs: Any

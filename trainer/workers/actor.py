@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.algorithms.kl import kl_penalty
-from trainer.algorithms.policy_loss import PolicyLossOutput, actor_loss, get_policy_loss
+from trainer.algorithms.policy_loss import POLICY_LOSSES, PolicyLossOutput, actor_loss
 from trainer.batch import Batch
 from trainer.config import ActorConfig, clip_ratios
 from trainer.workers.distributed import DataParallel
@@ -190,7 +190,7 @@ def micro_batch_loss(model: torch.nn.Module, micro: Batch, cfg: ActorConfig, set
     use_kl = cfg.use_kl_loss
     mask = micro.response_mask.float()
     logp, entropy = response_log_probs(model, micro, settings.temperature, cfg.entropy_coeff != 0.0)
-    policy_loss = get_policy_loss(cfg.policy_loss.loss_mode)  # the registry's, as the config validated
+    policy_loss = POLICY_LOSSES[cfg.policy_loss.loss_mode]  # the registry's, as the config validated
     pg = policy_loss(logp, micro.old_log_probs, micro.advantages, mask, eps_low, eps_high, cfg.clip_ratio_c)
     kl = kl_penalty(logp, micro.ref_log_probs, cfg.kl_loss_type) if use_kl else None
     loss = actor_loss(

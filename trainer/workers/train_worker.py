@@ -26,7 +26,7 @@ from trainer.config import Config, RolloutConfig
 from trainer.models.checkpointing import enable_gradient_checkpointing
 from trainer.models.liger import apply_liger
 from trainer.models.presets import build_model, load_tokenizer, resolve_dtype
-from trainer.rollout import make_engine
+from trainer.rollout import engine_class, make_engine
 from trainer.rollout.requests import SamplingParams
 from trainer.workers.actor import UpdateSettings, compute_log_probs, update_policy
 from trainer.workers.distributed import DataParallel, Rendezvous
@@ -133,11 +133,12 @@ class TrainWorker:
     def _make_engine(self, rollout: RolloutConfig):
         """A rollout engine, holding its own full copy of the weights unless it can share the actor's.
 
-        The fast engine always keeps its own (fused, fixed-address) buffers. The transformers-based
-        engines share the actor's module on dp; under FSDP they get a replica of their own, since
-        every forward of a sharded module is a collective that the workers' rollouts cannot keep in step.
+        An engine that accepts a sharded model (the fast engine: its own fused, fixed-address buffers)
+        is built on the actor's module under every strategy. The others get the actor's module on dp
+        (the transformers-based ones share it); under FSDP a replica of their own, since every forward
+        of a sharded module is a collective that the workers' rollouts cannot keep in step.
         """
-        if rollout.name == "fast" or self.strategy == "dp":
+        if engine_class(rollout.name).accepts_sharded_model or self.strategy == "dp":
             engine = make_engine(rollout.name, self.actor.lm, self.tokenizer, rollout)
         else:
             dtype = compute_dtype(self.actor_dtype, self.device.type)
