@@ -22,13 +22,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 NCCL_INTERFACE_ENV = "NCCL_SOCKET_IFNAME"  # NCCL's environment variables, docs.nvidia.com/deeplearning/nccl
 
@@ -161,7 +154,25 @@ class DataParallel:
             dist.barrier()
 
     def shutdown(self) -> None:
+        """Leave the group: with several ranks, a barrier first, then the group, then rank 0's
+        rendezvous socket. The barrier keeps any rank from tearing down its connections, and rank 0
+        its store, while another still runs a collective; one that fails (a peer already gone) does
+        not stop the teardown. Every rank must call this, as it must every collective.
+
+        ``destroy_process_group`` drops torch.distributed's references to the group, not the group:
+        once FSDP2 or DTensor has run, its DeviceMesh (kept by DTensor's sharding caches) holds it, so
+        gloo's threads and rank 0's store server run on until the process ends. A process that exits
+        through the interpreter (not killed, as Ray's workers are) should end with ``os._exit`` after
+        this (tests/test_fsdp_gloo.py says why)."""
         if dist.is_initialized():
+            if self.active:
+                try:
+                    if dist.get_backend() == "nccl" and self.device.index is not None:
+                        dist.barrier(device_ids=[self.device.index])
+                    else:
+                        dist.barrier()
+                except RuntimeError:  # a peer is gone (DistError is one): there is nothing left to wait for
+                    pass
             dist.destroy_process_group()
         if self.rendezvous is not None:
             self.rendezvous.close()
