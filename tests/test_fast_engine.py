@@ -75,6 +75,7 @@ def test_prefill_logits_equal_the_transformers_forward(model, tok, prompts):
 
 def test_each_prompt_is_prefilled_once_and_every_row_of_it_holds_its_cache(model, tok, prompts, monkeypatch):
     import trainer.rollout.fast_engine as fast_engine
+    from trainer.batch import left_pad
 
     prefilled = []
 
@@ -91,8 +92,7 @@ def test_each_prompt_is_prefilled_once_and_every_row_of_it_holds_its_cache(model
     buf = engine._buffers
     width = buf.prompt_width
     # each row's prompt slots hold its own prompt's K/V: what a prefill of every row computes
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts for _ in range(n)])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts for _ in range(n)])
+    ids, mask = left_pad([p for p in prompts for _ in range(n)], 0, width)
     k, v = torch.zeros_like(buf.cache_k[:, :, :, :width]), torch.zeros_like(buf.cache_v[:, :, :, :width])
     with torch.no_grad():
         prefill_logits(engine.weights, k, v, ids, mask)

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from trainer.kernels import sm_count
-from trainer.kernels.triton_decode_fused import rope_heads
+from trainer.kernels.triton_decode_fused import check_rope_inputs, rope_heads
 
 # Cache slots per tile: 64 where each (row, KV head) is one program, 32 where rows are few and their
 # caches are split (1 and 16 rows at 27,648 slots: 7% and 3% faster than 64 on an H100;
@@ -251,20 +251,10 @@ def decode_attention_with_rope(
     reads its tiles; no other program reads that slot. The write slot must lie in [0, attn_len), as
     the fast engine's attention length always covers it: a slot past it is in no chunk and is not
     written. The other options are decode_attention's."""
+    check_rope_inputs("decode_attention_with_rope", qkv, cos, sin, k, v, write_slot, heads)
     b, kv_heads, _, d = k.shape
-    if heads % kv_heads or qkv.shape != (b, (heads + 2 * kv_heads) * d) or v.shape != k.shape:
-        raise ValueError(
-            f"decode_attention_with_rope: expected qkv [{b}, {(heads + 2 * kv_heads) * d}] for {heads} query heads "
-            f"and caches [b, KV heads, slots, d] with KV heads dividing them; got qkv {tuple(qkv.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if cos.shape != (b, d) or sin.shape != (b, d) or write_slot.numel() != 1:
-        raise ValueError(
-            f"decode_attention_with_rope: expected cos and sin [{b}, {d}] and one write slot; got "
-            f"{tuple(cos.shape)}, {tuple(sin.shape)}, {write_slot.numel()} slots"
-        )
-    if qkv.stride(-1) != 1 or cos.stride(-1) != 1 or sin.stride(-1) != 1:
-        raise ValueError("decode_attention_with_rope needs the last dimension of qkv, cos and sin contiguous")
+    if heads % kv_heads:
+        raise ValueError(f"decode_attention_with_rope: {heads} query heads do not share {kv_heads} KV heads evenly")
     q = qkv[:, : heads * d].view(b, kv_heads, heads // kv_heads, d)  # the kernel finds k and v after it in the row
     return _attend(q, k, v, bias, attn_len, programs, block_n, num_warps, num_stages, kv_rows, shared_slots, splits,
                    None, write_slot, rope=(cos, sin))

@@ -87,10 +87,10 @@ def rope_heads(heads_ptr, cos, sin, d, inside, D: tl.constexpr):
     """RoPE on the heads whose first elements ``heads_ptr`` points at ([R, 1], or one pointer for one
     head), over columns ``d`` [1, BLOCK] (``inside``, broadcast to [R, BLOCK], masks): x * cos +
     rotate_half(x) * sin, with cos and sin float32 [1, BLOCK] and rotate_half(x) = [-x[D/2:],
-    x[:D/2]]. Each product is rounded to the heads' dtype
-    before the sum, as the eager path rounds; [R, BLOCK] in that dtype. The decode attention kernel
-    applies it too (decode_attention_with_rope), so both run this one definition; both compile
-    without FMA contraction, which would join a product to the sum and skip its rounding."""
+    x[:D/2]]. Each product is rounded to the heads' dtype before the sum, as the eager path rounds;
+    [R, BLOCK] in that dtype. The decode attention kernel applies it too (decode_attention_with_rope),
+    so both run this one definition; both compile without FMA contraction, which would join a
+    product to the sum and skip its rounding."""
     dtype: tl.constexpr = heads_ptr.dtype.element_ty
     x = tl.load(heads_ptr + d, mask=inside, other=0.0).to(tl.float32)
     first_half = d < D // 2
@@ -127,6 +127,25 @@ def _rope_cache_kernel(
             tl.store(k_ptr + row * s_k_b + (head - HEADS) * s_k_h + slot * s_k_s + d, out, mask=inside)
 
 
+def check_rope_inputs(
+    caller: str, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
+    cache_v: torch.Tensor, slot: torch.Tensor, heads: int,
+) -> None:
+    """Raise, naming ``caller``, unless the inputs are what a step's RoPE and K/V write take (see
+    rope_and_cache_write; decode_attention_with_rope takes the same)."""
+    b, kv_heads, _, d = cache_k.shape
+    if d % 2 or qkv.shape != (b, (heads + 2 * kv_heads) * d) or cache_v.shape != cache_k.shape:
+        raise ValueError(
+            f"{caller}: expected qkv [{b}, {(heads + 2 * kv_heads) * d}] for {heads} query heads and "
+            f"caches [b, kv heads, slots, d] with even d; got qkv {tuple(qkv.shape)}, cache_k {tuple(cache_k.shape)}, "
+            f"cache_v {tuple(cache_v.shape)}"
+        )
+    if cos.shape != (b, d) or sin.shape != (b, d):
+        raise ValueError(f"{caller}: expected cos and sin [{b}, {d}], got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    if any(t.stride(-1) != 1 for t in (qkv, cos, sin, cache_k, cache_v)) or slot.numel() != 1:
+        raise ValueError(f"{caller} needs the last dimension of every tensor contiguous and one slot")
+
+
 def rope_and_cache_write(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -139,17 +158,8 @@ def rope_and_cache_write(
     """qkv [b, (heads + 2 kv heads) * d] (q, k, v heads in that order), cos, sin [b, d], one layer's
     cache_k, cache_v [b, kv heads, slots, d], slot (a one-element device integer tensor) -> the
     rotated queries [b, heads, d]; writes the rotated keys and the values at ``slot``."""
+    check_rope_inputs("rope_and_cache_write", qkv, cos, sin, cache_k, cache_v, slot, heads)
     b, kv_heads, _, d = cache_k.shape
-    if d % 2 or qkv.shape != (b, (heads + 2 * kv_heads) * d) or cache_v.shape != cache_k.shape:
-        raise ValueError(
-            f"rope_and_cache_write: expected qkv [{b}, {(heads + 2 * kv_heads) * d}] for {heads} query heads and "
-            f"caches [b, kv heads, slots, d] with even d; got qkv {tuple(qkv.shape)}, cache_k {tuple(cache_k.shape)}, "
-            f"cache_v {tuple(cache_v.shape)}"
-        )
-    if cos.shape != (b, d) or sin.shape != (b, d):
-        raise ValueError(f"rope_and_cache_write: expected cos and sin [{b}, {d}], got {tuple(cos.shape)}, {tuple(sin.shape)}")
-    if any(t.stride(-1) != 1 for t in (qkv, cos, sin, cache_k, cache_v)) or slot.numel() != 1:
-        raise ValueError("rope_and_cache_write needs the last dimension of every tensor contiguous and one slot")
     q = torch.empty((b, heads, d), dtype=qkv.dtype, device=qkv.device)
     _rope_cache_kernel[(b, heads + 2 * kv_heads)](
         qkv, cos, sin, q, cache_k, cache_v, slot,

@@ -210,16 +210,16 @@ class FastRolloutEngine(RolloutEngine):
     def _decode_step(self, buf: DecodeBuffers, attn_len: int, sampling: SamplingParams) -> None:
         """One decode step: the graph-captured body."""
         buf.attn_bias.index_fill_(1, buf.write_slot.view(1), 0.0)  # the slot written now becomes visible
-        attend, attend_with_rope = self._attend, self._attend_with_rope
         # the GPU kernel reads each prompt group's K/V from one row's cache, and no slot after the one
         # written now (the rest of the attention bucket is masked)
-        if attend_with_rope is not None:  # this step's RoPE and K/V write in the kernel too
-            attend, attend_with_rope = None, functools.partial(
-                attend_with_rope, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width
+        attend = attend_with_rope = None
+        if self._attend_with_rope is not None:  # this step's RoPE and K/V write in the kernel too
+            attend_with_rope = functools.partial(
+                self._attend_with_rope, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width
             )
-        elif attend is not None:
+        elif self._attend is not None:
             attend = functools.partial(
-                attend, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width, last_slot=buf.write_slot
+                self._attend, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width, last_slot=buf.write_slot
             )
         logits = decode_logits(
             self.weights, buf.cache_k, buf.cache_v, buf.last, buf.positions, buf.write_slot, buf.attn_bias, attn_len,
