@@ -1,19 +1,28 @@
 """Property tests of the data layer, and checks of the data set a run will train on.
 
     pytest suites/test_schema.py                          # the synthetic math set
-    pytest suites/test_schema.py --rl-dataset my.parquet  # your own VERL-schema file
+    pytest suites/test_schema.py --rl-dataset my.parquet  # your own VERL RL file
 
 The dataset tests read ``--rl-dataset`` when the plugin provides that option; without it they check a
-synthetic set. With the plugin, the set is also loaded as the suites load it (the run's tokenizer and
-data.* limits). The properties (hypothesis) hold for any valid rows: they survive a parquet round
-trip, every kind of corruption is caught at its field path, truncation keeps at most
-max_prompt_length tokens from the right end, and filtering drops exactly the overlong prompts.
+synthetic set. The file must have what the trainer reads (data_source, prompt, reward_model's ground
+truth; text only), as any text RL file VERL's examples/data_preprocess scripts write does; how it
+differs from the reference schema (gsm8k.py's shape, extra_info {split, index, answer, question}) is
+a ``ReferenceSchemaWarning``, not a failure: add
+``-W error::trainer.data.validate.ReferenceSchemaWarning`` to make that a strict check. With the
+plugin, the set is also loaded as the suites load it (the run's tokenizer and data.* limits), and a
+set smaller than one batch fails that test rather than ending the session.
+
+The properties (hypothesis) hold for any valid rows: they survive a parquet round trip, every kind of
+corruption is caught at its field path, any extra_info and other columns load, truncation keeps at
+most max_prompt_length tokens from the right end, and filtering drops exactly the overlong prompts.
 """
 
 from __future__ import annotations
 
 import copy
 import string
+import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +34,14 @@ from hypothesis import strategies as st
 
 from trainer.data.loader import PromptTooLongError, filter_overlong, load_prompts, truncate_ids
 from trainer.data.schema import COLUMNS, VALID_ROLES, rows_to_table, write_rows
+from trainer.data.source import load_train_dataset
 from trainer.data.synthetic import write_synthetic_parquet
 from trainer.data.validate import (
     FILE_FIELD,
+    ReferenceSchemaWarning,
     format_problems,
     read_valid_rows,
+    reference_differences,
     validate_parquet,
     validate_rows,
 )
@@ -65,11 +77,32 @@ valid_rows = st.fixed_dictionaries(
 )
 datasets = st.lists(valid_rows, min_size=1, max_size=6)
 
+# Rows with only what the trainer reads right: any extra_info (or none), any other columns, and the
+# ground truths VERL's preprocessors write (a string; hellaswag.py's integer; Search-R1's answers).
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
+    max_leaves=8,
+)
+answer_lists = st.lists(nonblank, min_size=1, max_size=3)
+answers = st.one_of(nonblank, st.integers(), answer_lists, answer_lists.map(lambda a: {"target": a}))
+trainer_rows = st.fixed_dictionaries(
+    {
+        "data_source": text,
+        "prompt": st.lists(messages, min_size=1, max_size=4),
+        "reward_model": st.fixed_dictionaries({"ground_truth": answers}, optional={"style": json_values}),
+    },
+    optional={"extra_info": json_values, "ability": json_values, "agent_name": json_values},
+)
+
 not_strings = st.one_of(
     st.integers(), st.floats(allow_nan=False), st.booleans(), st.lists(st.integers(), max_size=2)
 )
 not_integers = st.one_of(text, st.floats(allow_nan=False), st.booleans())
 not_containers = st.one_of(text, st.integers())
+not_answers = st.one_of(
+    st.floats(allow_nan=False), st.booleans(), st.lists(st.integers(), min_size=1, max_size=2)
+)
 
 LEAVES_STRING = (
     "data_source",
@@ -83,6 +116,9 @@ LEAVES_STRING = (
     "prompt[j].content",
 )
 CONTAINERS = ("prompt", "reward_model", "extra_info")
+# What a lenient validation checks: the fields the trainer reads.
+TRAINER_LEAVES = ("data_source", "reward_model.ground_truth", "prompt[j].role", "prompt[j].content")
+TRAINER_CONTAINERS = ("prompt", "reward_model")
 CORRUPTIONS = (
     "missing_field",
     "wrong_type",
@@ -102,26 +138,30 @@ def _parent_and_key(row: dict[str, Any], path: str) -> tuple[Any, Any]:
     return target, parts[-1]
 
 
-def corrupt(data: st.DataObject, rows: list[dict[str, Any]], kind: str) -> tuple[int, str]:
-    """Break one field of one row in place, the ``kind`` way; return (row, field path) to expect."""
+def corrupt(
+    data: st.DataObject, rows: list[dict[str, Any]], kind: str, strict: bool = True
+) -> tuple[int, str]:
+    """Break one field of one row in place, the ``kind`` way; return (row, field path) to expect.
+    ``strict=False`` breaks only fields the trainer reads (what a lenient validation checks)."""
     i = data.draw(st.integers(0, len(rows) - 1), label="row")
     row = rows[i]
     j = data.draw(st.integers(0, len(row["prompt"]) - 1), label="message")
+    fields = (
+        LEAVES_STRING + CONTAINERS + ("extra_info.index",) if strict else TRAINER_LEAVES + TRAINER_CONTAINERS
+    )
     if kind == "missing_field":
-        path = data.draw(st.sampled_from(LEAVES_STRING + CONTAINERS + ("extra_info.index",))).replace(
-            "[j]", f"[{j}]"
-        )
+        path = data.draw(st.sampled_from(fields)).replace("[j]", f"[{j}]")
         parent, key = _parent_and_key(row, path)
         del parent[key]
     elif kind == "wrong_type":
-        path = data.draw(st.sampled_from(LEAVES_STRING + CONTAINERS + ("extra_info.index",))).replace(
-            "[j]", f"[{j}]"
-        )
+        path = data.draw(st.sampled_from(fields)).replace("[j]", f"[{j}]")
         bad = (
             not_containers
             if path in CONTAINERS
             else not_integers
             if path == "extra_info.index"
+            else not_answers
+            if path == "reward_model.ground_truth" and not strict
             else not_strings
         )
         parent, key = _parent_and_key(row, path)
@@ -146,8 +186,8 @@ def corrupt(data: st.DataObject, rows: list[dict[str, Any]], kind: str) -> tuple
     return i, path
 
 
-def assert_caught(rows: list[dict[str, Any]], i: int, path: str) -> None:
-    problems = validate_rows(rows)
+def assert_caught(rows: list[dict[str, Any]], i: int, path: str, strict: bool = True) -> None:
+    problems = validate_rows(rows, strict=strict)
     assert [p for p in problems if p.row != i] == [], "a clean row was reported"
     assert path in {p.field for p in problems if p.row == i}, f"{path} not reported: {problems}"
     assert any(path in str(p) for p in problems)
@@ -163,52 +203,81 @@ def dataset_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 
 
 @pytest.fixture(scope="module")
-def dataset_rows(dataset_path: Path) -> list[dict[str, Any]]:
-    problems = validate_parquet(dataset_path)
-    if problems:
-        pytest.skip("the data set does not fit the full schema (see test_dataset_fits_the_full_verl_schema)")
-    return read_valid_rows(dataset_path)[:SAMPLE_ROWS]
+def dataset_sample(dataset_path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """Rows of the data set, and whether it fits the reference schema (then its rows are corrupted
+    and checked strictly; else only in the fields the trainer reads)."""
+    if validate_parquet(dataset_path, strict=False):
+        pytest.skip("the data set lacks what the trainer reads (see test_dataset_has_what_the_trainer_reads)")
+    strict = not validate_parquet(dataset_path, strict=True)
+    return read_valid_rows(dataset_path, strict=False)[:SAMPLE_ROWS], strict
 
 
 def test_dataset_has_what_the_trainer_reads(dataset_path: Path) -> None:
+    """What a run refuses at start-up: a missing or broken data_source, prompt or ground truth, or
+    multi-modal data. Any extra_info and any other columns are fine."""
     problems = validate_parquet(dataset_path, strict=False)
     assert not problems, format_problems(str(dataset_path), problems, shown=20)
 
 
-def test_dataset_fits_the_full_verl_schema(dataset_path: Path) -> None:
-    problems = validate_parquet(dataset_path, strict=True)
-    assert not problems, format_problems(str(dataset_path), problems, shown=20)
+def test_dataset_differences_from_the_reference_schema_are_a_warning(dataset_path: Path) -> None:
+    """How the file differs from the reference schema (schema.RL_SCHEMA, examples/data_preprocess/
+    gsm8k.py's shape): a ReferenceSchemaWarning listing each difference, since the trainer reads the
+    other shapes VERL's preprocessors write too. It needs no batch of prompts, nor the model.
+    ``-W error::trainer.data.validate.ReferenceSchemaWarning`` makes it a strict check."""
+    if validate_parquet(dataset_path, strict=False):
+        pytest.skip("the trainer cannot read the data set (see test_dataset_has_what_the_trainer_reads)")
+    differences = reference_differences(dataset_path)
+    if differences:
+        shown = differences[:20] + (
+            [f"... and {len(differences) - 20} more"] if len(differences) > 20 else []
+        )
+        warnings.warn(
+            ReferenceSchemaWarning(
+                f"{dataset_path}: the trainer reads it, but it differs from VERL's reference schema "
+                f"(what examples/data_preprocess/gsm8k.py writes) in {len(differences)} way(s):\n  "
+                + "\n  ".join(shown)
+            ),
+            stacklevel=1,
+        )
 
 
-def test_dataset_fits_the_limits_the_suites_apply(request: pytest.FixtureRequest) -> None:
-    """The prompts the suites would train on, loaded as the session loads them: the run's tokenizer,
-    chat template, data.max_prompt_length and its truncation / filtering keys, and enough prompts for
-    one batch. (A file that breaks these ends the session at start-up, naming the file and the key.)"""
+def test_dataset_fits_the_limits_the_suites_apply(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The prompts the suites would train on, loaded as the session loads them (load_train_dataset):
+    the run's tokenizer, chat template, data.max_prompt_length and its truncation / filtering keys,
+    and enough prompts for one batch. Loaded here rather than through the session's rl_dataset, so a
+    set smaller than a batch fails this test instead of ending the session before the others run."""
     manager = request.config.pluginmanager
     if not (manager.hasplugin("rlbench") or manager.hasplugin("pytest_rlbench.plugin")):
         pytest.skip("the pytest-rlbench plugin is not loaded: no run configuration to check against")
-    dataset = request.getfixturevalue("rl_dataset")
+    tokenizer = request.getfixturevalue("rl_model").tokenizer
     data = request.getfixturevalue("rl_config").data
+    given_path = request.config.getoption("--rl-dataset", default=None)
+    data = replace(data, train_files=[str(given_path)] if given_path else [])  # []: the synthetic set
+    dataset = load_train_dataset(data, tokenizer, tmp_path_factory.mktemp("limits"))
     longest = max(len(p.input_ids) for p in dataset.prompts)
     assert longest <= data.max_prompt_length, f"a prompt of {longest} tokens > data.max_prompt_length"
-    assert len(dataset) >= data.train_batch_size, (
-        f"{dataset.path}: {len(dataset)} prompts after filtering, fewer than data.train_batch_size "
-        f"({data.train_batch_size})"
+    prompts = len(dataset)
+    assert prompts >= data.train_batch_size, (
+        f"{dataset.source}: {prompts} prompts after filtering, fewer than data.train_batch_size "
+        f"({data.train_batch_size}): a run could not fill one batch"
     )
 
 
 @PROPERTY
 @given(data=st.data(), kind=st.sampled_from(CORRUPTIONS))
 def test_corrupting_a_row_of_the_dataset_is_caught(
-    dataset_rows: list[dict[str, Any]], data: st.DataObject, kind: str
+    dataset_sample: tuple[list[dict[str, Any]], bool], data: st.DataObject, kind: str
 ) -> None:
+    dataset_rows, strict = dataset_sample
     picks = data.draw(
         st.lists(st.sampled_from(range(len(dataset_rows))), min_size=1, max_size=4), label="rows"
     )
     rows = [copy.deepcopy(dataset_rows[k]) for k in picks]
-    assert validate_rows(rows) == []
-    i, path = corrupt(data, rows, kind)
-    assert_caught(rows, i, path)
+    assert validate_rows(rows, strict=strict) == []
+    i, path = corrupt(data, rows, kind, strict)
+    assert_caught(rows, i, path, strict)
 
 
 # ----------------------------------------------------------------------------- properties of any rows
@@ -233,6 +302,21 @@ def test_every_kind_of_corruption_is_caught_at_its_field(
 ) -> None:
     i, path = corrupt(data, rows, kind)
     assert_caught(rows, i, path)
+
+
+@PROPERTY
+@given(rows=st.lists(trainer_rows, min_size=1, max_size=6))
+def test_any_extra_info_and_any_other_column_pass_a_lenient_validation(rows: list[dict[str, Any]]) -> None:
+    assert validate_rows(rows, strict=False) == []
+
+
+@PROPERTY
+@given(rows=st.lists(trainer_rows, min_size=1, max_size=4), data=st.data(), kind=st.sampled_from(CORRUPTIONS))
+def test_a_lenient_validation_catches_every_corruption_of_what_the_trainer_reads(
+    rows: list[dict[str, Any]], data: st.DataObject, kind: str
+) -> None:
+    i, path = corrupt(data, rows, kind, strict=False)
+    assert_caught(rows, i, path, strict=False)
 
 
 @PROPERTY

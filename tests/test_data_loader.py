@@ -225,10 +225,30 @@ def test_lenient_loading_of_a_minimal_verl_file(tokenizer) -> None:
         "prompt": [{"role": "user", "content": "q"}],
         "reward_model": {"ground_truth": "4"},
     }
-    with pytest.raises(DatasetError):
-        load_prompts([minimal], tokenizer, 64)
-    [p] = load_prompts([minimal], tokenizer, 64, strict=False).prompts
+    with pytest.raises(DatasetError, match="ability: expected string, found missing"):
+        load_prompts([minimal], tokenizer, 64, strict=True)
+    [p] = load_prompts([minimal], tokenizer, 64).prompts  # lenient: the default, what a run uses
     assert (p.index, p.ground_truth) == (0, "4")
+
+
+@pytest.mark.parametrize(
+    ("extra_info", "index"),
+    [({"split": "train", "index": 7}, 7), ({"index": "9a9b6eb4-a1cb"}, 1), ({"split": "train"}, 1), (None, 1)],
+)
+def test_the_index_is_extra_info_s_integer_or_the_row(tokenizer, extra_info: object, index: int) -> None:
+    rows = [row("a", index=5), {**row("b"), "extra_info": extra_info}]
+    assert [p.index for p in load_prompts(rows, tokenizer, 64)] == [5, index]
+
+
+@pytest.mark.parametrize(
+    ("truth", "text"),
+    [("4", "4"), (2, "2"), (["Paris", "paris"], "Paris"), ({"target": ["Paris", "paris"]}, "Paris")],
+)
+def test_the_ground_truth_is_the_text_the_reward_compares(tokenizer, truth: object, text: str) -> None:
+    rows = [{**row("a"), "reward_model": {"style": "rule", "ground_truth": truth}}]
+    [p] = load_prompts(rows, tokenizer, 64)
+    assert p.ground_truth == text and isinstance(p.ground_truth, str)
+    assert loader.ground_truth_text(truth) == text
 
 
 # ----------------------------------------------------------------------------- batches

@@ -12,12 +12,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer.data.schema import RL_SCHEMA, rows_to_table, write_rows
+from trainer.data.validate import ANSWER_SHAPES as ANSWERS
 from trainer.data.validate import (
     FILE_FIELD,
+    TEXT_CONTENT,
+    TEXT_ONLY,
     DatasetError,
     Problem,
     format_problems,
     read_valid_rows,
+    reference_differences,
+    schema_differences,
     validate,
     validate_parquet,
     validate_rows,
@@ -72,6 +77,27 @@ def test_pandas_records_with_numpy_arrays_are_valid(tmp_path: Path) -> None:
     records = pd.read_parquet(path).to_dict("records")
     assert type(records[0]["prompt"]).__name__ == "ndarray"
     assert validate_rows(records) == []
+
+
+LARGE = pa.schema(
+    [
+        ("data_source", pa.large_string()),
+        ("prompt", pa.large_list(pa.struct([("role", pa.large_string()), ("content", pa.large_string())]))),
+        ("ability", pa.string()),
+        ("reward_model", RL_SCHEMA.field("reward_model").type),
+        (
+            "extra_info",
+            pa.struct(
+                [
+                    ("split", pa.string()),
+                    ("index", pa.int32()),
+                    ("answer", pa.string()),
+                    ("question", pa.string()),
+                ]
+            ),
+        ),
+    ]
+)
 
 
 def test_extra_columns_and_large_types_are_accepted() -> None:
@@ -173,11 +199,187 @@ def test_lenient_mode_requires_only_what_the_trainer_reads() -> None:
     assert validate_rows([row], strict=False) == []
     assert {p.field for p in validate_rows([row])} == {"ability", "extra_info", "reward_model.style"}
     row["reward_model"] = {"style": "rule"}
-    row["extra_info"] = {"index": "x"}  # present fields are still type-checked
-    assert validate_rows([row], strict=False) == [
-        Problem(0, "reward_model.ground_truth", "string", "missing"),
-        Problem(0, "extra_info.index", "int64", "'x'"),
+    row["extra_info"] = {"index": "x"}  # what the trainer does not read is not checked at all
+    assert validate_rows([row], strict=False) == [Problem(0, "reward_model.ground_truth", ANSWERS, "missing")]
+
+
+@pytest.mark.parametrize(
+    "extra_info",
+    [
+        {"split": "train", "index": 7},  # math_dataset.py, full_hh_rlhf.py, hellaswag.py
+        {"index": "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079", "need_tools_kwargs": True},  # DAPO-Math-17k
+        {"split": "train", "index": 0, "tools_kwargs": {"search": {"create_kwargs": {"question": "q"}}}},
+        {},
+        None,
+        "not even a mapping",
+    ],
+)
+def test_lenient_mode_accepts_any_extra_info(extra_info: object, tmp_path: Path) -> None:
+    rows = good_rows()
+    for r in rows:
+        r["extra_info"] = extra_info
+        r["ability"] = None
+        r["agent_name"] = "tool_agent"
+    assert validate_rows(rows, strict=False) == []
+    assert read_valid_rows(rows, strict=False)[0]["extra_info"] == extra_info
+    assert validate_rows(rows) != []  # the reference schema still wants its extra_info
+    if isinstance(extra_info, dict) and extra_info:
+        path = tmp_path / "other.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        assert validate_parquet(path, strict=False) == []
+
+
+@pytest.mark.parametrize(
+    ("truth", "problem"),
+    [
+        ("42", None),
+        (3, None),  # hellaswag.py: the label's index
+        (["Paris", "paris, france"], None),
+        ({"target": ["Paris"]}, None),  # the Search-R1 script
+        ("  ", ("a non-empty string", "'  '")),
+        (None, (ANSWERS, "null")),
+        (True, (ANSWERS, "bool True")),
+        (2.5, (ANSWERS, "float 2.5")),
+        ([], (ANSWERS, "list []")),
+        (["Paris", ""], (ANSWERS, "list ['Paris', '']")),
+        ({"answers": ["Paris"]}, (ANSWERS, "dict {'answers': ['Paris']}")),
+    ],
+)
+def test_lenient_ground_truths(truth: object, problem: tuple[str, str] | None) -> None:
+    rows = corrupt("reward_model.ground_truth", truth)
+    expected = [] if problem is None else [Problem(1, "reward_model.ground_truth", *problem)]
+    assert validate_rows(rows, strict=False) == expected
+
+
+def test_lenient_ground_truth_columns(tmp_path: Path) -> None:
+    def table_with(truths: list, t: pa.DataType) -> pa.Table:
+        table = rows_to_table(good_rows(len(truths)))
+        reward = pa.StructArray.from_arrays([pa.array(truths, t)], names=["ground_truth"])
+        return table.set_column(table.column_names.index("reward_model"), "reward_model", reward)
+
+    assert validate_table(table_with([1, 2], pa.int64()), strict=False) == []
+    targets = pa.struct([("target", pa.list_(pa.string()))])
+    assert (
+        validate_table(table_with([{"target": ["a"]}, {"target": ["b", "c"]}], targets), strict=False) == []
+    )
+    assert validate_table(table_with([1.5, 2.0], pa.float64()), strict=False) == [
+        Problem(None, "reward_model.ground_truth", ANSWERS, "column type double")
     ]
+    assert validate_table(table_with([{"target": []}, {"target": ["b"]}], targets), strict=False) == [
+        Problem(0, "reward_model.ground_truth", ANSWERS, "dict {'target': []}")
+    ]
+    # strictly, the reference's string (and its style)
+    assert validate_table(table_with([1, 2], pa.int64())) == [
+        Problem(None, "reward_model.style", "string", "no such field"),
+        Problem(None, "reward_model.ground_truth", "string", "column type int64"),
+    ]
+
+
+# ----------------------------------------------------------------------------- multi-modal data is refused
+IMAGE = {"bytes": b"\x89PNG", "path": "a.png"}
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_an_images_or_videos_column_with_content_is_refused(strict: bool) -> None:
+    rows = good_rows(3)
+    rows[1]["images"] = [IMAGE]
+    rows[2]["videos"] = ["clip.mp4"]
+    problems = validate_rows(rows, strict=strict)
+    assert problems == [
+        Problem(None, "images", TEXT_ONLY, "image data in 1 of 3 rows", column=True),
+        Problem(None, "videos", TEXT_ONLY, "video data in 1 of 3 rows", column=True),
+    ]
+    assert str(problems[0]) == (
+        "column images: expected no images or videos (multi-modal data is not supported: the trainer is "
+        "text-only), found image data in 1 of 3 rows"
+    )
+    rows[0]["images"] = rows[0]["videos"] = rows[1]["videos"] = rows[2]["images"] = None
+    table = pa.Table.from_pylist(rows)
+    assert [(p.field, p.found) for p in validate_table(table, strict=strict)] == [
+        ("images", "image data in 1 of 3 rows (list<struct{bytes, path}>)"),
+        ("videos", "video data in 1 of 3 rows (list<string>)"),
+    ]
+
+
+def test_an_empty_images_column_is_text() -> None:
+    # VERL's RLHFDataset skips None and empty lists: a mixed set's text rows
+    rows = good_rows(2)
+    rows[0]["images"], rows[1]["images"] = [], None
+    assert validate_rows(rows, strict=False) == []
+    assert validate_table(pa.Table.from_pylist(rows), strict=False) == []
+    assert (
+        validate_table(rows_to_table(good_rows(2)).append_column("videos", pa.nulls(2)), strict=False) == []
+    )
+
+
+def test_multimodal_message_content_is_refused_saying_so() -> None:
+    rows = good_rows(2)
+    rows[1]["prompt"][1]["content"] = [{"type": "image"}, {"type": "text", "text": "What is shown?"}]
+    [problem] = validate_rows(rows, strict=False)
+    assert (problem.row, problem.field, problem.expected) == (1, "prompt[1].content", TEXT_CONTENT)
+    content = pa.list_(pa.struct([("type", pa.string()), ("text", pa.string())]))
+    message = pa.struct([("role", pa.string()), ("content", content)])
+    table = pa.table(
+        {"data_source": ["x"], "prompt": pa.array([[{"role": "user", "content": []}]], pa.list_(message))}
+    )
+    table = table.append_column("reward_model", pa.array([{"ground_truth": "1"}]))
+    assert validate_table(table, strict=False) == [
+        Problem(None, "prompt[].content", TEXT_CONTENT, f"column type {content}")
+    ]
+
+
+def test_an_sft_file_is_refused_saying_what_it_is() -> None:
+    table = pa.Table.from_pylist([{"messages": [{"role": "user", "content": "hi"}]}])
+    [prompt] = [p for p in validate_table(table, strict=False) if p.field == "prompt"]
+    assert "no such column (the file has a messages column: a supervised fine-tuning set" in prompt.found
+
+
+# ----------------------------------------------------------------------------- differences from the reference
+def test_the_reference_s_own_shape_has_no_differences(tmp_path: Path) -> None:
+    path = write_rows(good_rows(), tmp_path / "train.parquet")
+    assert schema_differences(RL_SCHEMA) == []
+    assert reference_differences(path) == [] == reference_differences(good_rows())
+    assert reference_differences(rows_to_table(good_rows()).cast(LARGE)) == []
+
+
+def test_schema_differences_name_each_missing_added_and_retyped_field() -> None:
+    schema = pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
+            ("reward_model", pa.struct([("ground_truth", pa.int64()), ("style", pa.string())])),
+            (
+                "extra_info",
+                pa.struct([("index", pa.string()), ("tools_kwargs", pa.struct([("a", pa.bool_())]))]),
+            ),
+            ("level", pa.string()),
+        ]
+    )
+    assert schema_differences(schema) == [
+        "ability: missing (the reference has a string column)",
+        "reward_model.ground_truth: int64, the reference has string",
+        "extra_info.split: missing (the reference has a string)",
+        "extra_info.index: string, the reference has int64",
+        "extra_info.answer: missing (the reference has a string)",
+        "extra_info.question: missing (the reference has a string)",
+        "extra_info.tools_kwargs: not in the reference (struct{a})",
+        "level: a column not in the reference (string)",
+    ]
+
+
+def test_reference_differences_add_the_row_values_only_the_reference_refuses(tmp_path: Path) -> None:
+    rows = good_rows(3)
+    rows[1]["extra_info"]["answer"] = None
+    rows[2]["ability"] = None
+    path = write_rows(rows, tmp_path / "nulls.parquet")
+    assert validate_parquet(path, strict=False) == []
+    assert reference_differences(path) == [
+        "row 1, extra_info.answer: expected string, found null",
+        "row 2, ability: expected string, found null",
+    ]
+    rows[0]["reward_model"]["ground_truth"] = ""  # the trainer's problem: not a mere difference
+    assert reference_differences(rows) == reference_differences(path)
+    assert reference_differences(tmp_path / "absent.parquet") == []
 
 
 # ----------------------------------------------------------------------------- tables (column-level)

@@ -33,9 +33,10 @@ def epoch_order(num_prompts: int, seed: int, epoch: int, shuffle: bool = True) -
 class PromptRow:
     """One prompt, ready for rollout.
 
-    row: its position in the source; index: extra_info.index (row when absent); uid: the id GRPO
-    groups this prompt's responses by (unique within the data set); messages: the chat messages the
-    ids were templated from (for a framework that applies the chat template itself, e.g. TRL)."""
+    row: its position in the source; index: extra_info.index (row when absent or not an integer);
+    uid: the id GRPO groups this prompt's responses by (unique within the data set); messages: the chat
+    messages the ids were templated from (for a framework that applies the chat template itself, e.g.
+    TRL)."""
 
     row: int
     index: int

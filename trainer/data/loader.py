@@ -1,7 +1,8 @@
 """Load a VERL-schema data set into token ids ready for rollout: ``load_prompts`` and ``PromptDataset``.
 
 The steps, in the order of VERL's RLHFDataset (verl/utils/dataset/rl_dataset.py): validate every row
-(validate.py), apply the tokenizer's chat template with ``add_generation_prompt=True``
+(validate.py; by default only what the trainer reads, so any text RL file VERL's preprocessors write
+loads, whatever its extra_info), apply the tokenizer's chat template with ``add_generation_prompt=True``
 (chat_template.py), tokenize, drop overlong prompts if ``filter_overlong_prompts``, then apply
 ``truncation`` ("error", "left", "right", "middle") to what is still too long (truncation.py). Every
 check runs before anything is returned: a data set loads whole or raises.
@@ -13,8 +14,11 @@ check runs before anything is returned: a data set loads whole or raises.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from trainer.data.batches import BatchIterator, LoaderState, PromptBatch, PromptRow, epoch_order
 from trainer.data.chat_template import prompt_messages, template_prompts
@@ -35,6 +39,29 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
+
+
+def ground_truth_text(value: Any) -> str:
+    """The answer the reward compares with, from a valid ground truth: a string as it is, an integer
+    (hellaswag.py's label) as its digits, a list of answers (the Search-R1 script's {target: [...]})
+    as its first answer: the bundled reward (trainer/driver/reward.py) scores one answer."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        value = value["target"]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        return str(value)
+    return str(value[0])
+
+
+def row_index(row: Mapping[str, Any], position: int) -> int:
+    """extra_info.index when it is an integer; else (no extra_info, no index, DAPO's uuid strings)
+    the row's position in the source."""
+    extra = row.get("extra_info")
+    index = extra.get("index") if isinstance(extra, Mapping) else None
+    if isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_)):
+        return int(index)
+    return position
 
 
 @dataclass
@@ -96,9 +123,14 @@ def load_prompts(
     *,
     truncation: str = "error",
     filter_overlong_prompts: bool = False,
-    strict: bool = True,
+    strict: bool = False,
 ) -> PromptDataset:
     """Validate, template, tokenize, filter and truncate a data set; raise before returning anything.
+
+    ``strict=False`` (the default, what a run uses) requires only what the trainer reads: data_source,
+    the prompt's messages and reward_model.ground_truth; extra_info and other columns may be anything.
+    ``strict=True`` also requires the reference schema (schema.RL_SCHEMA). Multi-modal data is refused
+    either way.
 
     Raises ``DatasetError`` (schema problems, or prompts the chat template rejects),
     ``PromptTooLongError`` (truncation "error" and an overlong prompt, or every prompt filtered out)
@@ -128,28 +160,43 @@ def load_prompts(
             )
 
     prompts = []
+    several_answers = 0
     for r in kept:
         row = rows[r]
-        extra = row.get("extra_info") or {}
-        index = extra.get("index")
         ids = token_ids[r]
+        truth = row["reward_model"]["ground_truth"]
+        several_answers += not isinstance(truth, str) and _answer_count(truth) > 1
         prompts.append(
             PromptRow(
                 row=r,
-                index=int(index) if index is not None else r,
+                index=row_index(row, r),
                 uid=str(r),
                 input_ids=truncate_ids(ids, max_prompt_length, truncation),
-                ground_truth=row["reward_model"]["ground_truth"],
+                ground_truth=ground_truth_text(truth),
                 data_source=row["data_source"],
                 truncated=len(ids) > max_prompt_length,
                 messages=tuple(prompt_messages(row["prompt"])),
             )
         )
     dataset = PromptDataset(name, max_prompt_length, truncation, prompts, dropped, num_rows=len(rows))
+    if several_answers:
+        logger.warning(
+            "%s: %d of %d prompts have several accepted answers in reward_model.ground_truth; the "
+            "bundled math reward scores each against its first",
+            name,
+            several_answers,
+            len(prompts),
+        )
     if dropped:
         logger.info("filter_overlong_prompts dropped %d of %d prompts from %s", len(dropped), len(rows), name)
     logger.debug("%s", dataset.summary())
     return dataset
+
+
+def _answer_count(value: Any) -> int:
+    if isinstance(value, Mapping):
+        value = value.get("target")
+    return len(value) if hasattr(value, "__len__") and not isinstance(value, (str, bytes)) else 1
 
 
 __all__ = [
@@ -164,8 +211,10 @@ __all__ = [
     "check_truncation",
     "epoch_order",
     "filter_overlong",
+    "ground_truth_text",
     "load_prompts",
     "overlong_indices",
+    "row_index",
     "template_prompts",
     "truncate_ids",
 ]

@@ -21,16 +21,20 @@ SHOWN_PROBLEMS = 5  # how many problems an error message spells out before "and 
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a data set. ``row`` is None when it holds for the file or a whole column."""
+    """One thing wrong with a data set. ``row`` is None when it holds for the file or a whole column;
+    ``column`` marks a problem with a column being there at all (it reads "column images: ...")."""
 
     row: int | None
     field: str
     expected: str
     found: str
+    column: bool = False
 
     def __str__(self) -> str:
         if self.field == FILE_FIELD:
             where = "file"
+        elif self.column:
+            where = f"column {self.field}"
         elif self.row is None:
             where = f"every row, {self.field}"
         else:

@@ -7,8 +7,17 @@
     reward_model  struct{style: string, ground_truth: string}   how to score and the right answer
     extra_info    struct{split: string, index: int64, answer: string, question: string}
 
-The pyarrow schema below is what this package writes; the validator (validate.py) also accepts the
-variants a reader may meet in other people's files (large_string, large_list, any integer index).
+That is the reference schema (``RL_SCHEMA``): what this package writes and what a strict validation
+checks. VERL's other preprocessors write other shapes: math_dataset.py's extra_info is {split, index},
+the tool and agent scripts add tools_kwargs, interaction_kwargs, need_tools_kwargs and agent_name,
+hellaswag.py's ground truth is an integer, the Search-R1 script's a {target: [answers]} struct, and
+columns of the source data set ride along (MATH's level and type). The trainer reads only
+``TRAINER_SCHEMA``: data_source, the prompt's roles and contents, and reward_model.ground_truth; a
+lenient validation (what loading uses) requires those and accepts any extra_info and any other
+columns, except ``MULTIMODAL_COLUMNS``: the trainer is text-only.
+
+The validator (validate.py) also accepts the variants a reader may meet in other people's files
+(large_string, large_list, any integer index).
 """
 
 from __future__ import annotations
@@ -61,8 +70,17 @@ ALL_FIELDS: frozenset[str] = frozenset(
     }
 )
 
-# The fields the trainer reads; a lenient validation (strict=False) requires only these, so other
-# people's VERL files with a different extra_info still load.
+# What the trainer reads from a row (trainer/data/loader.py): a lenient validation (strict=False)
+# requires these and checks nothing else, so every text RL file VERL's preprocessors write loads.
+# The ground truth may also be an integer or a list of answers there (validate.py says which shapes).
+TRAINER_SCHEMA: pa.Schema = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("prompt", PROMPT_TYPE),
+        ("reward_model", pa.struct([("ground_truth", pa.string())])),
+    ]
+)
+
 TRAINER_FIELDS: frozenset[str] = frozenset(
     {
         "data_source",
@@ -73,6 +91,11 @@ TRAINER_FIELDS: frozenset[str] = frozenset(
         "reward_model.ground_truth",
     }
 )
+
+
+# VERL's RLHFDataset reads images and videos from these columns (data.image_key, data.video_key);
+# a file with any in them is multi-modal, which this text-only trainer refuses.
+MULTIMODAL_COLUMNS: tuple[str, ...] = ("images", "videos")
 
 
 def is_string_type(t: pa.DataType) -> bool:

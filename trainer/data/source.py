@@ -49,7 +49,9 @@ def train_files(
 
 
 def load_train_dataset(data: DataConfig, tokenizer: PreTrainedTokenizerBase, workdir: str | Path) -> PromptDataset:
-    """Load every train file (all validated before any is used) into one prompt set."""
+    """Load every train file (all validated before any is used) into one prompt set. Each file needs
+    what the trainer reads, not the reference schema: any text RL file VERL's preprocessors write loads;
+    multi-modal ones are refused."""
     loaded = [
         load_prompts(
             path,
@@ -57,6 +59,7 @@ def load_train_dataset(data: DataConfig, tokenizer: PreTrainedTokenizerBase, wor
             data.max_prompt_length,
             truncation=data.truncation,
             filter_overlong_prompts=data.filter_overlong_prompts,
+            strict=False,
         )
         for path in train_files(data, workdir, tokenizer)
     ]
