@@ -21,7 +21,7 @@ processes inherit) and the machine's CPU use stays below ``--quiet-cores`` for 2
 job starts on a machine that was idle); what it found (leftover processes, seconds waited) is kept with each run, with
 the CPU the session's machine spent busy and stolen by the hypervisor (/proc/stat), and each gated
 phase's plain ratio, the session's pace around it (the factor the gate divides by,
-``pytest_rlbench.session_pace``) and the cores used beside its rounds by other processes and stolen.
+``pytest_rlbench.verdict.session_pace``) and the cores used beside its rounds by other processes and stolen.
 
 The table (scenario, runs, passed, failed, inconclusive, errors) is printed, and written with all of
 that as JSON to ``--out``; every session's JSON report (which holds its run record) is kept in the
@@ -51,11 +51,11 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from pytest_rlbench.machine_load import OTHER_CORES, STEAL_CORES, cpu_snapshot, machine_metric  # noqa: E402
-from pytest_rlbench.metrics import DefaultTolerance, default_tolerance  # noqa: E402
-from pytest_rlbench.record import FORMAT_VERSION, RunRecord, load_record, record_from_dict  # noqa: E402
-from pytest_rlbench.rollout_panel import PANEL_FIGURES  # noqa: E402
-from pytest_rlbench.session_pace import session_paces  # noqa: E402
+from pytest_rlbench.records.metrics import PANEL_FIGURES  # noqa: E402
+from pytest_rlbench.records.record import FORMAT_VERSION, RunRecord, load_record, record_from_dict  # noqa: E402
+from pytest_rlbench.verdict.machine_load import OTHER_CORES, STEAL_CORES, cpu_snapshot, machine_metric  # noqa: E402
+from pytest_rlbench.verdict.noise import DefaultTolerance, default_tolerance  # noqa: E402
+from pytest_rlbench.verdict.session_pace import session_paces  # noqa: E402
 
 SCENARIOS = ("unchanged", "contention", "slowdown")
 BUSY_LOOP = "while True:\n    pass\n"
@@ -156,7 +156,7 @@ def phase_figures(run: RunRecord, base: RunRecord) -> dict:
 
 
 def record_of_report(report: dict) -> RunRecord:
-    """The run record a session's JSON report holds (pytest_rlbench/report_json.py): its description,
+    """The run record a session's JSON report holds (pytest_rlbench/reports/json_report.py): its description,
     each phase's rounds and each metric's samples (a session whose gate failed saves no baseline)."""
     phases = {
         phase: {"seconds": row["seconds"]["samples"]} for phase, row in report["phases"].items() if row.get("seconds")
@@ -247,7 +247,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, baseline: Path, work: 
 def rejudge(work: Path, tolerance: float) -> list[str]:
     """The table recounted from the run records kept in ``work``, judged at ``tolerance`` as the gate
     judges a session (plain seconds, the session's pace, contention)."""
-    from pytest_rlbench.compare import compare
+    from pytest_rlbench.verdict.compare import compare
 
     base = load_record(work / "base.json")
     results: dict[str, ScenarioResult] = {}

@@ -17,7 +17,7 @@ import pluggy
 if TYPE_CHECKING:
     import pytest
 
-    from pytest_rlbench.cluster import ClusterInfo
+    from pytest_rlbench.session.cluster import ClusterInfo
     from trainer.config import Config
 
 hookspec = pluggy.HookspecMarker("pytest")
@@ -108,7 +108,7 @@ def pytest_rlbench_update_run_record(config: pytest.Config, record: dict[str, An
     :param record: This run's record, to modify in place.
 
     Use it in a conftest.py to record the commit a CI job built (the record's sections are those of
-    ``pytest_rlbench.record.RunRecord``: the commit lives under "provenance")::
+    ``pytest_rlbench.records.record.RunRecord``: the commit lives under "provenance")::
 
         import os
 

@@ -10,15 +10,15 @@ Loaded through the ``pytest11`` entry point. The order of a session:
    runs; a failure ends the session at once (exit 4) with a message naming what is wrong.
 5. the tests (once per framework when ``--rl-trainer`` names several, ids ``[ours]``/``[trl]``; a
    phase the trainer cannot time is skipped with the reason, ``frameworks/phase_skips.py``):
-   ``rl_bench`` records each phase's timed rounds (pytest_rlbench/bench.py); where a baseline can
-   gate, a gate test per phase benchmark (``test_ref[gate]``, pytest_rlbench/gate_items.py), run
+   ``rl_bench`` records each phase's timed rounds (pytest_rlbench/session/bench.py); where a baseline can
+   gate, a gate test per phase benchmark (``test_ref[gate]``, pytest_rlbench/session/gate_items.py), run
    after every other test, judges the phase against every baseline: a regression fails that gate
    test, so pytest counts it as failed and ``-x``, ``-k`` and ``--lf`` see it; phases the baselines
    have but the session did not run (``-k``) are "not run", neither pass nor fail.
 6. ``pytest_sessionfinish`` (last: after the session fixtures' teardown stopped the trainer's
    workers): the run record (one per ``--rl-trainer`` framework) is built and compared with every
    baseline; the JSON report, its chart and the saved baseline are written, each on its own
-   (pytest_rlbench/outputs.py, pytest_rlbench/frameworks/session.py); the baseline only
+   (pytest_rlbench/records/files.py, pytest_rlbench/frameworks/session.py); the baseline only
    when every selected test passed and the session was not interrupted. A regression (of a phase,
    already a failed test, or of a custom metric, judged only here) or an output that could not be
    written makes the exit status 1. Then Ray is stopped, every process of an
@@ -27,7 +27,7 @@ Loaded through the ``pytest11`` entry point. The order of a session:
    side by side, phase by phase), consistency findings, files written and files not written (one
    line each, with the reason).
 
-Signals and dead workers are handled by ``pytest_rlbench.faults`` (registered in pytest_configure).
+Signals and dead workers are handled by ``pytest_rlbench.session.faults`` (registered in pytest_configure).
 """
 
 from __future__ import annotations
@@ -39,52 +39,33 @@ from typing import Any
 import pytest
 
 from pytest_rlbench import hookspec
-from pytest_rlbench.baselines import load_baseline
-from pytest_rlbench.bench import (  # noqa: F401  (fixtures are found as attributes of the plugin)
-    BASELINES_KEY,
-    RECORDER_KEY,
-    get_recorder,
-    rl_batch,
-    rl_bench,
-    rl_prompts,
-)
-from pytest_rlbench.config_path import OPTION_KEYS, VLLM_ON_CPU, vllm_cpu_defaults
-from pytest_rlbench.faults import FaultHandling
-from pytest_rlbench.fixtures import (  # noqa: F401  (fixtures are found as attributes of the plugin)
-    FIXTURE_NEEDS,
+from pytest_rlbench.frameworks import hooks as framework_hooks
+from pytest_rlbench.frameworks.fixture import rl_framework, rl_trainer  # noqa: F401  (fixtures, found as attributes)
+from pytest_rlbench.frameworks.phase_skips import absent_phases
+from pytest_rlbench.frameworks.session import extra_outputs, finish_frameworks
+from pytest_rlbench.markers import GPU_MARKER, MARKERS, check_phase_marks, phase_of
+from pytest_rlbench.options.parse import parse_options
+from pytest_rlbench.options.table import OPTIONS
+from pytest_rlbench.options.trainer_config import OPTION_KEYS, VLLM_ON_CPU, vllm_cpu_defaults
+from pytest_rlbench.options.values import OptionError, RawValue
+from pytest_rlbench.records.files import clashing_outputs
+from pytest_rlbench.reports.chart import chart_path_for
+from pytest_rlbench.reports.side_by_side import session_lines
+from pytest_rlbench.session.bench import rl_batch, rl_bench, rl_prompts  # noqa: F401  (fixtures, as above)
+from pytest_rlbench.session.faults import FaultHandling
+from pytest_rlbench.session.fixtures import (  # noqa: F401  (fixtures, as above)
     SESSION_KEY,
     RLBenchSession,
     SetupError,
     rl_cluster,
     rl_config,
     rl_dataset,
+    rl_fixtures_used,
     rl_model,
     rl_options,
 )
-from pytest_rlbench.frameworks import hooks as framework_hooks
-from pytest_rlbench.frameworks.fixture import rl_framework, rl_trainer  # noqa: F401  (fixtures, as above)
-from pytest_rlbench.frameworks.phase_skips import absent_phases
-from pytest_rlbench.frameworks.session import extra_outputs, finish_frameworks, install_recorders
-from pytest_rlbench.frameworks.side_by_side import session_lines
-from pytest_rlbench.gate_items import GatePlugin
-from pytest_rlbench.option_table import OPTIONS
-from pytest_rlbench.options import OptionError, RawValue, parse_options
-from pytest_rlbench.outputs import clashing_outputs
-from pytest_rlbench.record import BaselineError, RunRecord, record_from_dict
-from pytest_rlbench.recorder import SessionOutcome
-from pytest_rlbench.report_chart import chart_path_for
-from trainer.phases import PHASE_KEYS
-
-# Compared with when no --rl-baseline is given: VERL's and RLinf's published runs, as references.
-PUBLISHED_BASELINES = ("verl-7b", "verl-v0.5.0-1.5b", "rlinf-1.5b")
-OUTCOME_KEY = pytest.StashKey[SessionOutcome]()
-
-PHASE_MARKER = "rl_phase"
-GPU_MARKER = "rl_gpu"
-MARKERS = (
-    f"{PHASE_MARKER}(name): the phase key this benchmark times; one of: {', '.join(PHASE_KEYS)}",
-    f"{GPU_MARKER}: the test needs GPUs; skipped without --gpu",
-)
+from pytest_rlbench.session.gate_items import GatePlugin
+from pytest_rlbench.session.recorder import OUTCOME_KEY, RECORDERS_KEY, install_recorders
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -134,6 +115,7 @@ def read_raw_options(config: pytest.Config) -> dict[str, RawValue | None]:
     return raw
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's tmpdir plugin: the session's temp dir holds config paths
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
@@ -158,27 +140,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(FaultHandling(config), FaultHandling.NAME)
     config.pluginmanager.register(framework_hooks, framework_hooks.NAME)  # --rl-trainer
     config.pluginmanager.register(GatePlugin(phase_of), GatePlugin.NAME)  # a gate test per phase benchmark
-    config.stash[BASELINES_KEY] = load_baselines(session)
+    session.load_baselines()
+    session.build_config()  # once; with --gpu alone, once the cluster gives the GPU count
     install_recorders(config, opts)  # one per --rl-trainer framework
-
-
-def load_baselines(session: RLBenchSession) -> list[RunRecord]:
-    """Every baseline, loaded and validated now: a bad file is a usage error before any test runs."""
-    entries = session.baselines() or list(PUBLISHED_BASELINES)
-    if session.opts.workload:  # the replayed baseline is always compared with
-        entries.append(session.opts.workload)
-    records: list[RunRecord] = []
-    for entry in entries:
-        try:
-            if isinstance(entry, dict):
-                record = record_from_dict(entry, source="a baseline from pytest_rlbench_baselines")
-            else:
-                record = load_baseline(entry)
-        except BaselineError as exc:
-            raise pytest.UsageError(f"pytest-rlbench: --rl-baseline {exc}") from None
-        if all(r.name != record.name for r in records):
-            records.append(record)
-    return records
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -198,37 +162,6 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         shown = ", ".join(f"{key}={value}" for key, value in defaults.items())
         lines.append(f"rlbench: {VLLM_ON_CPU} (set the key to change it): {shown}")
     return lines
-
-
-# ----------------------------------------------------------------------------- markers
-def phase_of(item: pytest.Item) -> str | None:
-    """The phase key an item benchmarks (its closest rl_phase marker), or None."""
-    mark = item.get_closest_marker(PHASE_MARKER)
-    return mark.args[0] if mark is not None and mark.args else None
-
-
-def check_phase_marks(item: pytest.Item) -> str | None:
-    """None if every rl_phase marker on ``item`` names one known phase key, and a test that times a
-    phase with rl_bench has one; else the problem."""
-    if "rl_bench" in getattr(item, "fixturenames", ()) and item.get_closest_marker(PHASE_MARKER) is None:
-        return (
-            f"{item.nodeid}: uses rl_bench but has no @pytest.mark.{PHASE_MARKER}(KEY) saying which phase "
-            f"it times; valid keys: {', '.join(PHASE_KEYS)}"
-        )
-    for mark in item.iter_markers(PHASE_MARKER):
-        name = mark.args[0] if len(mark.args) == 1 and not mark.kwargs else None
-        if not isinstance(name, str):
-            given = ", ".join([*map(repr, mark.args), *(f"{k}={v!r}" for k, v in mark.kwargs.items())])
-            return (
-                f"{item.nodeid}: @pytest.mark.{PHASE_MARKER} takes one phase key, got ({given}); "
-                f"valid keys: {', '.join(PHASE_KEYS)}"
-            )
-        if name not in PHASE_KEYS:
-            return (
-                f"{item.nodeid}: @pytest.mark.{PHASE_MARKER}({name!r}) is not a phase key; "
-                f"valid keys: {', '.join(PHASE_KEYS)}"
-            )
-    return None
 
 
 def _items(result: Any) -> Sequence[Any]:
@@ -268,14 +201,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 # ----------------------------------------------------------------------------- start-up and end
-def rl_fixtures_used(items: Sequence[pytest.Item]) -> set[str]:
-    """The plugin's fixtures that the selected tests use (with everything they depend on)."""
-    used: set[str] = set()
-    for item in items:
-        used.update(name for name in getattr(item, "fixturenames", ()) if name in FIXTURE_NEEDS)
-    return used
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
     state = config.stash.get(SESSION_KEY, None)
@@ -286,8 +211,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return  # plain unit tests: never start Ray or load a model
     try:
         state.prepare(used)
-    except SetupError as exc:
-        pytest.exit(f"pytest-rlbench: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+    except SetupError as exc:  # one "ERROR: pytest-rlbench: ..." line and exit 4, as an option's error
+        raise pytest.UsageError(f"pytest-rlbench: {exc}") from None
 
 
 @pytest.hookimpl(trylast=True)  # after the session fixtures' teardown: the workers go before Ray
@@ -298,7 +223,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     try:
         # each --rl-trainer framework's run compared, reported and saved (frameworks/session.py)
-        outcome = finish_frameworks(config, state, incomplete_reason(session)) if RECORDER_KEY in config.stash else None
+        outcome = finish_frameworks(config, state, incomplete_reason(session)) if RECORDERS_KEY in config.stash else None
         if outcome is not None:
             config.stash[OUTCOME_KEY] = outcome
             failed = outcome.regressions or outcome.write_failed
@@ -328,7 +253,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     session = config.stash.get(SESSION_KEY, None)
     for note in [*session.replay_notes, *session.config_notes] if session is not None else []:
         terminalreporter.write_line(note)
-    for line in session_lines(outcome, config.option.verbose > 0):  # several frameworks side by side
+    outcomes = [outcome, *outcome.others]  # several frameworks: side by side
+    for line in session_lines(outcomes, outcome.findings, config.option.verbose > 0):
         terminalreporter.write_line(line)
     for path in outcome.written:
         terminalreporter.write_line(f"wrote {path}")

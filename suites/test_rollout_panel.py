@@ -2,7 +2,7 @@
 
 ``pytest suites/ --rl-rollout hf --rl-rollout static`` trains with hf (the ``gen`` phase's figures are
 its) and times each engine here: one test per engine, its tokens/s and its rollout fidelity against
-the trainer's old_log_prob recorded under rollout_panel/<engine>/... (pytest_rlbench/rollout_panel.py);
+the trainer's old_log_prob recorded under rollout_panel/<engine>/... (pytest_rlbench/session/rollout_panel.py);
 the terminal report lists them in one table. With a single engine there is nothing to compare: skipped.
 """
 
@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_rlbench.bench import get_recorder
-from pytest_rlbench.fixtures import get_session
-from pytest_rlbench.rollout_panel import batch_fidelity, engine_round, record_panel_engine, time_rounds
+from pytest_rlbench.session.bench import get_recorder
+from pytest_rlbench.session.fixtures import get_session
+from pytest_rlbench.session.rollout_panel import (
+    batch_fidelity,
+    engine_round,
+    record_panel_engine,
+    time_rounds,
+)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
-from pytest_rlbench.bench import describe_config
-from pytest_rlbench.record import Hardware, PhaseRecord, Provenance, RunRecord
-from pytest_rlbench.workload import TARGET_LENGTHS, run_workload, workload_overrides, workload_tokens
+from pytest_rlbench.records.record import Hardware, PhaseRecord, Provenance, RunRecord
+from pytest_rlbench.records.workload import run_workload, workload_tokens
+from pytest_rlbench.records.workload_replay import TARGET_LENGTHS, workload_overrides
+from pytest_rlbench.session.bench import describe_config
 from trainer.config import Config, Override, apply_override, known_keys
 
 H100 = "NVIDIA H100 80GB HBM3"

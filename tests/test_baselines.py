@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlbench.baselines import BUILTIN_BASELINES, baseline_dirs, load_baseline, resolve_baseline
-from pytest_rlbench.record import (
+from pytest_rlbench.records.baselines import BUILTIN_BASELINES, baseline_dirs, load_baseline, resolve_baseline
+from pytest_rlbench.records.record import (
     BaselineError,
     PhaseRecord,
     TokenCounts,

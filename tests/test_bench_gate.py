@@ -19,7 +19,7 @@ def steady_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nobody else on the CPU, as the gate sees it: the phases here are sleeps, which a busy CI machine
     does not slow, so its contention must not change how they are judged; CPU contention itself is
     tested in tests/test_gate_machine_session.py."""
-    from pytest_rlbench import machine_load
+    from pytest_rlbench.verdict import machine_load
 
     monkeypatch.setattr(machine_load, "cores_used", lambda before, after, ticks_per_s: (0.0, 0.0))
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from pytest_rlbench.baselines import load_baseline
-from pytest_rlbench.compare import compare, gate_mismatches, tolerance_for
-from pytest_rlbench.record import RunRecord, record_from_dict
-from pytest_rlbench.verdict import time_gap_s
+from pytest_rlbench.records.baselines import load_baseline
+from pytest_rlbench.records.record import RunRecord, record_from_dict
+from pytest_rlbench.verdict.compare import compare, gate_mismatches, tolerance_for
+from pytest_rlbench.verdict.judge import time_gap_s
 
 BASE: dict[str, Any] = {
     "format_version": 1,

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
-import pytest_rlbench.config_path as config_path
-from pytest_rlbench.config_path import SESSION_DEFAULT, SYNTHETIC_FILE, build_trainer_config
-from pytest_rlbench.options import OptionError, RawValue, RLBenchOptions, parse_options
+import pytest_rlbench.options.trainer_config as config_path
+from pytest_rlbench.options.parse import parse_options
+from pytest_rlbench.options.parsed import RLBenchOptions
+from pytest_rlbench.options.trainer_config import SESSION_DEFAULT, build_trainer_config
+from pytest_rlbench.options.values import OptionError, RawValue
+from pytest_rlbench.records.workload import SYNTHETIC_FILE
 from trainer.config import Override
 from trainer.data.synthetic import write_synthetic_parquet
 
@@ -134,9 +137,9 @@ def test_the_session_builds_its_config_once_with_its_defaults(
         """
     )
     pytester.runpytest("--rl-config=data.synthetic_size=32").assert_outcomes(passed=1)
-    # one start-up check (parse_options, no session defaults) and one build of the session's config
-    assert len(builds) == 2
-    assert [o.source for o in builds[1][:2]] == [SESSION_DEFAULT, SESSION_DEFAULT]
+    # one build, at configure, with the session's defaults first
+    assert len(builds) == 1
+    assert [o.source for o in builds[0][:2]] == [SESSION_DEFAULT, SESSION_DEFAULT]
 
 
 def test_the_user_s_checkpoint_dir_wins_in_the_session(pytester: pytest.Pytester, tmp_path: Path) -> None:

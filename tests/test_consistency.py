@@ -7,8 +7,9 @@ import copy
 
 import pytest
 
-from pytest_rlbench.baselines import load_baseline
-from pytest_rlbench.consistency import (
+from pytest_rlbench.records.baselines import load_baseline
+from pytest_rlbench.records.record import record_from_dict, record_to_dict
+from pytest_rlbench.verdict.consistency import (
     CONSISTENT,
     INCONSISTENT,
     OTHER_BATCH_ONLY,
@@ -18,7 +19,6 @@ from pytest_rlbench.consistency import (
     check_published,
     check_record,
 )
-from pytest_rlbench.record import record_from_dict, record_to_dict
 
 VERL = load_baseline("verl-v0.5.0-1.5b")
 RLINF = load_baseline("rlinf-1.5b")

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from pytest_rlbench.option_values import RawValue
-from pytest_rlbench.options import parse_options
+from pytest_rlbench.options.parse import parse_options
+from pytest_rlbench.options.values import RawValue
 from trainer.driver.ray_probe import RayUnreachableError, wait_for_ray
 from trainer.driver.ray_processes import pid_running, ray_descendants
 
@@ -92,8 +92,8 @@ def test_an_unreachable_ray_address_ends_the_session_at_once_naming_it(pytester:
     result = _run_pytest(pytester, {"RAY_ADDRESS": address}, "--rl-ray-timeout=2")
     assert time.monotonic() - start < 60  # before: 13 min 47 s of Ray's retries
     assert result.returncode == pytest.ExitCode.USAGE_ERROR
-    assert f"RAY_ADDRESS={address}" in result.stdout and f"no Ray cluster answered at {address}" in result.stdout
-    assert "--rl-ray-timeout" in result.stdout
+    assert "ERROR: pytest-rlbench: " in result.stderr and f"RAY_ADDRESS={address}" in result.stderr
+    assert f"no Ray cluster answered at {address}" in result.stderr and "--rl-ray-timeout" in result.stderr
     assert not (pytester.path / "ran").exists()
 
 
@@ -117,8 +117,8 @@ def _run_pytest(pytester: pytest.Pytester, env: dict[str, str], *args: str) -> s
 
 # ----------------------------------------------------------------------------- failed workers (5)
 def test_the_phase_timeout_is_an_option_and_a_trainer_key(tmp_path: Path) -> None:
-    from pytest_rlbench.config_path import build_trainer_config
-    from pytest_rlbench.option_values import OptionError
+    from pytest_rlbench.options.trainer_config import build_trainer_config
+    from pytest_rlbench.options.values import OptionError
 
     assert build_trainer_config(parse_options({}, {}, tmp_path)).trainer.phase_timeout_s == 1800
     given = {"rl_phase_timeout": RawValue("90", "--rl-phase-timeout", tmp_path)}

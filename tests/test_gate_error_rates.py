@@ -80,9 +80,9 @@ def test_rejudge_recounts_the_kept_reports_at_another_tolerance(tmp_path: Path) 
     from gate_error_rates import rejudge
     from test_verdict_machine import BASE_ROUNDS, cpu_record
 
-    from pytest_rlbench.compare import compare
-    from pytest_rlbench.record import save_record
-    from pytest_rlbench.report_json import build_report
+    from pytest_rlbench.records.record import save_record
+    from pytest_rlbench.reports.json_report import build_report
+    from pytest_rlbench.verdict.compare import compare
 
     base = cpu_record("base", BASE_ROUNDS)
     save_record(base, tmp_path / "base.json")
@@ -98,7 +98,7 @@ def test_a_reports_run_record_keeps_the_rounds_and_the_machines_figures() -> Non
     from gate_error_rates import record_of_report
     from test_verdict_machine import BASE_ROUNDS, cpu_record
 
-    from pytest_rlbench.report_json import build_report
+    from pytest_rlbench.reports.json_report import build_report
 
     run = cpu_record("run", BASE_ROUNDS, other=0.5, steal=0.1)
     back = record_of_report(json.loads(json.dumps(build_report(run, []))))
@@ -112,8 +112,8 @@ def test_the_recount_judges_as_the_gate_does_pace_and_contention(tmp_path: Path)
     from test_session_pace import session
     from test_verdict_machine import with_cores
 
-    from pytest_rlbench.record import save_record
-    from pytest_rlbench.report_json import build_report
+    from pytest_rlbench.records.record import save_record
+    from pytest_rlbench.reports.json_report import build_report
 
     save_record(with_cores(session("base"), 0.0), tmp_path / "base.json")
     sessions = {

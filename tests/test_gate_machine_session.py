@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
 
-# Three phases apart from one another: each is paced by the other two (pytest_rlbench.session_pace).
+# Three phases apart from one another: each is paced by the other two (pytest_rlbench.verdict.session_pace).
 SUITE = """
 import time
 import pytest
@@ -33,7 +33,7 @@ def test_update_actor(rl_bench):
 
 # The CPU beside the session's rounds as /proc would show it: other processes, the hypervisor.
 CONFTEST = """
-from pytest_rlbench import machine_load
+from pytest_rlbench.verdict import machine_load
 
 machine_load.cores_used = lambda before, after, ticks_per_s: ({other}, {steal})
 """

@@ -197,8 +197,8 @@ def test_save_matmuls_is_refused_with_liger_whose_rope_overwrites_the_kept_proje
 
 
 def test_records_and_trl_comparisons_name_a_selective_policy():
-    from pytest_rlbench.bench import describe_config
     from pytest_rlbench.frameworks.trl_settings import differences
+    from pytest_rlbench.session.bench import describe_config
 
     plain = build_config([CHECKPOINTING_ON])
     assert "gradient_checkpointing_policy" not in describe_config(build_config([])).settings

@@ -51,13 +51,16 @@ class Trainer:
 
 def inline_baseline():
     import json
-    from pytest_rlbench.baselines import resolve_baseline
+    from pytest_rlbench.records.baselines import resolve_baseline
 
     data = json.loads(resolve_baseline("rlinf-1.5b").read_text())
     data["name"] = "inline"
     return data
 
+CALLS = []
+
 def pytest_rlbench_baselines(config):
+    CALLS.append("baselines")
     return ["verl-v0.5.0-1.5b", inline_baseline()]
 
 def pytest_rlbench_update_config(rl_config):
@@ -84,7 +87,7 @@ def pytest_rlbench_baselines():
 """
 
 TESTS = """
-from pytest_rlbench.fixtures import get_session
+from pytest_rlbench.session.fixtures import get_session
 
 def test_hooks(request, rl_config):
     config = request.config
@@ -93,7 +96,11 @@ def test_hooks(request, rl_config):
     # baselines: --rl-baseline first, then the hooks' lists
     from conftest import inline_baseline
 
-    assert get_session(config).baselines() == ["verl-7b", "verl-v0.5.0-1.5b", inline_baseline()]
+    from conftest import CALLS
+
+    names = [r.name for r in get_session(config).baseline_records]
+    assert names == ["verl-7b", "verl-v0.5.0-1.5b", inline_baseline()["name"]]
+    assert CALLS == ["baselines"]  # once per session, as its docstring says
     trainer = config.hook.pytest_rlbench_make_trainer(
         config=config, rl_config=rl_config, cluster="the-cluster", rl_framework="ours"
     )

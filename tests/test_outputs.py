@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlbench.outputs import clashing_outputs, dumps_report, write_atomic, write_problem
+from pytest_rlbench.records.files import clashing_outputs, dumps_report, write_atomic, write_problem
 
 pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rlbench.cluster import (
+from pytest_rlbench.session.cluster import (
     ClusterInfo,
     NodeInfo,
     check_cluster,
@@ -194,7 +194,7 @@ def test_too_few_nodes_end_the_session_before_any_test(
     monkeypatch.setenv("RAY_ADDRESS", two_node_cluster)  # the default address, without the option
     result = pytester.runpytest_subprocess("--rl-nodes=4", timeout=RUN_TIMEOUT)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stdout.fnmatch_lines(
+    result.stderr.fnmatch_lines(
         [
             f"*--rl-nodes=4 asks for 4 alive Ray nodes; the cluster at {two_node_cluster} has 2 (node ids * at 127.0.0.1, * at 127.0.0.1)*"
         ]
@@ -210,7 +210,7 @@ def test_gpu_on_a_cluster_without_gpus_ends_the_session(
         f"--rl-ray-address={two_node_cluster}", "--gpu", timeout=RUN_TIMEOUT
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stdout.fnmatch_lines(
+    result.stderr.fnmatch_lines(
         [
             f"*--gpu asks for 1 node(s) with at least 1 GPU(s) each; the cluster at {two_node_cluster} has 0 such node(s)*"
         ]
@@ -238,7 +238,7 @@ def test_the_embedded_ray_refuses_what_it_cannot_have_before_any_test(
     pytester.makepyfile(CLUSTER_TEST)
     result = pytester.runpytest_subprocess(*args, timeout=RUN_TIMEOUT)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stdout.fnmatch_lines([expected])
+    result.stderr.fnmatch_lines([expected])
     assert not (pytester.path / "ran").exists()
 
 
@@ -291,7 +291,7 @@ def test_the_embedded_ray_runs_workers_at_the_session_s_priority() -> None:
 
     import ray
 
-    from pytest_rlbench.cluster import RayConnection
+    from pytest_rlbench.session.cluster import RayConnection
 
     connection = RayConnection.open(None, num_cpus=1)
     try:

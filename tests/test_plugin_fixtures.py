@@ -29,9 +29,10 @@ def test_uses_{fixture}({fixture}):
 
 def assert_ended_before_tests(result: pytest.RunResult, pytester: pytest.Pytester, *expected: str) -> None:
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    out = result.stdout.str()
+    err = result.stderr.str()  # one "ERROR: pytest-rlbench: ..." line, as a bad option gives
+    assert "ERROR: pytest-rlbench: " in err, err
     for text in expected:
-        assert text in out, f"{text!r} not in output:\n{out}"
+        assert text in err, f"{text!r} not in the error:\n{err}"
     assert not (pytester.path / "ran").exists(), "a test body ran although the start-up check failed"
 
 
@@ -45,7 +46,7 @@ def test_rl_phase_with_a_phase_key_passes_strict_markers(pytester: pytest.Pytest
 
         @pytest.mark.rl_phase("gen")
         def test_gen(request):
-            from pytest_rlbench.plugin import phase_of
+            from pytest_rlbench.markers import phase_of
             assert phase_of(request.node) == "gen"
 
         class TestUpdate:

@@ -6,21 +6,19 @@ in-process: none of these runs starts Ray.
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
 import pytest
 
-from pytest_rlbench.metrics import DEFAULT_CPU_TOLERANCE, DefaultTolerance
-from pytest_rlbench.option_table import OPTIONS
-from pytest_rlbench.options import (
-    DEFAULT_TOLERANCE,
-    OptionError,
-    RawValue,
-    RLBenchOptions,
-    build_trainer_config,
-    parse_options,
-)
+from pytest_rlbench.options.parse import parse_options
+from pytest_rlbench.options.parsed import RLBenchOptions
+from pytest_rlbench.options.table import OPTIONS
+from pytest_rlbench.options.trainer_config import build_trainer_config
+from pytest_rlbench.options.values import OptionError, RawValue
+from pytest_rlbench.records.baselines import resolve_baseline
+from pytest_rlbench.verdict.noise import DEFAULT_CPU_TOLERANCE, DEFAULT_TOLERANCE, DefaultTolerance
 from trainer.data.synthetic import write_synthetic_parquet
 from trainer.models.presets import PRESETS
 
@@ -107,10 +105,15 @@ def test_tolerance_zero_is_allowed_and_ray_address_comes_from_the_environment(tm
     assert both.ray_address == "10.0.0.2:6379" and both.ray_address_source == "--rl-ray-address"
 
 
-def test_baselines_are_stored_names_or_files(tmp_path: Path) -> None:
-    (tmp_path / "mine.json").write_text("{}")  # content is checked when compared, not here
+def test_baselines_are_stored_names_or_files_loaded_once_with_the_options(tmp_path: Path) -> None:
+    data = json.loads(resolve_baseline("rlinf-1.5b").read_text())
+    (tmp_path / "mine.json").write_text(json.dumps({**data, "name": "mine"}))
     opts = parse(tmp_path, rl_baseline=["verl-7b", "mine.json"])
     assert opts.baselines == ("verl-7b", str(tmp_path / "mine.json"))
+    assert [r.name for r in opts.baseline_records] == ["verl-7b", "mine"]
+    (tmp_path / "broken.json").write_text("{}")
+    with pytest.raises(OptionError, match=r"--rl-baseline .*broken.json: not a usable run record"):
+        parse(tmp_path, rl_baseline=["broken.json"])
 
 
 def test_a_model_directory_becomes_an_absolute_path(tmp_path: Path) -> None:

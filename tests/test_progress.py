@@ -1,4 +1,4 @@
-"""Progress on long work (pytest_rlbench/progress.py): set-up, warm-up and each round say what runs,
+"""Progress on long work (pytest_rlbench/session/progress.py): set-up, warm-up and each round say what runs,
 on stderr and outside every test's captured output; quiet when not on a terminal unless asked."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_rlbench.progress import Progress, resolve_enabled, round_label
+from pytest_rlbench.session.progress import Progress, resolve_enabled, round_label
 
 pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
 

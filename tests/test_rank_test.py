@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 
 import pytest
 
-from pytest_rlbench.rank_test import (
+from pytest_rlbench.verdict.rank_test import (
     EXACT_MAX_TOTAL,
     doubled_midranks,
     p_greater,
@@ -66,3 +68,45 @@ def test_rounds_needed_to_reach_a_level() -> None:
         rounds_needed(0.0)
     with pytest.raises(ValueError, match="values on both sides, got 0 and 2"):
         p_greater([], [1.0, 2.0])
+
+
+# Pinned to two oracles: scipy's exact test where it is valid (no ties; skipped without scipy, which
+# stays out of the dependencies: its exact method ignores ties) and every split enumerated.
+def _enumerated_p_greater(x: list[float], y: list[float]) -> float:
+    """The share of all C(n+m, n) splits of the pooled midranks whose x-side sum reaches the observed one."""
+    ranks = doubled_midranks([*x, *y])
+    n, observed = len(x), sum(ranks[: len(x)])
+    sums = [sum(ranks[i] for i in idx) for idx in itertools.combinations(range(len(ranks)), n)]
+    return sum(s >= observed for s in sums) / len(sums)
+
+
+def _pairs(levels: int | None, count: int, seed: int, max_side: int = 20, max_total: int = EXACT_MAX_TOTAL):
+    rng = random.Random(seed)
+    for _ in range(count):
+        n = rng.randint(2, max_side)
+        m = rng.randint(2, min(max_side, max_total - n))
+        draw = (lambda: rng.random()) if levels is None else (lambda: float(rng.randrange(levels)))
+        shift = rng.choice([0.0, 0.3, 1.0])
+        yield [draw() + shift for _ in range(n)], [draw() for _ in range(m)]
+
+
+def test_exact_p_values_match_scipy_without_ties() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    for x, y in _pairs(None, 80, seed=1):
+        expected = stats.mannwhitneyu(x, y, alternative="greater", method="exact").pvalue
+        assert p_greater(x, y) == pytest.approx(float(expected), rel=1e-12, abs=1e-15), (x, y)
+
+
+def test_normal_approximation_matches_scipy_asymptotic_with_ties() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    for x, y in _pairs(3, 100, seed=2, max_total=40):
+        if len(x) + len(y) <= EXACT_MAX_TOTAL:
+            continue
+        expected = stats.mannwhitneyu(x, y, alternative="greater", method="asymptotic", use_continuity=True).pvalue
+        assert p_greater(x, y) == pytest.approx(float(expected), rel=1e-9), (x, y)
+
+
+@pytest.mark.parametrize("levels", [2, 3, 5, None])
+def test_exact_p_values_match_every_split_enumerated_with_ties(levels: int | None) -> None:
+    for x, y in _pairs(levels, 60, seed=3, max_side=7, max_total=14):
+        assert p_greater(x, y) == pytest.approx(_enumerated_p_greater(x, y), abs=1e-15), (x, y)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlbench.record import Hardware, ModelArch, RunConfig, TokenCounts
-from pytest_rlbench.recorder import BenchRecorder, git_commit
+from pytest_rlbench.records.record import Hardware, ModelArch, RunConfig, TokenCounts
+from pytest_rlbench.session.recorder import BenchRecorder, git_commit
 
 TINY = ModelArch(
     name="tiny", num_layers=1, hidden_size=2, intermediate_size=4, num_heads=1, num_kv_heads=1, head_dim=2, vocab_size=3

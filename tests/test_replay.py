@@ -79,7 +79,7 @@ def test_work_changed_on_top_of_a_replay_makes_it_a_reference_and_says_why(pytes
 def test_a_workload_that_cannot_be_replayed_is_a_usage_error(pytester: pytest.Pytester) -> None:
     record = pytester.path / "no_workload.json"
     # a stored baseline file with its workload section removed: an older file
-    from pytest_rlbench.baselines import resolve_baseline
+    from pytest_rlbench.records.baselines import resolve_baseline
 
     data = json.loads(resolve_baseline("verl-v0.5.0-1.5b").read_text())
     data.pop("workload")

@@ -12,11 +12,10 @@ import matplotlib.image
 import pytest
 from replay_records import replay_record
 
-from pytest_rlbench.baselines import load_baseline
-from pytest_rlbench.compare import compare, compare_all
-from pytest_rlbench.consistency import check_record
-from pytest_rlbench.record import RunRecord, record_from_dict
-from pytest_rlbench.report_chart import (
+from pytest_rlbench.records.baselines import load_baseline
+from pytest_rlbench.records.files import dumps_report
+from pytest_rlbench.records.record import RunRecord, record_from_dict
+from pytest_rlbench.reports.chart import (
     MEASURED_STEP,
     OTHER,
     PHASES_APART,
@@ -29,8 +28,10 @@ from pytest_rlbench.report_chart import (
     work_label,
     write_chart,
 )
-from pytest_rlbench.report_json import build_report, write_json_report
-from pytest_rlbench.report_terminal import finding_lines, terminal_lines
+from pytest_rlbench.reports.json_report import build_report
+from pytest_rlbench.reports.terminal import finding_lines, terminal_lines
+from pytest_rlbench.verdict.compare import compare, compare_all
+from pytest_rlbench.verdict.consistency import check_record
 from trainer.phases import PHASE_KEYS
 
 RUN: dict[str, Any] = {
@@ -165,8 +166,7 @@ def test_terminal_summary_of_a_clean_gate() -> None:
 
 def test_json_report_has_every_key(results, tmp_path: Path) -> None:
     run, comparisons, findings = results
-    path = write_json_report(tmp_path / "out" / "report.json", run, comparisons, findings, extra={"suite": "phases"})
-    report = json.loads(path.read_text())
+    report = json.loads(dumps_report(build_report(run, comparisons, findings, extra={"suite": "phases"})))
     assert report["format_version"] == 1 and report["passed"] is False
     assert set(report["run"]) == {"name", "provenance", "hardware", "model", "config", "tokens"}
     assert list(report["phases"]) == list(PHASE_KEYS)

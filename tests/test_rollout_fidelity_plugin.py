@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlbench.compare import compare
-from pytest_rlbench.metrics import STEP_METRICS
-from pytest_rlbench.options import OptionError, RawValue, parse_options
-from pytest_rlbench.record import Hardware, ModelArch, RunConfig, TokenCounts
-from pytest_rlbench.recorder import MISMATCH_METRIC, BenchRecorder, mismatch_failure
-from pytest_rlbench.report_json import build_report
+from pytest_rlbench.options.parse import parse_options
+from pytest_rlbench.options.values import OptionError, RawValue
+from pytest_rlbench.records.metrics import STEP_METRICS
+from pytest_rlbench.records.record import Hardware, ModelArch, RunConfig, TokenCounts
+from pytest_rlbench.reports.json_report import build_report
+from pytest_rlbench.session.recorder import MISMATCH_METRIC, BenchRecorder, mismatch_failure
+from pytest_rlbench.verdict.compare import compare
 from trainer.algorithms.fidelity import METRIC_NAMES
 
 pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py

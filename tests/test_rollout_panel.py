@@ -11,7 +11,9 @@ import json
 import pytest
 import torch
 
-from pytest_rlbench.options import OptionError, RawValue, build_trainer_config, parse_options
+from pytest_rlbench.options.parse import parse_options
+from pytest_rlbench.options.trainer_config import build_trainer_config
+from pytest_rlbench.options.values import OptionError, RawValue
 
 pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
 
@@ -120,7 +122,7 @@ def test_the_suite_times_each_engine_on_the_same_prompts_and_the_gen_phase_stays
 
 
 def test_a_panel_engine_gets_its_own_start_up_checks() -> None:
-    from pytest_rlbench.rollout_panel import check_panel_engine
+    from pytest_rlbench.session.rollout_panel import check_panel_engine
     from trainer.config import ConfigError, build_config
 
     cfg = build_config(["actor_rollout_ref.rollout.tensor_model_parallel_size=2"])  # hf trains: fine

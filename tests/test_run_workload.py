@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlbench.bench import describe_config, describe_workload
-from pytest_rlbench.compare import compare
-from pytest_rlbench.gate_basis import PER_GPU, SAME_MACHINE
-from pytest_rlbench.record import Hardware, ModelArch, TokenCounts, load_record, save_record
-from pytest_rlbench.recorder import BenchRecorder
-from pytest_rlbench.workload import TARGET_LENGTHS, workload_matches, workload_overrides
-from pytest_rlbench.workload_format import PUBLISHED, sourced_items
+from pytest_rlbench.records.record import Hardware, ModelArch, TokenCounts, load_record, save_record
+from pytest_rlbench.records.workload import workload_matches
+from pytest_rlbench.records.workload_format import PUBLISHED, sourced_items
+from pytest_rlbench.records.workload_replay import TARGET_LENGTHS, workload_overrides
+from pytest_rlbench.session.bench import describe_config, describe_workload
+from pytest_rlbench.session.recorder import BenchRecorder
+from pytest_rlbench.verdict.compare import compare
+from pytest_rlbench.verdict.gate_basis import PER_GPU, SAME_MACHINE
 from trainer.config import Config
 from trainer.models.presets import arch_from_config, preset_config
 
@@ -80,7 +81,7 @@ def test_a_saved_baseline_replays_to_the_same_settings_and_gates(tmp_path: Path)
     assert (again.mode, again.basis, again.passed) == ("gate", SAME_MACHINE, True)
     slower = compare(session_record(tmp_path, cfg, 1, 1.5), saved)
     assert not slower.passed and {c.metric for c in slower.failures} == {"timing_s/gen", "timing_s/update_actor"}
-    # step is paced by the two phases inside it, which slowed alike (pytest_rlbench.session_pace)
+    # step is paced by the two phases inside it, which slowed alike (pytest_rlbench.verdict.session_pace)
     assert {c.reason for c in slower.comparisons if c.metric == "timing_s/step"} == {"session slower"}
 
 

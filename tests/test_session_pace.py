@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from pytest_rlbench.compare import compare
-from pytest_rlbench.record import RunRecord, record_from_dict
-from pytest_rlbench.session_pace import PACE_MIN_S, pace_peers, session_paces
-from pytest_rlbench.verdict import HOST_DRIFT_LIMIT
+from pytest_rlbench.records.record import RunRecord, record_from_dict
+from pytest_rlbench.verdict.compare import compare
+from pytest_rlbench.verdict.judge import HOST_DRIFT_LIMIT
+from pytest_rlbench.verdict.session_pace import PACE_MIN_S, pace_peers, session_paces
 
 # A CPU session of the embedded default's shape: five rounds of each phase, in seconds.
 PHASES = {
@@ -106,7 +106,7 @@ def test_plain_seconds_decide_on_gpus_and_without_enough_peers() -> None:
 
 
 def test_a_failure_that_does_not_reproduce_when_re_timed_is_inconclusive() -> None:
-    from pytest_rlbench.record import Metric
+    from pytest_rlbench.records.record import Metric
 
     run = session("run", {"old_log_prob": 1.3})
     base = session("base")
@@ -125,7 +125,7 @@ def test_a_failure_that_does_not_reproduce_when_re_timed_is_inconclusive() -> No
 
 
 def test_a_baseline_s_slow_block_of_rounds_does_not_set_the_bar() -> None:
-    from pytest_rlbench.record import Metric
+    from pytest_rlbench.records.record import Metric
 
     # the baseline's session ran old_log_prob's benchmark block 1.3x slow, and its re-timed rounds at speed
     base = session("base", {"old_log_prob": 1.3})
@@ -140,7 +140,7 @@ def test_a_baseline_s_slow_block_of_rounds_does_not_set_the_bar() -> None:
 
 
 def test_re_timed_rounds_are_paced_by_the_peers_re_timed_beside_them() -> None:
-    from pytest_rlbench.record import Metric
+    from pytest_rlbench.records.record import Metric
 
     def retimed(run: RunRecord, phase: str, factor: float) -> None:
         run.metrics[f"retimed_s/{phase}"] = Metric([PHASES[phase] * factor * r for r in ROUNDS], "s", False)

@@ -33,7 +33,7 @@ def test_decode_steps_sum_each_workers_longest_response():
 
 
 def test_record_token_counts_keep_every_field_the_trainer_counted():
-    from pytest_rlbench.bench import token_counts
+    from pytest_rlbench.session.bench import token_counts
 
     counts = batch_tokens(make_batch([4, 6], [3, 5]), n=1, world_size=1)
     record = token_counts(counts)

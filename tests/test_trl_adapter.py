@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlbench.compare import compare
 from pytest_rlbench.frameworks import OURS_LABEL, framework_mismatch
 from pytest_rlbench.frameworks.phase_skips import NO_REF, absent_phases
 from pytest_rlbench.frameworks.trl_settings import batch_plan, trl_plan
-from pytest_rlbench.option_values import OptionError, RawValue
-from pytest_rlbench.options import parse_options
-from pytest_rlbench.record import Provenance, record_from_dict
-from pytest_rlbench.report_terminal import framework_lines
+from pytest_rlbench.options.parse import parse_options
+from pytest_rlbench.options.values import OptionError, RawValue
+from pytest_rlbench.records.record import Provenance, record_from_dict
+from pytest_rlbench.reports.terminal import framework_lines
+from pytest_rlbench.verdict.compare import compare
 from trainer.config import build_config
 
 SMALL = [

@@ -17,12 +17,12 @@ import pytest
 from test_compare import record
 from test_session_pace import session
 
-from pytest_rlbench import machine_load
-from pytest_rlbench.compare import compare, machine_evidence, phase_failures
-from pytest_rlbench.machine_load import CpuSnapshot, cores_used, descendants_ticks, machine_metric
-from pytest_rlbench.metrics import default_tolerance
-from pytest_rlbench.record import Metric, RunRecord
-from pytest_rlbench.verdict import CONTENTION_CORES, MachineEvidence
+from pytest_rlbench.records.record import Metric, RunRecord
+from pytest_rlbench.verdict import machine_load
+from pytest_rlbench.verdict.compare import compare, machine_evidence, phase_comparisons
+from pytest_rlbench.verdict.judge import CONTENTION_CORES, MachineEvidence
+from pytest_rlbench.verdict.machine_load import CpuSnapshot, cores_used, descendants_ticks, machine_metric
+from pytest_rlbench.verdict.noise import default_tolerance
 
 CPU = {"device": "cpu", "gpus_per_node": None, "gpu_model": None, "cpu_model": "AMD EPYC", "cpus_per_node": 2}
 BASE_ROUNDS = [1.0, 1.01, 1.02, 1.03, 1.04]
@@ -141,7 +141,8 @@ def test_a_phase_test_compares_only_its_own_phase() -> None:
     full = compare(run, base, 0.15)
     only = compare(run, base, 0.15, phase="gen")
     assert {c.phase for c in only.comparisons} == {"gen"} < {c.phase for c in full.comparisons}
-    assert [c.metric for c in phase_failures(run, [base], "gen", 0.15)] == ["timing_s/gen"]
+    failures = [c.metric for r in phase_comparisons(run, [base], "gen", 0.15) for c in r.failures]
+    assert failures == ["timing_s/gen"]
 
 
 def test_the_evidence_in_words() -> None:
@@ -175,7 +176,7 @@ def test_a_chosen_tolerance_always_wins_over_the_default() -> None:
 def test_the_options_record_the_tolerance_the_verdicts_apply() -> None:
     import json
 
-    from pytest_rlbench.options import RLBenchOptions
+    from pytest_rlbench.options.parsed import RLBenchOptions
 
     options = RLBenchOptions(tolerance=CPU_DEFAULT)
     assert json.dumps(options.to_dict()["tolerance"]) == "0.15"

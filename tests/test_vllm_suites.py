@@ -1,5 +1,5 @@
 """The suites with --rl-rollout vllm on the embedded default (CPU, local Ray), and the session defaults
-that make that run without further options (pytest_rlbench/config_path.py, VLLM_CPU_DEFAULTS).
+that make that run without further options (pytest_rlbench/options/trainer_config.py, VLLM_CPU_DEFAULTS).
 
 The defaults are tested on parsed options (no vLLM needed); the suites run as a real pytest session
 (pytester subprocess) with vLLM's CPU build, in CI's vLLM step (README, "vLLM"), and its report is read
@@ -15,8 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rlbench.config_path import VLLM_CPU_DEFAULTS, VLLM_ON_CPU, build_trainer_config, vllm_cpu_defaults
-from pytest_rlbench.options import RawValue, RLBenchOptions, parse_options
+from pytest_rlbench.options.parse import parse_options
+from pytest_rlbench.options.parsed import RLBenchOptions
+from pytest_rlbench.options.trainer_config import (
+    VLLM_CPU_DEFAULTS,
+    VLLM_ON_CPU,
+    build_trainer_config,
+    vllm_cpu_defaults,
+)
+from pytest_rlbench.options.values import RawValue
 from trainer.models.presets import PRESETS
 from trainer.phases import PHASE_KEYS
 

@@ -8,19 +8,13 @@ import math
 import pytest
 from replay_records import replay_config, replay_record
 
-from pytest_rlbench.baselines import load_baseline
-from pytest_rlbench.consistency import check_published
-from pytest_rlbench.length_shapes import expected_lengths, lognormal_mu, truncated_lognormal_mean
-from pytest_rlbench.record import BaselineError, record_from_dict, record_to_dict
-from pytest_rlbench.workload import (
-    TARGET_LENGTHS,
-    WorkloadError,
-    run_workload,
-    workload_matches,
-    workload_overrides,
-    workload_tokens,
-)
-from pytest_rlbench.workload_format import ASSUMED, INFERRED, PUBLISHED, assumptions, sourced_items
+from pytest_rlbench.records.baselines import load_baseline
+from pytest_rlbench.records.length_shapes import expected_lengths, lognormal_mu, truncated_lognormal_mean
+from pytest_rlbench.records.record import BaselineError, record_from_dict, record_to_dict
+from pytest_rlbench.records.workload import run_workload, workload_matches, workload_tokens
+from pytest_rlbench.records.workload_format import ASSUMED, INFERRED, PUBLISHED, assumptions, sourced_items
+from pytest_rlbench.records.workload_replay import TARGET_LENGTHS, WorkloadError, workload_overrides
+from pytest_rlbench.verdict.consistency import check_published
 from trainer.config import Config, known_keys
 
 NAMES = ("verl-v0.5.0-1.5b", "rlinf-1.5b", "verl-7b")

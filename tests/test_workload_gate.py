@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 from replay_records import H100, H200, replay_record
 
-from pytest_rlbench.baselines import load_baseline
-from pytest_rlbench.compare import compare
-from pytest_rlbench.gate_basis import EFFICIENCY, PER_GPU, SAME_MACHINE, gpu_family
-from pytest_rlbench.record import record_from_dict, record_to_dict
-from pytest_rlbench.report_json import build_report
-from pytest_rlbench.report_terminal import terminal_lines
+from pytest_rlbench.records.baselines import load_baseline
+from pytest_rlbench.records.record import record_from_dict, record_to_dict
+from pytest_rlbench.reports.json_report import build_report
+from pytest_rlbench.reports.terminal import terminal_lines
+from pytest_rlbench.verdict.compare import compare
+from pytest_rlbench.verdict.gate_basis import EFFICIENCY, PER_GPU, SAME_MACHINE, gpu_family
 
 VERL = load_baseline("verl-v0.5.0-1.5b")
 RLINF = load_baseline("rlinf-1.5b")

@@ -5,25 +5,25 @@ plain ids. With several, the plugin parametrises ``rl_framework`` over them at s
 (``hooks.pytest_generate_tests``): every test that uses the trainer runs once per framework, with the
 framework in its id (``test_step[trl]``), pytest groups the tests by framework and tears one
 framework's trainer (and the warm-up batch built on it) down before it builds the next, and each
-framework's measurements go to its own recorder (``session.activate``).
+framework's measurements go to its own recorder (``Recorders.activate``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_rlbench.bench import describe_config, describe_hardware, describe_model, describe_workload
-from pytest_rlbench.fixtures import get_session
-from pytest_rlbench.frameworks import OURS_LABEL
 from pytest_rlbench.frameworks.phase_skips import absent_phases
-from pytest_rlbench.frameworks.session import activate
-from pytest_rlbench.resources import RLDataset, RLModel
+from pytest_rlbench.frameworks.protocol import OptionalTraits, TrainerUnderTest, missing_members
+from pytest_rlbench.session.bench import describe_config, describe_hardware, describe_model, describe_workload
+from pytest_rlbench.session.fixtures import get_session
+from pytest_rlbench.session.recorder import RECORDERS_KEY
+from pytest_rlbench.session.resources import RLDataset, RLModel
 
 if TYPE_CHECKING:
-    from pytest_rlbench.cluster import ClusterInfo
+    from pytest_rlbench.session.cluster import ClusterInfo
     from trainer.config import Config
 
 
@@ -42,7 +42,7 @@ def rl_trainer(
     rl_config: Config,
     rl_model: RLModel,
     rl_dataset: RLDataset,
-) -> Iterator[Any]:
+) -> Iterator[TrainerUnderTest]:
     """The trainer under test, its workers placed on the cluster: what a ``pytest_rlbench_make_trainer``
     implementation returns for ``rl_framework`` (the plugin's own builds TRL's adapter), else the
     bundled GRPO trainer. Shut down at the end of the session, or before the next framework's."""
@@ -56,12 +56,22 @@ def rl_trainer(
 
         with session.progress().stage("set-up: starting the trainer's workers"):
             trainer = build_trainer(cfg, session.workdir(), dataset=rl_dataset.prompts)
-    context = activate(pytestconfig, rl_framework).context
-    context.framework = getattr(trainer, "framework", OURS_LABEL)  # an adapter names its own
-    context.differences = list(getattr(trainer, "differences", []))
+    missing = missing_members(trainer)
+    if missing:
+        if hasattr(trainer, "shutdown"):
+            trainer.shutdown()
+        pytest.exit(
+            f"pytest-rlbench: the trainer under test for --rl-trainer {rl_framework} ({type(trainer).__name__}, from "
+            f"pytest_rlbench_make_trainer) lacks {', '.join(missing)}; a trainer offers every member of "
+            "pytest_rlbench.frameworks.protocol.TrainerUnderTest",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+    context = pytestconfig.stash[RECORDERS_KEY].activate(rl_framework).context
+    traits = OptionalTraits.of(trainer)
+    context.framework = traits.framework  # an adapter names its own
+    context.differences = list(traits.differences)
     context.absent_phases = absent_phases(trainer)
-    workers = getattr(getattr(trainer, "workers", None), "info", [])
-    context.hardware = describe_hardware(rl_cluster, cfg, workers)
+    context.hardware = describe_hardware(rl_cluster, cfg, list(traits.workers))
     context.model = describe_model(rl_model, cfg)
     context.config = describe_config(cfg, *session.rounds())
     context.workload = describe_workload(cfg, context.model)

@@ -14,7 +14,7 @@ import pytest
 from pytest_rlbench.frameworks import TRL
 
 if TYPE_CHECKING:
-    from pytest_rlbench.cluster import ClusterInfo
+    from pytest_rlbench.session.cluster import ClusterInfo
     from trainer.config import Config
 
 NAME = "rlbench-frameworks"
@@ -26,8 +26,8 @@ def pytest_rlbench_make_trainer(
 ) -> Any | None:
     if rl_framework != TRL:
         return None
-    from pytest_rlbench.fixtures import get_session
     from pytest_rlbench.frameworks.trl_adapter import TRLAdapter
+    from pytest_rlbench.session.fixtures import get_session
 
     session = get_session(config)
     return TRLAdapter(rl_config, session.dataset().prompts, session.workdir())
@@ -36,7 +36,7 @@ def pytest_rlbench_make_trainer(
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "rl_framework" not in metafunc.fixturenames:
         return
-    from pytest_rlbench.fixtures import get_session
+    from pytest_rlbench.session.fixtures import get_session
 
     frameworks = get_session(metafunc.config).opts.trainers
     if len(frameworks) > 1:  # session scope: pytest groups the tests by framework, one trainer at a time

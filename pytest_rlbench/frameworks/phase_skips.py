@@ -10,18 +10,16 @@ run". The plugin applies the rule before a phase test's body runs (``hooks.pytes
 
 from __future__ import annotations
 
-from typing import Any
+from pytest_rlbench.frameworks.protocol import OptionalTraits, TrainerUnderTest
 
 NO_REF = "no reference model in this configuration: set actor_rollout_ref.actor.use_kl_loss=True"
 
 
-def absent_phases(trainer: Any) -> dict[str, str]:
-    """Phase key -> why ``trainer`` has no time of its own for it; empty when it times every phase.
-
-    ``trainer`` offers the bundled trainer's interface: ``uses_ref`` (a reference model is run), and
-    optionally ``absent_phases`` (a framework's phases it does not separate, with the reason)."""
+def absent_phases(trainer: TrainerUnderTest) -> dict[str, str]:
+    """Phase key -> why ``trainer`` has no time of its own for it; empty when it times every phase: ``ref``
+    without a reference model, and the phases its framework does not separate (its ``absent_phases``)."""
     out: dict[str, str] = {}
-    if not getattr(trainer, "uses_ref", True):
+    if not trainer.uses_ref:
         out["ref"] = NO_REF
-    out.update(getattr(trainer, "absent_phases", None) or {})
+    out.update(OptionalTraits.of(trainer).absent_phases)
     return out

@@ -1,10 +1,8 @@
-"""One recorder per framework, and the end of a session that ran several.
+"""The end of a session that ran several frameworks.
 
-Each ``--rl-trainer`` framework gets its own ``BenchRecorder``, so its phases, metrics and run
-description make a record of their own (a record is one framework's run: its provenance names it).
-The ``rl_trainer`` fixture activates a framework's recorder when it builds that framework's trainer
-(``activate``): pytest builds one trainer at a time (the parametrised session fixture is torn down
-before the next framework's is built), so ``get_recorder`` is always the live trainer's.
+Each ``--rl-trainer`` framework gets its own ``BenchRecorder`` (``pytest_rlbench.session.recorder.Recorders``),
+so its phases, metrics and run description make a record of their own (a record is one framework's
+run: its provenance names it).
 
 At the end every framework that measured something is compared with every baseline and saved on its
 own: the first framework's record keeps the ``--rl-save-baseline`` path and name, each further one
@@ -20,38 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_rlbench.bench import BASELINES_KEY, RECORDER_KEY, complete_context
-from pytest_rlbench.recorder import BenchRecorder, SessionOutcome
-from pytest_rlbench.report_json import build_report
+from pytest_rlbench.reports.json_report import build_report
+from pytest_rlbench.session.bench import complete_context
+from pytest_rlbench.session.recorder import RECORDERS_KEY, SessionOutcome
 
 if TYPE_CHECKING:
-    from pytest_rlbench.fixtures import RLBenchSession
-    from pytest_rlbench.options import RLBenchOptions
-
-RECORDERS_KEY = pytest.StashKey[dict[str, BenchRecorder]]()
-
+    from pytest_rlbench.options.parsed import RLBenchOptions
+    from pytest_rlbench.session.fixtures import RLBenchSession
 
 def framework_path(path: Path, framework: str, first: bool) -> Path:
     """Where a framework's record is saved: ``path`` for the first framework, else beside it."""
     return path if first else path.with_name(f"{path.stem}-{framework}{path.suffix}")
-
-
-def install_recorders(config: pytest.Config, opts: RLBenchOptions) -> None:
-    """One recorder per --rl-trainer framework; the first is active until a trainer is built."""
-    name = opts.save_baseline.stem if opts.save_baseline else "this-run"
-    recorders = {
-        key: BenchRecorder(name if i == 0 else f"{name}-{key}", config.rootpath)
-        for i, key in enumerate(opts.trainers)
-    }
-    config.stash[RECORDERS_KEY] = recorders
-    config.stash[RECORDER_KEY] = recorders[opts.trainers[0]]
-
-
-def activate(config: pytest.Config, framework: str) -> BenchRecorder:
-    """Make ``framework``'s recorder the one the benchmarks record into, and return it."""
-    recorder = config.stash[RECORDERS_KEY][framework]
-    config.stash[RECORDER_KEY] = recorder
-    return recorder
 
 
 def extra_outputs(opts: RLBenchOptions) -> dict[str, Path]:
@@ -65,11 +42,11 @@ def _finish_one(
     config: pytest.Config, state: RLBenchSession, key: str, report: Path | None, update_report: Any, incomplete: str | None
 ) -> SessionOutcome:
     opts = state.opts
-    recorder = config.stash[RECORDERS_KEY][key]
+    recorder = config.stash[RECORDERS_KEY].by_framework[key]
     complete_context(recorder, state)
     save = framework_path(opts.save_baseline, key, key == opts.trainers[0]) if opts.save_baseline else None
     return recorder.finish(
-        config.stash[BASELINES_KEY],
+        state.baseline_records,
         opts.tolerance,
         report,
         save,
@@ -82,7 +59,7 @@ def _finish_one(
 def finish_frameworks(config: pytest.Config, state: RLBenchSession, incomplete: str | None) -> SessionOutcome | None:
     """Compare, report and save every framework that measured something (None when none did); the
     first one's outcome carries the others' (``SessionOutcome.others``) and all files written."""
-    measured = [key for key, r in config.stash[RECORDERS_KEY].items() if r.measured_anything]
+    measured = [key for key, r in config.stash[RECORDERS_KEY].by_framework.items() if r.measured_anything]
     if not measured:
         return None
     others = [_finish_one(config, state, key, None, None, incomplete) for key in measured[1:]]

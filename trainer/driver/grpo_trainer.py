@@ -68,6 +68,7 @@ class GRPOTrainer:
         self.kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         self.tracking = tracking
         self.global_step = 0
+        self.last_batch: Batch | None = None  # the last train_step's batch, every phase's inputs filled in
         # A run that saves holds its checkpoint directory for its lifetime: a second run there fails now.
         saves = cfg.trainer.save_freq > 0
         self.checkpoint_lock = CheckpointLock.acquire(self.checkpoint_root) if saves else None

@@ -64,11 +64,6 @@ def train_flops(arch: DecoderArch, seqlens: Iterable[int]) -> float:
     return dense + attention
 
 
-def forward_flops(arch: DecoderArch, seqlens: Iterable[int]) -> float:
-    """FLOPs of one forward pass (a third of a training step's)."""
-    return train_flops(arch, seqlens) / 3.0
-
-
 def flops_per_token(arch: DecoderArch, context_length: int = 0, train: bool = True) -> float:
     """Average FLOPs per token of a sequence of ``context_length`` tokens (train: fwd + bwd)."""
     factor = 6.0 if train else 2.0

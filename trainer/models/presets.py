@@ -43,7 +43,7 @@ ARCH_FIELDS: tuple[str, ...] = (
 # The 1.5B and 7B rows are the config.json of the Hugging Face model cards
 # deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B and deepseek-ai/DeepSeek-R1-Distill-Qwen-7B
 # (head_dim there is hidden_size / num_attention_heads). tiny is ours: a CPU-sized Qwen2. tiny-hd64 is
-# the plugin's default model when vLLM rolls out on CPU (pytest_rlbench/config_path.py): vLLM's CPU
+# the plugin's default model when vLLM rolls out on CPU (pytest_rlbench/options/trainer_config.py): vLLM's CPU
 # attention refuses head_dim 16 and takes 64, and vLLM's Qwen2 derives head_dim as hidden_size /
 # num_attention_heads (vllm/model_executor/models/qwen2.py), so the width is 2 heads of 64.
 PRESET_ARCHITECTURES: dict[str, tuple[int | bool, ...]] = {

@@ -1,0 +1,217 @@
+"""A record's workload put to use: a run's own (``run_workload``), whether two records did the same
+per-GPU work (``workload_matches``), and the token counts a workload implies (``workload_tokens``).
+The trainer settings that replay a baseline per GPU are ``pytest_rlbench.records.workload_replay``'s.
+
+Per GPU: a replay on W GPUs runs sequences_per_gpu x W sequences a step, with the baseline's length
+distributions and algorithm settings, so that each GPU does the baseline's per-GPU work. How the
+source split its work (parallelism) is not part of it. Pure functions over records and configs: no
+torch (the model presets are read only when a preset is looked up).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+from pytest_rlbench.records.length_shapes import CONSTANT, LOGNORMAL, NATURAL, expected_lengths
+from pytest_rlbench.records.record import ModelArch, RunRecord, TokenCounts
+from pytest_rlbench.records.workload_format import PUBLISHED, LengthDistribution, Sourced, Workload
+from pytest_rlbench.records.workload_replay import NO_TARGET, TARGET_LENGTHS
+from trainer.models.flops import DecoderArch
+
+SYNTHETIC_FILE = "synthetic_math.parquet"  # in the session's temp dir when --rl-dataset is not given
+
+# The model fields two records must share to have done the same work: the cost-defining ones, and the dtype.
+MODEL_KEYS: tuple[str, ...] = (*(f.name for f in fields(DecoderArch)), "dtype")
+
+
+def is_synthetic(data: Any) -> bool:
+    """Whether a config's data set (``trainer.config.DataConfig``) is the generated synthetic one: none
+    given, or the session's own file."""
+    return not data.train_files or Path(data.train_files[0]).name == SYNTHETIC_FILE
+
+
+# --- A run's own workload: all published (configured or measured). ----------------------------------
+
+
+def _known(value: Any, why: str | None = None) -> Sourced:
+    return Sourced(value, PUBLISHED, why)
+
+
+def _prompt_distribution(cfg: Any) -> LengthDistribution:
+    length = getattr(cfg.data, "synthetic_prompt_length", None)
+    cap = _known(cfg.data.max_prompt_length)
+    if length and is_synthetic(cfg.data):  # only the synthetic set is padded to the length
+        return LengthDistribution(
+            _known(float(length)), cap, _known(CONSTANT, "data.synthetic_prompt_length")
+        )
+    return LengthDistribution(
+        _known(None, "see $.tokens"), cap, _known(NATURAL, "the data set's own prompts")
+    )
+
+
+def _response_distribution(cfg: Any) -> LengthDistribution:
+    rollout, cap = cfg.actor_rollout_ref.rollout, cfg.data.max_response_length
+    target = getattr(rollout, "target_lengths", None)
+    shape = getattr(target, "distribution", NO_TARGET)
+    if shape == NO_TARGET and rollout.ignore_eos:
+        return LengthDistribution(
+            _known(float(cap)), _known(cap), _known(CONSTANT, "ignore_eos: every row at the cap")
+        )
+    if shape == NO_TARGET:
+        return LengthDistribution(_known(None, "see $.tokens"), _known(cap), _known(NATURAL, "stops at EOS"))
+    where = f"{TARGET_LENGTHS}.distribution"
+    sigma = _known(float(target.sigma)) if shape == LOGNORMAL else None
+    return LengthDistribution(_known(float(target.mean)), _known(cap), _known(shape, where), sigma)
+
+
+def run_workload(cfg: Any, model: ModelArch, world_size: int) -> Workload:
+    """The workload a trainer config (trainer.config.Config) does on ``world_size`` GPUs or ranks."""
+    arr = cfg.actor_rollout_ref
+    actor, rollout = arr.actor, arr.rollout
+    sequences = cfg.data.train_batch_size * rollout.n
+    per_gpu = sequences // world_size if sequences % world_size == 0 else sequences / world_size
+    return Workload(
+        architecture=_known(model.name),
+        dtype=_known(model.dtype),
+        sequences_per_step=_known(sequences),
+        sequences_per_gpu=_known(per_gpu),
+        samples_per_prompt=_known(rollout.n),
+        prompt_length=_prompt_distribution(cfg),
+        response_length=_response_distribution(cfg),
+        use_kl_loss=_known(actor.use_kl_loss),
+        kl_loss_type=_known(actor.kl_loss_type),
+        ppo_epochs=_known(actor.ppo_epochs),
+        ppo_mini_batches=_known(max(1, cfg.data.train_batch_size // actor.ppo_mini_batch_size)),
+        use_dynamic_bsz=_known(actor.use_dynamic_bsz),
+        ppo_max_token_len_per_gpu=_known(actor.ppo_max_token_len_per_gpu),
+        log_prob_max_token_len_per_gpu=_known(arr.ref.log_prob_max_token_len_per_gpu),
+        gradient_checkpointing=_known(arr.model.enable_gradient_checkpointing),
+        param_offload=_known(actor.fsdp_config.param_offload),
+        optimizer_offload=_known(actor.fsdp_config.optimizer_offload),
+        temperature=_known(float(rollout.temperature)),
+        parallelism=_known(
+            {
+                "dp": world_size,
+                "tp": rollout.tensor_model_parallel_size,
+                "sp": actor.ulysses_sequence_parallel_size,
+            }
+        ),
+    )
+
+
+# --- Same per-GPU work? ------------------------------------------------------------------------------
+
+
+def model_differences(run: ModelArch, baseline: ModelArch) -> list[str]:
+    """One entry naming the differing cost-defining fields, or none."""
+    differ = [k for k in MODEL_KEYS if getattr(run, k) != getattr(baseline, k)]
+    if not differ:
+        return []
+    return [f"model: run {run.name!r}, baseline {baseline.name!r} (differ in {', '.join(differ)})"]
+
+
+def _length_key(dist: LengthDistribution) -> dict[str, Any]:
+    """What fixes the work of a length distribution: whole-token mean and cap, shape, sigma."""
+    mean = dist.mean.value
+    return {
+        "mean": None if mean is None else round(mean),
+        "max": dist.max.value,
+        "shape": dist.shape.value,
+        "sigma": None if dist.sigma is None else round(dist.sigma.value, 6),
+    }
+
+
+def _work_values(w: Workload) -> dict[str, Any]:
+    """The per-GPU work of a workload, flat: what two records must share for a per-GPU gate."""
+    values: dict[str, Any] = {
+        "sequences_per_gpu": w.sequences_per_gpu.value,
+        "samples_per_prompt": w.samples_per_prompt.value,
+        **{f"prompt_length.{k}": v for k, v in _length_key(w.prompt_length).items()},
+        **{f"response_length.{k}": v for k, v in _length_key(w.response_length).items()},
+        "use_kl_loss": w.use_kl_loss.value,
+        "ppo_epochs": w.ppo_epochs.value,
+        "ppo_mini_batches": w.ppo_mini_batches.value,
+        "use_dynamic_bsz": w.use_dynamic_bsz.value,
+        "gradient_checkpointing": w.gradient_checkpointing.value,
+        "param_offload": w.param_offload.value,
+        "optimizer_offload": w.optimizer_offload.value,
+        "temperature": w.temperature.value,
+    }
+    if w.use_kl_loss.value:
+        values["kl_loss_type"] = w.kl_loss_type.value
+    if w.use_dynamic_bsz.value:  # the token budgets only matter with dynamic batches
+        values["ppo_max_token_len_per_gpu"] = w.ppo_max_token_len_per_gpu.value
+        values["log_prob_max_token_len_per_gpu"] = w.log_prob_max_token_len_per_gpu.value
+    return values
+
+
+def workload_matches(run: RunRecord, baseline: RunRecord) -> list[str]:
+    """How the run's per-GPU work differs from the baseline's; empty: the same per-GPU work.
+
+    Compared: the model (its numbers and dtype) and every workload value but the totals over all GPUs,
+    the parallelism and the model's name. A "natural" length distribution never matches: its work is
+    whatever the model generated.
+    """
+    missing = [
+        f"workload: not recorded in the {who}"
+        for who, r in (("run", run), ("baseline", baseline))
+        if r.workload is None
+    ]
+    if run.workload is None or baseline.workload is None:
+        return missing
+    out = model_differences(run.model, baseline.model)
+    ours, theirs = _work_values(run.workload), _work_values(baseline.workload)
+    for key in dict.fromkeys([*theirs, *ours]):
+        a, b = ours.get(key), theirs.get(key)
+        if a != b:
+            out.append(f"workload.{key}: run {a!r}, baseline {b!r}")
+    for who, w in (("run", run.workload), ("baseline", baseline.workload)):
+        if NATURAL in (w.prompt_length.shape.value, w.response_length.shape.value):
+            out.append(
+                f"workload: the {who}'s lengths are natural (not fixed), so its work is not known in advance"
+            )
+    return out
+
+
+# --- The token counts a workload implies. ----------------------------------------------------------
+
+
+def decode_replicas(record: RunRecord) -> tuple[int, str | None]:
+    """Rollout replicas of the record (its devices over the rollout's tensor-parallel size), and the
+    assumption made when the workload's parallelism names no rollout_tp (then tp, else 1, is taken)."""
+    layout = record.workload.parallelism.value if record.workload else {}
+    tp = layout.get("rollout_tp", layout.get("tp", 1)) or 1
+    replicas = max(1, record.hardware.world_size // tp)
+    if "rollout_tp" in layout:
+        return replicas, None
+    return (
+        replicas,
+        f"parallelism: the rollout's tensor-parallel size taken as {tp} ({replicas} decode replicas)",
+    )
+
+
+def workload_tokens(record: RunRecord) -> TokenCounts:
+    """The record's step token counts, with what they lack filled in from its workload: the number of
+    sequences, mean lengths, expected per-sequence lengths (``length_shapes.expected_lengths``) and
+    decode steps (each rollout replica decodes up to the longest response). Unchanged without a
+    workload, or where the record has the counts."""
+    tok, w = record.tokens, record.workload
+    if w is None:
+        return tok
+    n = tok.num_sequences or w.sequences_per_step.value
+    filled: dict[str, Any] = {"num_sequences": n}
+    for part, dist in (("prompt", w.prompt_length), ("response", w.response_length)):
+        mean = getattr(tok, f"{part}_length_mean") or dist.mean.value
+        filled[f"{part}_length_mean"] = mean
+        has_counts = getattr(tok, f"{part}_lengths") is not None or getattr(tok, f"{part}_tokens") is not None
+        if not has_counts and mean is not None and dist.shape.value != NATURAL:
+            sigma = dist.sigma.value if dist.sigma is not None else None
+            filled[f"{part}_lengths"] = expected_lengths(dist.shape.value, mean, n, dist.max.value, sigma)
+    if "prompt_lengths" not in filled or "response_lengths" not in filled:  # the lists come in pairs
+        filled.pop("prompt_lengths", None)
+        filled.pop("response_lengths", None)
+    elif tok.decode_steps is None:
+        filled["decode_steps"] = decode_replicas(record)[0] * max(filled["response_lengths"])
+    return replace(tok, **{k: v for k, v in filled.items() if getattr(tok, k) is None})

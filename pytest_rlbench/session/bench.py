@@ -1,0 +1,329 @@
+"""The benchmark fixtures: a warmed-up batch and ``rl_bench`` (the trainer under test is
+``pytest_rlbench/frameworks/fixture.py``'s ``rl_trainer``), and how a run is described.
+
+``rl_bench`` is pytest-benchmark's ``benchmark`` in pedantic mode (fixed rounds after warm-up
+rounds, one call per round) whose timer is ``trainer.timing.device_clock``: the device is drained
+whenever the clock is read, so a round's time is the phase's wall time including its asynchronous
+GPU work, and pytest-benchmark's statistics are the figures compared. Each test's rounds are recorded
+under the phase key of its ``rl_phase`` marker for the session's comparison with baselines; the phase
+is judged once the session's other phases are timed too, by the gate test made for the benchmark
+(``pytest_rlbench.session.gate_items``), which fails with the verdict's message on a regression.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_rlbench.markers import missing_phase_mark, phase_of
+from pytest_rlbench.records.record import Hardware, ModelArch, RunConfig, TokenCounts
+from pytest_rlbench.records.workload import run_workload
+from pytest_rlbench.records.workload_format import Workload
+from pytest_rlbench.session.cluster import ClusterInfo
+from pytest_rlbench.session.fixtures import RLBenchSession, get_session
+from pytest_rlbench.session.progress import Progress, round_label
+from pytest_rlbench.session.recorder import BenchRecorder, get_recorder, local_hardware, mismatch_failure
+from pytest_rlbench.session.resources import RLModel
+from pytest_rlbench.session.round_timer import time_rounds
+from pytest_rlbench.verdict.machine_load import MachineWatch, machine_metric
+
+if TYPE_CHECKING:
+    from trainer.batch import Batch
+    from trainer.config import Config
+    from trainer.data.loader import PromptBatch
+    from trainer.driver.grpo_trainer import GRPOTrainer, StepResult
+    from trainer.driver.step_figures import BatchTokens
+
+# Per benchmark node id, on CPU workers only: its phase's rounds timed again, as its benchmark timed
+# them (a gate asks for them, pytest_rlbench.session.gate_items).
+RETIMERS_KEY = pytest.StashKey[dict[str, Callable[[], list[float]]]]()
+
+
+
+def token_counts(tokens: BatchTokens | TokenCounts | None) -> TokenCounts | None:
+    """The record's TokenCounts of what the trainer counted (trainer.driver.step_figures.BatchTokens)."""
+    if tokens is None or isinstance(tokens, TokenCounts):
+        return tokens
+    return TokenCounts(**dataclasses.asdict(tokens))
+
+
+def describe_hardware(cluster: ClusterInfo, cfg: Config, workers: list[dict[str, Any]]) -> Hardware:
+    on_gpu = cfg.trainer.device == "cuda"
+    # The workers' own view names the GPU exactly ("NVIDIA H100 80GB HBM3"); Ray's is coarser ("H100").
+    names = sorted({w.get("device_name") for w in workers if w.get("device_name") not in (None, "cpu")})
+    gpu_model = names[0] if names else (cluster.gpu_models[0] if cluster.gpu_models else None)
+    return Hardware(
+        device="gpu" if on_gpu else "cpu",
+        nodes=cfg.trainer.nnodes,
+        world_size=cfg.world_size,
+        gpus_per_node=cfg.trainer.n_gpus_per_node if on_gpu else 0,
+        gpu_model=gpu_model if on_gpu else None,
+        cpu_model=cluster.cpu_model,
+        cpus_per_node=int(min(n.cpus for n in cluster.nodes)) if cluster.nodes else None,
+    )
+
+
+def describe_model(model: RLModel, cfg: Config) -> ModelArch:
+    from trainer.models.presets import resolve_dtype
+
+    dtype = resolve_dtype(cfg.actor_rollout_ref.actor.fsdp_config.model_dtype, cfg.trainer.device)
+    arch = model.spec.arch.to_dict()
+    return ModelArch(
+        name=model.name_or_path, model_type=model.spec.model_type, dtype=str(dtype).removeprefix("torch."), **arch
+    )
+
+
+def dataset_label(cfg: Config) -> str:
+    """The data set as a record names it: the user's file, or the synthetic set by what defines it
+    (not by the session's temp path, which differs in every session)."""
+    from pytest_rlbench.records.workload import is_synthetic
+
+    if not is_synthetic(cfg.data):
+        return cfg.data.train_files[0]
+    data = cfg.data
+    return (
+        f"synthetic (size {data.synthetic_size}, difficulty {data.synthetic_difficulty}, seed {data.seed}, "
+        f"prompt length {data.synthetic_prompt_length or 'natural'})"
+    )
+
+
+def describe_config(cfg: Config, rounds: int | None = None, warmup_rounds: int | None = None) -> RunConfig:
+    """The run's config as a record states it; ``rounds`` and ``warmup_rounds`` (the session's options,
+    where known) say whether a phase's figure includes its first call's one-time costs."""
+    from trainer.rollout import engine_class
+
+    arr = cfg.actor_rollout_ref
+    sizes_by_fraction = engine_class(arr.rollout.name).uses_memory_fraction
+    return RunConfig(
+        algorithm=cfg.algorithm.adv_estimator,
+        train_batch_size=cfg.data.train_batch_size,
+        rollout_n=arr.rollout.n,
+        max_prompt_length=cfg.data.max_prompt_length,
+        max_response_length=cfg.data.max_response_length,
+        ppo_epochs=arr.actor.ppo_epochs,
+        parallelism={"dp": cfg.world_size},
+        settings={
+            "rollout": arr.rollout.name,
+            "ignore_eos": arr.rollout.ignore_eos,
+            "temperature": arr.rollout.temperature,
+            "strategy": arr.actor.strategy,
+            "ppo_mini_batch_size": arr.actor.ppo_mini_batch_size,
+            "use_kl_loss": arr.actor.use_kl_loss,
+            "use_dynamic_bsz": arr.actor.use_dynamic_bsz,
+            "gradient_checkpointing": arr.model.enable_gradient_checkpointing,
+            **({"gradient_checkpointing_policy": arr.model.gradient_checkpointing_policy}
+               if arr.model.enable_gradient_checkpointing else {}),
+            **({"gradient_checkpointing_layers": arr.model.gradient_checkpointing_layers}
+               if arr.model.enable_gradient_checkpointing and arr.model.gradient_checkpointing_layers else {}),
+            # kernels and layouts that change how, not what, the step computes: recorded where on
+            **({"use_liger": True} if arr.model.use_liger else {}),
+            **({"use_remove_padding": True} if arr.model.use_remove_padding else {}),
+            "param_offload": arr.actor.fsdp_config.param_offload,
+            "optimizer_offload": arr.actor.fsdp_config.optimizer_offload,
+            "dataset": dataset_label(cfg),
+            **({"rounds": rounds} if rounds is not None else {}),
+            **({"warmup_rounds": warmup_rounds} if warmup_rounds is not None else {}),
+            # what sizes an engine that reserves a memory fraction (vLLM; on CPU a fraction of host memory)
+            **({"gpu_memory_utilization": arr.rollout.gpu_memory_utilization} if sizes_by_fraction else {}),
+        },
+    )
+
+
+def describe_workload(cfg: Config, model: ModelArch) -> Workload:
+    """The run's own workload, every value as configured (pytest_rlbench.records.workload.run_workload)."""
+    return run_workload(cfg, model, cfg.world_size)
+
+
+def complete_context(recorder: BenchRecorder, state: RLBenchSession) -> None:
+    """Describe what the trainer fixtures did not (a run of rl_bench alone): this machine's CPU, and the
+    model and config the session's options name."""
+    ctx = recorder.context
+    if ctx.hardware is None:  # no cluster was used: a CPU run on this machine
+        from pytest_rlbench.session.cluster import cpu_model
+
+        ctx.hardware = local_hardware(cpu_model(), os.cpu_count())
+    if ctx.model is None:
+        ctx.model = describe_model(state.model(), state.trainer_config())
+    if ctx.config is None:
+        ctx.config = describe_config(state.trainer_config(), *state.rounds())
+
+
+# ----------------------------------------------------------------------------- fixtures
+# rl_trainer, one framework at a time, is pytest_rlbench/frameworks/fixture.py's.
+
+
+@dataclass
+class WarmStep:
+    """The prompts of one full training step run before any benchmark, and the batch it produced
+    (every phase's inputs filled in: responses, scores, log-probs, advantages)."""
+
+    prompts: PromptBatch
+    batch: Batch
+    result: StepResult
+    tokens: TokenCounts
+
+
+@pytest.fixture(scope="session")
+def rl_prompts(rl_trainer: GRPOTrainer) -> PromptBatch:
+    """The session's first batch of prompts: what the generation benchmarks sample from and what the
+    warm-up step (``rl_batch``) trains on. Generation alone (``-k gen``) needs no training step."""
+    return next(rl_trainer.loader)
+
+
+@pytest.fixture(scope="session")
+def rl_batch(pytestconfig: pytest.Config, rl_trainer: GRPOTrainer, rl_prompts: PromptBatch) -> WarmStep:
+    """One untimed training step (warm-up: kernels, caches, allocator) and the batch it produced."""
+    prompts = rl_prompts
+    with get_session(pytestconfig).progress().stage("warm-up: one untimed training step"):
+        result = rl_trainer.train_step(prompts)
+    tokens = token_counts(result.tokens)
+    get_recorder(pytestconfig).context.tokens = tokens
+    return WarmStep(prompts, rl_trainer.last_batch, result, tokens)
+
+
+class PhaseBench:
+    """Times one phase: ``rl_bench(fn, setup=None, tokens=None, breakdown=None)`` runs warm-up rounds,
+    then timed rounds through pytest-benchmark with the device-synchronised clock; returns the last
+    round's result.
+
+    tokens: the work a round does, when it is not the warm step's batch: token counts, or a function
+    of a round's result that returns them (``rl_trainer.batch_tokens`` for a generation, ``lambda r:
+    r.tokens`` for a whole step); a function is asked for every timed round, and each round's figures
+    are then taken over its own work.
+    breakdown: a function of each timed round's result that returns its seconds by phase key (a whole
+    step's ``result.timing_s``); the report keeps one breakdown per round.
+    A round that returns a StepResult also hands its figures (``result.metrics``, the rollout_fidelity/*
+    ones among them) to the recorder; one above ``max_mismatch`` (--rl-max-mismatch) fails the test.
+    With ``watch_machine`` (CPU workers of the embedded Ray) the CPU that other processes used and the
+    hypervisor took beside the rounds is recorded too (``machine/other_cores/<phase>`` and
+    ``machine/steal_cores/<phase>``, pytest_rlbench.verdict.machine_load): what tells CPU contention apart.
+    With ``keep_retimer`` (CPU workers) how to time the phase again is kept for its gate
+    (``RETIMERS_KEY``); on GPUs no gate times again, so nothing a round's call holds is kept alive."""
+
+    def __init__(
+        self,
+        benchmark: Any,
+        recorder: BenchRecorder,
+        item: pytest.Item,
+        rounds: int,
+        warmup: int,
+        max_mismatch: float | None = None,
+        progress: Progress | None = None,
+        watch_machine: bool = False,
+        keep_retimer: bool = False,
+    ) -> None:
+        self.max_mismatch = max_mismatch
+        self.watch_machine = watch_machine  # record the CPU used beside the rounds
+        self.keep_retimer = keep_retimer
+        self.benchmark = benchmark
+        self.progress = progress or Progress(enabled=False, terminal=False)
+        self.recorder = recorder
+        self.item = item
+        self.rounds = rounds
+        self.warmup = warmup
+        self.samples: list[float] = []
+
+    @property
+    def phase(self) -> str:
+        phase = phase_of(self.item)  # its key was checked at collection (pytest_rlbench.markers)
+        if phase is None:
+            raise pytest.UsageError(missing_phase_mark(self.item))
+        return phase
+
+    def __call__(
+        self,
+        fn: Callable[[], Any],
+        setup: Callable[[], Any] | None = None,
+        tokens: BatchTokens | TokenCounts | Callable[[Any], BatchTokens | TokenCounts] | None = None,
+        breakdown: Callable[[Any], dict[str, float]] | None = None,
+    ) -> Any:
+        from trainer.timing import device_clock
+
+        phase = self.phase
+        warmup, rounds = (0, 1) if self.benchmark.disabled else (self.warmup, self.rounds)
+        watch = MachineWatch() if self.watch_machine else None
+        results: list[Any] = []
+
+        def prepare() -> None:
+            stage.step(round_label(len(results), warmup, rounds))  # outside the timed call
+            if setup is not None:
+                setup()
+            device_clock()  # drain what setup queued before the round's clock starts
+
+        def round_() -> Any:
+            results.append(fn())
+            return results[-1]
+
+        with self.progress.stage(phase, warmup + rounds) as stage:
+            if watch is not None:
+                watch.start()
+            if self.benchmark.disabled:  # --benchmark-disable: pytest-benchmark times nothing; time it here
+                self.samples, results = time_rounds(fn, 0, 1, stage, setup)
+            else:
+                self.benchmark._timer = device_clock  # pytest-benchmark reads the clock around each call
+                self.benchmark.pedantic(
+                    round_, setup=prepare, teardown=stage.done, rounds=self.rounds, warmup_rounds=self.warmup
+                )
+                self.samples = list(self.benchmark.stats.stats.data)
+            if watch is not None:
+                watch.stop()
+        result = results[-1]
+        timed = results[-len(self.samples) :]  # warm-up rounds come first
+        if callable(tokens):  # each round's own work: a generation's responses, a step's new batch
+            per_round = [token_counts(tokens(r)) for r in timed]
+            counts = per_round[-1]
+            self.recorder.record(phase, self.samples, self.item.nodeid, counts, round_tokens=per_round)
+        else:
+            counts = token_counts(tokens)
+            self.recorder.record(phase, self.samples, self.item.nodeid, counts)
+        if breakdown is not None:
+            self.recorder.add_step_breakdown([breakdown(r) for r in timed])
+        if watch is not None:
+            for figure, values in watch.figures().items():
+                self.recorder.add_metric(machine_metric(figure, phase), values, "cores", higher_is_better=False)
+        if self.keep_retimer:
+            self._keep_retimer(phase, fn, setup, warmup, rounds)
+        step_figures = [r.metrics for r in timed if isinstance(getattr(r, "metrics", None), dict)]
+        self.recorder.add_step_metrics(step_figures)
+        problem = mismatch_failure(step_figures, self.max_mismatch)
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)
+        self._describe(phase, counts)
+        return result
+
+    def _keep_retimer(
+        self, phase: str, fn: Callable[[], Any], setup: Callable[[], Any] | None, warmup: int, rounds: int
+    ) -> None:
+        """Keep how to time this phase again (the same call, set-up and rounds) for its gate."""
+
+        def retime() -> list[float]:
+            with self.progress.stage(f"{phase}: re-timed to confirm a regression", warmup + rounds) as stage:
+                return time_rounds(fn, warmup, rounds, stage, setup)[0]
+
+        self.item.config.stash.setdefault(RETIMERS_KEY, {})[self.item.nodeid] = retime
+
+    def _describe(self, phase: str, counts: TokenCounts | None) -> None:
+        """Token counts and derived figures of this phase in pytest-benchmark's extra_info."""
+        info = self.benchmark.extra_info
+        info["phase"] = phase
+        info["rounds_s"] = self.samples
+        if counts is not None:
+            info["tokens"] = {"prompt": counts.prompt_tokens, "response": counts.response_tokens}
+        info.update(self.recorder.phase_figures(phase))
+
+
+@pytest.fixture
+def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytest.Config) -> PhaseBench:
+    """Time a phase (see PhaseBench); the test must carry ``@pytest.mark.rl_phase(KEY)``."""
+    state, recorder = get_session(pytestconfig), get_recorder(pytestconfig)
+    opts = state.opts
+    return PhaseBench(
+        benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, opts.max_mismatch,
+        state.progress(), watch_machine=opts.embedded and not opts.gpu, keep_retimer=not opts.gpu,
+    )
+

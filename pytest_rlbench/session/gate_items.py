@@ -1,0 +1,206 @@
+"""One gate test per phase benchmark: the phase judged against every baseline once the whole session
+has been measured.
+
+A phase's verdict on CPU workers reads the session's pace from its other phases
+(``pytest_rlbench.verdict.session_pace``), so it can only be given after they ran: the benchmark test
+(``rl_bench``) times and records its phase, and a gate test made for it runs after every other test
+of the session and fails with the verdict's message on a regression. So a regression is a failed
+test in pytest's summary, and ``-x``, ``-k``, ``--lf`` and CI annotations see it:
+
+- the gate of ``suites/test_phases.py::test_ref`` is ``suites/test_phases.py::test_ref[gate]`` (of
+  ``test_ref[trl]``, ``test_ref[trl-gate]``), so ``-k ref`` selects the benchmark and its gate alike;
+- a gate is made for each benchmark left after selection (``-k``, ``--lf``, ``-m``), never for a
+  deselected one: a subset gates what ran;
+- a failed gate marks its benchmark as failed in pytest's cache too, so ``--lf`` reruns the
+  benchmark, and with it its gate (the gate alone has nothing to judge);
+- a benchmark that did not time its phase (failed, skipped) leaves its gate skipped, naming it;
+- on CPU workers a gate times its phase again, as its benchmark timed it (``bench.RETIMERS_KEY``),
+  kept as the run's ``retimed_s/<phase>`` metric (``pytest_rlbench.verdict.retiming``): every phase of a
+  session that saves a baseline, and a phase whose time failed with the phases that pace it, whose
+  verdict then stands only if the re-timed rounds fail too.
+
+Gates are made where a baseline can gate: one given with ``--rl-baseline`` (or the ini file, or a
+``pytest_rlbench_baselines`` hook) or a replayed ``--rl-workload``; and in a session on CPU workers
+that saves a baseline (``--rl-save-baseline``), to time each phase again. The published runs a
+session compares with by default ran on GPUs: they are references, and a session with only them
+makes no gates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_rlbench.records.metrics import TIMING
+from pytest_rlbench.session.bench import RETIMERS_KEY, complete_context
+from pytest_rlbench.session.fixtures import get_session
+from pytest_rlbench.session.recorder import RECORDERS_KEY
+from pytest_rlbench.verdict.compare import BaselineComparison, phase_comparisons
+from pytest_rlbench.verdict.retiming import retimed_metric
+from pytest_rlbench.verdict.session_pace import session_paces
+
+if TYPE_CHECKING:
+    from pytest_rlbench.session.recorder import BenchRecorder
+
+GATE_ID = "gate"
+
+
+def gate_name(bench_name: str) -> str:
+    """The gate's name beside its benchmark's: ``test_ref`` -> ``test_ref[gate]``, ``test_ref[trl]`` ->
+    ``test_ref[trl-gate]`` (as pytest writes parameter ids)."""
+    if bench_name.endswith("]"):
+        return f"{bench_name[:-1]}-{GATE_ID}]"
+    return f"{bench_name}[{GATE_ID}]"
+
+
+def bench_id(gate_id: str) -> str | None:
+    """The benchmark's node id of a gate's (None when ``gate_id`` is not a gate's)."""
+    if gate_id.endswith(f"[{GATE_ID}]"):
+        return gate_id[: -len(GATE_ID) - 2]
+    if gate_id.endswith(f"-{GATE_ID}]"):
+        return gate_id[: -len(GATE_ID) - 2] + "]"
+    return None
+
+
+class PhaseGate(pytest.Item):
+    """The verdict on the phase that ``bench`` timed, against every baseline of the session."""
+
+    def __init__(self, *, bench: pytest.Item, phase: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.bench = bench
+        self.phase = phase
+        self.own_markers.extend(bench.iter_markers())  # -m selects a benchmark and its gate alike
+
+    def runtest(self) -> None:
+        config = self.config
+        recorder = config.stash[RECORDERS_KEY].of_benchmark(self.bench.nodeid)
+        if recorder is None:
+            pytest.skip(f"{self.bench.nodeid} did not time {self.phase}: nothing to judge")
+        complete_context(recorder, get_session(config))
+        if get_session(config).opts.save_baseline is not None:  # a saved baseline keeps both blocks
+            self._retime(recorder, self.phase)
+        if not gating_session(config):
+            return  # a session that only saves a baseline: its phase was timed again, nothing to judge
+        results = self._compare(recorder)
+        if self._timing_failed(results):  # a regression must reproduce, against its peers timed again too
+            for phase in (self.phase, *self._peers(recorder, results)):
+                self._retime(recorder, phase)
+            results = self._compare(recorder)
+        recorder.verdicts[self.phase] = results  # the session's summary, report and chart show these
+        gated = [r for r in results if r.mode == "gate"]
+        if not gated:  # every baseline did other work, or ran on other hardware: nothing to pass or fail
+            why = "; ".join(f"'{r.baseline}' is a reference ({r.mismatches[0]})" for r in results if r.mismatches)
+            pytest.skip(f"no baseline gates {self.phase}: {why or 'none has it'}")
+        failures = [c for r in gated for c in r.failures]
+        if failures:
+            pytest.fail("\n".join(c.message for c in failures), pytrace=False)  # first line: pytest's summary
+
+    def _compare(self, recorder: BenchRecorder) -> list[BaselineComparison]:
+        tolerance = get_session(self.config).opts.tolerance
+        return phase_comparisons(recorder.build_record(), get_session(self.config).baseline_records, self.phase, tolerance)
+
+    def _timing_failed(self, results: list[BaselineComparison]) -> bool:
+        timing = f"{TIMING}/{self.phase}"
+        return any(c.metric == timing for r in results if r.mode == "gate" for c in r.failures)
+
+    def _peers(self, recorder: BenchRecorder, results: list[BaselineComparison]) -> list[str]:
+        """The phases that pace this one against the baselines it is gated on in the same session."""
+        record = recorder.build_record()
+        gated = [b for b, r in zip(get_session(self.config).baseline_records, results, strict=True) if r.mode == "gate"]
+        paces = [session_paces(record, b).get(self.phase) for b in gated]
+        return list(dict.fromkeys(p for pace in paces if pace is not None for p, _ in pace.peers))
+
+    def _retime(self, recorder: BenchRecorder, phase: str) -> None:
+        """Time ``phase`` again as its benchmark did and keep the rounds (``pytest_rlbench.verdict.retiming``), once;
+        only benchmarks on CPU workers keep how to (``bench.RETIMERS_KEY``)."""
+        metric = retimed_metric(phase)
+        bench = recorder.sources.get(phase)
+        retimer = self.config.stash.get(RETIMERS_KEY, {}).get(bench) if bench is not None else None
+        if metric not in recorder.metrics and retimer is not None:
+            recorder.add_metric(metric, retimer(), "s", higher_is_better=False)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.bench.path, None, f"{self.name}: the verdict on {self.phase}"
+
+
+PhaseOf = Callable[[pytest.Item], "str | None"]  # the phase key an item's rl_phase marker names
+
+
+def gates_for(items: Iterable[pytest.Item], phase_of: PhaseOf) -> list[PhaseGate]:
+    """A gate for every item that times a phase with rl_bench, in the items' order."""
+    gates = []
+    for item in items:
+        phase = phase_of(item)
+        if phase is None or "rl_bench" not in getattr(item, "fixturenames", ()):
+            continue
+        parent = item.parent if item.parent is not None else item.session
+        name = gate_name(item.name)
+        # the node id given as a string, as pytest's cache parses one (its [...] read as parameters)
+        nodeid = f"{item.nodeid.rpartition('::')[0]}::{name}"
+        gates.append(PhaseGate.from_parent(parent, name=name, nodeid=nodeid, bench=item, phase=phase))
+    return gates
+
+
+def framework_of(item: pytest.Item) -> str | None:
+    """The --rl-trainer framework an item runs with, where the session runs several (its parameter)."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("rl_framework") if callspec is not None else None
+
+
+def with_gates(items: list[pytest.Item], gates: list[PhaseGate]) -> list[PhaseGate | pytest.Item]:
+    """``items`` with each gate after the last item of its benchmark's framework: the end of the
+    session, or, where several frameworks run one after the other, before the next framework's items
+    (pytest tears a framework's trainer down before it builds the next, and a gate may time its phase
+    again on it)."""
+    out: list[PhaseGate | pytest.Item] = list(items)
+    for framework in dict.fromkeys(framework_of(g.bench) for g in gates):
+        own = [g for g in gates if framework_of(g.bench) == framework]
+        mine = [i for i, item in enumerate(out) if framework_of(item) == framework]
+        last = mine[-1] if framework is not None and mine else len(out) - 1
+        out[last + 1 : last + 1] = own
+    return out
+
+
+def gating_session(config: pytest.Config) -> bool:
+    """Whether a baseline of the session can gate (see the module docstring)."""
+    return get_session(config).gating
+
+
+def needs_gates(config: pytest.Config) -> bool:
+    """Whether the session makes gate tests: to judge, or to time each phase again for a baseline it
+    saves on CPU workers."""
+    opts = get_session(config).opts
+    return gating_session(config) or (opts.save_baseline is not None and not opts.gpu)
+
+
+class GatePlugin:
+    """Adds the gates after selection and keeps ``--lf`` rerunning the benchmark of a failed gate."""
+
+    NAME = "rlbench-gates"
+
+    def __init__(self, phase_of: PhaseOf) -> None:
+        self.phase_of = phase_of
+
+    # Registered in pytest_configure, after pytest's --lf plugin: this wrapper is outside its, so the
+    # gates are added once --lf, -k and -m have chosen the benchmarks.
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> Generator[None]:
+        result = yield
+        if needs_gates(config):
+            items[:] = with_gates(items, gates_for(items, self.phase_of))
+        return result
+
+    @pytest.hookimpl(trylast=True)  # after pytest's own cache plugin wrote this session's failures
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Each gate still failed in pytest's cache keeps its benchmark there too: ``--lf`` then reruns
+        the benchmark (which passed: it only timed) and with it the gate, even where ``-x`` stopped
+        before the gate ran again."""
+        cache = getattr(session.config, "cache", None)
+        if cache is None:
+            return
+        last_failed = dict(cache.get("cache/lastfailed", {}))
+        benches = {b: True for g in last_failed if (b := bench_id(g)) is not None and b not in last_failed}
+        if benches:
+            cache.set("cache/lastfailed", {**last_failed, **benches})

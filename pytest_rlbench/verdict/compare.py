@@ -1,0 +1,298 @@
+"""A run against a baseline: a gate where both did the same work on the same kind of hardware, a
+side-by-side reference otherwise (``gate_mismatches`` says why not a gate). How one figure is then
+judged (tolerance, noise floor, rank test, the CPU evidence) is ``pytest_rlbench.verdict.judge``'s.
+
+- Same machine: the work-defining keys (``CONFIG_KEYS``, the model, the framework:
+  ``frameworks.framework_mismatch``) and the hardware kind (device, GPU model or CPU model and cores,
+  GPUs per node, nodes) match exactly; a value the baseline does not state never matches, and GPU
+  names are compared as written ("H100" may be a PCIe part). Each phase's time is judged, its
+  throughput listed beside; custom metrics are judged; machine/* and retimed_s/* are evidence only.
+- Same per-GPU work as a published baseline (``pytest_rlbench.records.workload.workload_matches``,
+  the GPU count may differ): per-GPU throughput is judged on the same GPU model, hardware-normalised
+  efficiency (MFU, bandwidth use) on another (``gate_basis``); each row names the assumed workload
+  values it rests on.
+- Otherwise a reference: the baseline's figures and the run's efficiency figures side by side, with
+  verdict "reference"; nothing passes or fails.
+A metric the baseline has and the run lacks fails as "missing" when its phase ran, and is "not run"
+when the session did not run that phase (``-k``). The tolerance is the baseline file's entry for the
+metric id, else for its family, else the session's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pytest_rlbench.frameworks import framework_mismatch
+from pytest_rlbench.records.metrics import (
+    EFFICIENCY_FAMILIES,
+    METRIC_FAMILIES,
+    REFERENCE_FAMILIES,
+    RETIMED,
+    TIMING,
+    family_label,
+    family_of,
+    format_value,
+)
+from pytest_rlbench.records.record import RunRecord
+from pytest_rlbench.records.workload import model_differences
+from pytest_rlbench.records.workload_format import assumptions
+from pytest_rlbench.verdict.derived import Figure, derive
+from pytest_rlbench.verdict.gate_basis import (
+    BASIS_FAMILIES,
+    SAME_MACHINE,
+    hardware_assumptions,
+    normalise_gpu,
+    per_gpu_gate,
+)
+from pytest_rlbench.verdict.judge import ALPHA as ALPHA  # the rank test's level, for the reports
+from pytest_rlbench.verdict.judge import Comparison, MachineEvidence, Mode, judge, tolerance_for
+from pytest_rlbench.verdict.judge import Verdict as Verdict
+from pytest_rlbench.verdict.machine_load import MACHINE, OTHER_CORES, STEAL_CORES, machine_metric
+from pytest_rlbench.verdict.noise import DEFAULT_TOLERANCE
+from pytest_rlbench.verdict.retiming import faster_block, retimed_rounds, retimed_view
+from pytest_rlbench.verdict.session_pace import session_paces
+from trainer.phases import PHASE_KEYS
+
+JUDGED = ("pass", "fail", "inconclusive")  # the verdicts of a judged figure
+Wanted = Callable[[str | None], bool]  # which figures' phases a comparison lists
+
+
+@dataclass(frozen=True)
+class BaselineComparison:
+    """A run against one baseline: the mode, why it is not a gate, and each metric's comparison."""
+
+    baseline: str
+    source: str  # the baseline's provenance source
+    mode: Mode
+    mismatches: tuple[str, ...]
+    comparisons: tuple[Comparison, ...] = field(default_factory=tuple)
+    basis: str = ""  # for a gate: SAME_MACHINE, PER_GPU or EFFICIENCY
+    assumptions: tuple[str, ...] = ()  # the assumed values a per-GPU gate rests on
+
+    @property
+    def failures(self) -> list[Comparison]:
+        return [c for c in self.comparisons if c.verdict == "fail"]
+
+    @property
+    def inconclusive(self) -> list[Comparison]:
+        return [c for c in self.comparisons if c.verdict == "inconclusive"]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+# --- Same work, same hardware? ----------------------------------------------------------------------
+
+
+CONFIG_KEYS: tuple[str, ...] = (
+    "algorithm",
+    "train_batch_size",
+    "rollout_n",
+    "max_prompt_length",
+    "max_response_length",
+    "ppo_epochs",
+)
+
+
+def _hardware_keys(record: RunRecord) -> dict[str, Any]:
+    h = record.hardware
+    keys: dict[str, Any] = {"hardware.device": h.device, "hardware.nodes": h.nodes, "hardware.world_size": h.world_size}
+    if h.device == "gpu":
+        gpu = normalise_gpu(h.gpu_model)
+        return keys | {"hardware.gpu_model": gpu, "hardware.gpus_per_node": h.gpus_per_node}
+    return keys | {"hardware.cpu_model": h.cpu_model, "hardware.cpus_per_node": h.cpus_per_node}
+
+
+def _work_keys(record: RunRecord) -> dict[str, Any]:
+    return {f"config.{k}": getattr(record.config, k) for k in CONFIG_KEYS}
+
+
+def _diff(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    out = []
+    for key, b in theirs.items():  # the baseline's device kind decides which hardware keys count
+        a = ours.get(key)
+        if b is None:
+            out.append(f"{key}: not stated in the baseline" if a is not None else f"{key}: not stated")
+        elif a != b:
+            out.append(f"{key}: run {a!r}, baseline {b!r}")
+    return out
+
+
+def gate_mismatches(run: RunRecord, baseline: RunRecord) -> list[str]:
+    """Why ``run`` and ``baseline`` did not do the same work on the same kind of hardware; empty: a gate.
+
+    Hardware first, then the step's work, then the model (one entry naming the differing fields).
+    """
+    out = _diff(_hardware_keys(run), _hardware_keys(baseline)) + _diff(_work_keys(run), _work_keys(baseline))
+    return out + model_differences(run.model, baseline.model) + _framework_mismatch(run, baseline)
+
+
+def _framework_mismatch(run: RunRecord, baseline: RunRecord) -> list[str]:
+    """A saved run of the other framework (pytest_rlbench.frameworks): a reference, never a gate."""
+    return framework_mismatch(run.provenance.framework, baseline.provenance.framework)
+
+
+# --- A run against a baseline. ----------------------------------------------------------------------
+
+
+def _order(metric: str) -> tuple[int, int, str]:
+    family, _, phase = metric.partition("/")
+    phase_rank = PHASE_KEYS.index(phase) if phase in PHASE_KEYS else len(PHASE_KEYS)
+    family_rank = METRIC_FAMILIES.index(family) if family in METRIC_FAMILIES else len(METRIC_FAMILIES)
+    return phase_rank, family_rank, metric
+
+
+def _beside_text(rows: list[Comparison]) -> dict[str | None, str]:
+    """Per phase, its figures listed beside the judged one, for the judged row's message."""
+    out: dict[str | None, list[str]] = {}
+    for c in rows:
+        if c.verdict == "reference" and c.measured is not None and c.phase is not None:
+            text = f"{family_label(c.metric)} {format_value(c.measured, c.unit)} vs {format_value(c.baseline, c.unit)}"
+            out.setdefault(c.phase, []).append(text)
+    return {phase: "; " + ", ".join(texts) for phase, texts in out.items()}
+
+
+def custom_metrics(run: RunRecord, baseline: RunRecord) -> set[str]:
+    """The records' own metrics that are compared like figures (the machine's figures and re-timed
+    rounds are evidence for the verdicts of phase times, never judged themselves)."""
+    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in (MACHINE, RETIMED)}
+
+
+def machine_evidence(run: RunRecord, baseline: RunRecord, phase: str) -> MachineEvidence | None:
+    """The CPU used beside ``phase``'s rounds in both sessions, where either recorded it (None: neither)."""
+    sides = ((run, OTHER_CORES), (run, STEAL_CORES), (baseline, OTHER_CORES))
+    load = [r.metrics.get(machine_metric(f, phase)) for r, f in sides]
+    other, steal, base_other = (m.value[0] if m is not None and m.value else None for m in load)
+    if other is None and steal is None and base_other is None:
+        return None
+    return MachineEvidence(other, steal, base_other)
+
+
+def _gate_rows(
+    run: RunRecord, baseline: RunRecord, basis: str, tolerance: float, wanted: Wanted, note: str = ""
+) -> list[Comparison]:
+    """Every figure the baseline has that the gate lists (of the phases ``wanted``): the judged ones
+    with a verdict, the others beside (their text added to the judged row of their phase)."""
+    gated, shown = BASIS_FAMILIES[basis]
+    read_as = hardware_assumptions(run, baseline, basis)[0] if basis != SAME_MACHINE else baseline
+    ours, theirs = derive(run), derive(read_as)
+    custom = custom_metrics(run, baseline) if basis == SAME_MACHINE else set()
+    # On CPU workers the host's pace drifts between sessions and within them: each phase is judged
+    # against its peers, a failure must reproduce, and the baseline's bar is its faster block of rounds.
+    on_cpu = basis == SAME_MACHINE and run.hardware.device == "cpu"
+    paces = session_paces(run, baseline) if on_cpu else {}
+    paces_again = session_paces(retimed_view(run), baseline) if on_cpu else {}  # at the re-timing
+    rows = []
+    for metric in sorted(theirs, key=_order):
+        base_fig, family = theirs[metric], family_of(metric)
+        if base_fig.value is None or not (metric in custom or family in gated + shown):
+            continue
+        if not wanted(base_fig.phase):
+            continue
+        timed = ours.get(f"{TIMING}/{base_fig.phase}") if base_fig.phase and metric not in custom else None
+        same_machine = basis == SAME_MACHINE and family == TIMING and base_fig.phase is not None
+        if same_machine and on_cpu:
+            base_fig = faster_block(base_fig, retimed_rounds(baseline, base_fig.phase))
+        rows.append(
+            judge(
+                ours.get(metric), base_fig, baseline.name, tolerance_for(metric, baseline, tolerance), "gate",
+                judged=metric in custom or family in gated,
+                phase_ran=base_fig.phase is None or metric in custom or base_fig.phase in run.phases,
+                run_time=timed.value if timed is not None else None,
+                device=run.hardware.device,
+                machine=machine_evidence(run, baseline, base_fig.phase) if same_machine else None,
+                pace=paces.get(base_fig.phase) if same_machine else None,
+                retimed=retimed_rounds(run, base_fig.phase) if same_machine and on_cpu else None,
+                pace_again=paces_again.get(base_fig.phase) if same_machine else None,
+            )
+        )
+    beside = _beside_text(rows)
+    return [
+        replace(c, message=c.message + (beside.get(c.phase, "") if c.verdict in JUDGED else "") + note)
+        for c in rows
+    ]
+
+
+def _per_gpu_compare(run: RunRecord, baseline: RunRecord, basis: str, tolerance: float, wanted: Wanted) -> BaselineComparison:
+    """The per-GPU gate: each published phase's gated figure judged, the others listed beside."""
+    assumed = tuple(hardware_assumptions(run, baseline, basis)[1] + assumptions(baseline.workload))
+    names = ", ".join(dict.fromkeys(line.split(" ", 1)[0].rstrip(":") for line in assumed))
+    note = f"; rests on {len(assumed)} assumed value(s): {names}" if assumed else ""
+    rows = [replace(c, assumptions=assumed) for c in _gate_rows(run, baseline, basis, tolerance, wanted, note)]
+    source = baseline.provenance.source
+    return BaselineComparison(baseline.name, source, "gate", (), tuple(rows), basis, assumed)
+
+
+def compare(
+    run: RunRecord,
+    baseline: RunRecord,
+    tolerance: float = DEFAULT_TOLERANCE,
+    *,
+    phase: str | None = None,
+    skip: Collection[str] = (),
+) -> BaselineComparison:
+    """Compare ``run`` with ``baseline``: a gate on the same machine, a per-GPU gate on the same per-GPU
+    work, else a reference; one Comparison per metric (of ``phase``'s figures only, when given; none of
+    the phases in ``skip``)."""
+
+    def wanted(figure_phase: str | None) -> bool:
+        return (phase is None or figure_phase == phase) and figure_phase not in skip
+
+    mismatches = gate_mismatches(run, baseline)
+    other_framework = _framework_mismatch(run, baseline)
+    if mismatches and not other_framework and run.workload is not None and baseline.workload is not None:
+        basis, mismatches = per_gpu_gate(run, baseline)
+        if basis is not None:
+            return _per_gpu_compare(run, baseline, basis, tolerance, wanted)
+    source = baseline.provenance.source
+    if not mismatches:
+        rows = _gate_rows(run, baseline, SAME_MACHINE, tolerance, wanted)
+        return BaselineComparison(baseline.name, source, "gate", (), tuple(rows), SAME_MACHINE)
+    ours, theirs = derive(run), derive(baseline)
+    custom = custom_metrics(run, baseline)
+    # side by side: what the baseline has, and the run's efficiency figures, which carry across
+    metrics = [m for m, f in theirs.items() if (m in custom or f.family in REFERENCE_FAMILIES) and f.value is not None]
+    efficiency = [m for m, f in ours.items() if f.family in EFFICIENCY_FAMILIES and f.value is not None]
+    metrics += [m for m in efficiency if m not in metrics]
+    metrics = [m for m in metrics if wanted((theirs.get(m) or ours[m]).phase)]
+    rows = []
+    for metric in sorted(metrics, key=_order):
+        base_fig = theirs.get(metric) or _absent(ours[metric])
+        tol = tolerance_for(metric, baseline, tolerance)
+        rows.append(judge(ours.get(metric), base_fig, baseline.name, tol, "reference"))
+    return BaselineComparison(baseline.name, source, "reference", tuple(mismatches), tuple(rows))
+
+
+def _absent(like: Figure) -> Figure:
+    """The baseline's side of a reference row for a figure only the run has."""
+    return Figure(like.metric, None, like.unit, like.higher_is_better, reason="not in the baseline")
+
+
+def compare_all(
+    run: RunRecord,
+    baselines: Sequence[RunRecord],
+    tolerance: float = DEFAULT_TOLERANCE,
+    decided: Mapping[str, Sequence[BaselineComparison]] | None = None,
+) -> list[BaselineComparison]:
+    """``run`` against every baseline. ``decided``: phase -> its gate test's results (one per baseline,
+    in order), kept as they are: a phase is judged once, and the summary, the JSON report and the chart
+    show the verdict its gate test gave (a later gate's re-timing cannot change it)."""
+    decided = decided or {}
+    out = []
+    for i, baseline in enumerate(baselines):
+        result = compare(run, baseline, tolerance, skip=decided.keys())
+        kept = [c for results in decided.values() for c in results[i].comparisons]
+        assert all(results[i].baseline == baseline.name for results in decided.values())
+        rows = sorted((*result.comparisons, *kept), key=lambda c: _order(c.metric))
+        out.append(replace(result, comparisons=tuple(rows)))
+    return out
+
+
+def phase_comparisons(
+    run: RunRecord, baselines: Sequence[RunRecord], phase: str, tolerance: float = DEFAULT_TOLERANCE
+) -> list[BaselineComparison]:
+    """One phase's figures against every baseline: what that phase's gate test judges."""
+    return [compare(run, b, tolerance, phase=phase) for b in baselines]

@@ -1,0 +1,313 @@
+"""One metric of a run judged against a baseline's: pass, fail (a regression), inconclusive, or a
+row listed beside without a verdict of its own.
+
+In a gate, a figure is a regression only when both
+1. its median is past the tolerance: a time (or any lower-is-better figure) above baseline x (1 +
+   tolerance), a throughput (any higher-is-better figure) below baseline x (1 - tolerance); and
+2. the difference is above the noise floor of its phase (``noise.phase_floor``, per device
+   kind): for a figure derived from a phase's time, the difference in seconds it stands for
+   (the run's time x (1 - ratio) or x (1 - 1 / ratio)) must exceed the floor; and
+3. the difference is statistically real: the one-sided Mann-Whitney U test of the run's rounds
+   against the baseline's (``rank_test``) gives p < ``ALPHA`` (0.01). Where the two sides' round
+   counts cannot reach that level at all (n = m = 4 gives at best 1/70 = 0.014) the verdict is
+   "inconclusive", naming the rounds per side that would (5: 1/252 = 0.004), and the session does
+   not fail for it. Where they can and do not (p >= 0.01), it passes: the rounds overlap too much to
+   call the difference real.
+With one figure on either side (a published baseline gives one) no rank test is possible: the
+threshold and the floor decide, and the verdict says it rests on one figure.
+
+A strict level because a session judges a dozen figures at once: at 0.01 an unchanged run of
+twelve phases is wrongly failed by chance in about 1 session in 8 at worst (1 - 0.99^12), and far
+less where the tolerance already passes most of them.
+
+A phase's time on CPU workers, judged against a baseline on the same machine, is read beside two
+things the session knows of itself:
+- CPU contention: where processes outside the session used ``CONTENTION_CORES`` or more during the
+  phase's rounds, in the run or in the baseline's session (``MachineEvidence``, from
+  ``pytest_rlbench.verdict.machine_load``), the verdict in plain seconds stands, and a failure (or a
+  difference the rank test could not call real) names the contention;
+- otherwise the session's pace (``pytest_rlbench.verdict.session_pace``: the median ratio of its other phases
+  to their baselines): a phase that fails in plain seconds is judged again with its rounds divided by
+  that pace. A fail there too is a regression; a pass or inconclusive there leaves the phase
+  "inconclusive" (reason "session slower"), not failing the session: every phase slowed alike,
+  which one session cannot tell from a slower host. Unless the phase is more than
+  ``HOST_DRIFT_LIMIT`` times slower in seconds: then it fails whatever its peers did;
+- and a failure must reproduce: where its gate timed the phase again at the end of the session
+  (``retimed``, ``pytest_rlbench.verdict.retiming``), those rounds are judged by the same rules, paced by the
+  peers timed again beside them (``pace_again``); not failing there leaves the phase "inconclusive"
+  (reason "not reproduced"). The baseline's figure is then its faster block of rounds
+  (``retiming.faster_block``, applied by ``pytest_rlbench.verdict.compare``).
+A failure without contention lists the CPU used beside the rounds, for the record.
+The default tolerance (``noise.default_tolerance``) is 0.15 on CPU workers and 0.10 on GPUs; a
+tolerance from --rl-tolerance, the ini file or the baseline file always wins.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pytest_rlbench.records.metrics import FAMILIES, TIMING, family_of, format_value, metric_label
+from pytest_rlbench.records.record import RunRecord
+from pytest_rlbench.verdict.derived import Figure
+from pytest_rlbench.verdict.noise import DefaultTolerance, phase_floor, value_floor
+from pytest_rlbench.verdict.rank_test import p_greater, rounds_needed, smallest_p
+from pytest_rlbench.verdict.session_pace import SessionPace
+
+ALPHA = 0.01  # the one-sided level of the rank test
+# Average cores used by processes outside the session during a phase's rounds from which its timing
+# counts as taken under CPU contention (docs/benchmarks.md, "Where the gate's constants come from").
+CONTENTION_CORES = 0.25
+# A phase slower than this in plain seconds fails even where every phase of the session slowed alike
+# (``SessionPace``): past the largest whole-session drift measured on a quiet host (docs/benchmarks.md, "Where the gate's constants come from").
+HOST_DRIFT_LIMIT = 1.7
+
+Verdict = Literal["pass", "fail", "inconclusive", "reference", "not run"]
+Mode = Literal["gate", "reference"]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One metric of a run against one baseline."""
+
+    metric: str  # metric id, e.g. "timing_s/update_actor"
+    phase: str | None
+    measured: float | None
+    baseline: float | None
+    baseline_source: str  # the baseline's name
+    ratio: float | None  # measured / baseline
+    tolerance: float
+    verdict: Verdict
+    # "within tolerance", "below the noise floor", "not significant", "too few rounds",
+    # "session slower", "slower", "lower", "higher", "missing", "not run", "reference"
+    reason: str
+    message: str
+    unit: str = ""
+    assumptions: tuple[str, ...] = ()  # the assumed values the verdict rests on, one line each
+
+
+@dataclass(frozen=True)
+class MachineEvidence:
+    """The CPU used beside one phase's rounds (``pytest_rlbench.verdict.machine_load``), in the run and in the
+    baseline's session, in cores on average; None where a session did not record it."""
+
+    other_cores: float | None = None  # the run: cores used by processes outside the session
+    steal_cores: float | None = None  # the run: cores taken by the hypervisor
+    base_other_cores: float | None = None  # the baseline's session: cores used outside it
+
+    @property
+    def contended(self) -> bool:
+        """Whether either session ran beside CPU contention: then its seconds measured the contention
+        as much as the phase, and no pace read from the session's other phases may excuse them."""
+        return any(c is not None and c >= CONTENTION_CORES for c in (self.other_cores, self.base_other_cores))
+
+    def describe(self) -> str:
+        """The figures in words: "other processes used 1.70 cores, the hypervisor took 0.05 cores"."""
+        parts = []
+        if self.other_cores is not None:
+            parts.append(f"other processes used {self.other_cores:.2f} cores")
+        if self.steal_cores:
+            parts.append(f"the hypervisor took {self.steal_cores:.2f} cores")
+        text = ", ".join(parts)
+        if self.base_other_cores is not None and self.base_other_cores >= CONTENTION_CORES:
+            beside = f"{self.base_other_cores:.2f} cores beside the baseline's own session"
+            text = f"{text} (and {beside})" if text else f"other processes used {beside}"
+        return text
+
+
+def tolerance_for(metric: str, baseline: RunRecord, default: float) -> float:
+    """The baseline's tolerance for the metric id, else for its family, else ``default``."""
+    return baseline.tolerances.get(metric, baseline.tolerances.get(family_of(metric), default))
+
+
+def time_gap_s(run_time: float, ratio: float, higher_is_better: bool) -> float:
+    """The seconds by which the run's phase was slower than the baseline's, from a figure's ratio: a
+    lower-is-better figure grows with the time (baseline time = run time / ratio), a higher-is-better
+    one shrinks with it (baseline time = run time x ratio)."""
+    base_time = run_time * ratio if higher_is_better else run_time / ratio
+    return run_time - base_time
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def _worse(fig: Figure) -> str:
+    if fig.higher_is_better:
+        return "lower"
+    return "slower" if fig.family == TIMING else "higher"
+
+
+def gate_verdict(
+    run_fig: Figure,
+    base_fig: Figure,
+    tolerance: float,
+    run_time: float | None = None,
+    device: str = "cpu",
+    machine: MachineEvidence | None = None,
+    pace: SessionPace | None = None,
+    retimed: tuple[float, ...] | None = None,
+    pace_again: SessionPace | None = None,
+) -> tuple[Verdict, str, str]:
+    """(verdict, reason, detail) for two present values by the rules of the module docstring.
+    ``run_time``: the run's median seconds of the figure's phase (None: no floor applies); ``machine``:
+    the CPU used beside the phase's rounds in both sessions (None: not recorded, no contention known);
+    ``pace``: the session's pace around the phase (None: plain seconds decide); ``retimed``: the phase's
+    rounds timed again at the end of the session (None: none were); ``pace_again``: the pace of its
+    peers timed again beside them (None: plain seconds decide on the re-timed rounds)."""
+    verdict, reason, why = _judged_once(run_fig, base_fig, tolerance, run_time, device, machine, pace)
+    if verdict != "fail" or not retimed or base_fig.family != TIMING:
+        return verdict, reason, why
+    return reproduced(run_fig, base_fig, tolerance, device, machine, pace_again, retimed, reason, why)
+
+
+def reproduced(
+    run_fig: Figure, base_fig: Figure, tolerance: float, device: str, machine: MachineEvidence | None,
+    pace: SessionPace | None, retimed: tuple[float, ...], reason: str, why: str,
+) -> tuple[Verdict, str, str]:
+    """A phase's time that failed, judged again on its rounds timed at the end of the session by the
+    same rules, ``pace`` being that of its peers timed again beside them: a regression reproduces; a
+    slowdown of a few seconds' rounds (the host's, on a shared VM) does not, and leaves the phase
+    "inconclusive" (reason "not reproduced")."""
+    median = statistics.median(retimed)
+    again = replace(run_fig, value=median, samples=retimed)
+    verdict, again_reason, again_why = _judged_once(again, base_fig, tolerance, median, device, machine, pace)
+    ratio = median / base_fig.value
+    if verdict == "fail":
+        return "fail", reason, f"{why}; and again when re-timed at the end of the session, at ratio {ratio:.2f}{again_why}"
+    return "inconclusive", "not reproduced", (
+        f": slower in its benchmark{why}; but not when re-timed at the end of the session, at ratio {ratio:.2f} "
+        f"({again_reason}{again_why}): a passing slowdown of the host, not a regression"
+    )
+
+
+def _judged_once(
+    run_fig: Figure, base_fig: Figure, tolerance: float, run_time: float | None, device: str,
+    machine: MachineEvidence | None, pace: SessionPace | None,
+) -> tuple[Verdict, str, str]:
+    """The verdict on one set of rounds: plain seconds, then contention or the session's pace."""
+    verdict, reason, why = plain_verdict(run_fig, base_fig, tolerance, run_time, device)
+    if base_fig.family != TIMING or not run_fig.samples or not base_fig.samples:
+        return verdict, reason, why
+    if machine is not None and machine.contended:
+        if verdict == "fail" or reason == "not significant":
+            why += f"; {machine.describe()}: CPU contention"
+        return verdict, reason, why
+    if pace is not None and verdict == "fail":
+        verdict, reason, why = against_pace(run_fig, base_fig, tolerance, run_time, device, pace, why)
+    if machine is not None and verdict == "fail" and (beside := machine.describe()):
+        why += f"; beside the rounds {beside}"
+    return verdict, reason, why
+
+
+def against_pace(
+    run_fig: Figure, base_fig: Figure, tolerance: float, run_time: float | None, device: str, pace: SessionPace,
+    why: str,
+) -> tuple[Verdict, str, str]:
+    """The verdict on a phase's time that failed in plain seconds, judged again with its rounds divided
+    by the session's pace: a fail there is a regression; a pass or inconclusive there leaves the phase
+    "inconclusive" (reason "session slower"), unless it is slower than any host drift measured."""
+    factor = pace.factor
+    paced = replace(run_fig, value=run_fig.value / factor, samples=tuple(t / factor for t in run_fig.samples))
+    paced_time = run_time / factor if run_time is not None else None
+    verdict, reason, paced_why = plain_verdict(paced, base_fig, tolerance, paced_time, device)
+    ratio = paced.value / base_fig.value
+    if verdict == "fail":
+        return "fail", reason, f"{why}; against the session's pace too, at ratio {ratio:.2f}{paced_why}: {pace.describe()}"
+    plain_ratio = run_fig.value / base_fig.value
+    if plain_ratio > HOST_DRIFT_LIMIT:
+        return "fail", _worse(base_fig), (
+            f"{why}; {pace.describe()}, but {plain_ratio:.2f}x is past the largest drift of a whole session "
+            f"measured on a CPU host ({HOST_DRIFT_LIMIT:g}x)"
+        )
+    return "inconclusive", "session slower", (
+        f": slower in seconds{why}, but {pace.describe()}, and against that pace the phase is at ratio {ratio:.2f} "
+        f"({reason}): the host ran slower, or a change slowed every phase alike, which one session cannot tell "
+        "apart (rerun, or save the baseline again)"
+    )
+
+
+def plain_verdict(
+    run_fig: Figure, base_fig: Figure, tolerance: float, run_time: float | None = None, device: str = "cpu"
+) -> tuple[Verdict, str, str]:
+    """(verdict, reason, detail) of the figures' own values: tolerance, noise floor, rank test."""
+    measured, base = run_fig.value, base_fig.value
+    assert measured is not None and base is not None
+    if base_fig.higher_is_better:
+        beyond = measured < base * (1 - tolerance)
+    else:
+        beyond = measured > base * (1 + tolerance)
+    if not beyond:
+        return "pass", "within tolerance", ""
+    if base_fig.family in FAMILIES and base_fig.phase and run_time is not None and measured and base:
+        floor = phase_floor(base_fig.phase, device)
+        gap = time_gap_s(run_time, measured / base, base_fig.higher_is_better)
+        if gap <= floor:
+            where = "GPU" if device == "gpu" else "CPU"
+            why = f" (a difference of {_seconds(gap)} in time, at most the {_seconds(floor)} floor on {where})"
+            return "pass", "below the noise floor", why
+    value_floor_ = value_floor(base_fig.metric)
+    if value_floor_ is not None and abs(measured - base) <= value_floor_:
+        why = f" (a difference of {abs(measured - base):.3g}, at most the {value_floor_:g} floor of this figure)"
+        return "pass", "below the noise floor", why
+    n, m = max(len(run_fig.samples), 1), max(len(base_fig.samples), 1)
+    worse = _worse(base_fig)
+    if min(n, m) < 2:
+        side = "the baseline" if m < 2 else "the run"
+        return "fail", worse, f" (rests on one figure: {side} has a single value, so no rank test)"
+    if smallest_p(n, m) >= ALPHA:
+        need = rounds_needed(ALPHA)
+        why = f" ({n} vs {m} rounds cannot reach p < {ALPHA:g}; {need} rounds per side can)"
+        return "inconclusive", "too few rounds", why
+    run_s, base_s = run_fig.samples, base_fig.samples
+    p = p_greater(base_s, run_s) if base_fig.higher_is_better else p_greater(run_s, base_s)
+    if p < ALPHA:
+        return "fail", worse, f" (p = {p:.2g} < {ALPHA:g}, {n} vs {m} rounds)"
+    return "pass", "not significant", f" (p = {p:.2g} >= {ALPHA:g}, {n} vs {m} rounds)"
+
+
+def judge(
+    run_fig: Figure | None, base_fig: Figure, baseline_name: str, tolerance: float, mode: Mode = "gate", *,
+    judged: bool = True, phase_ran: bool = True, run_time: float | None = None, device: str = "cpu",
+    machine: MachineEvidence | None = None, pace: SessionPace | None = None,
+    retimed: tuple[float, ...] | None = None, pace_again: SessionPace | None = None,
+) -> Comparison:
+    """Compare one figure of the run with the baseline's (see the module docstring for the rules).
+
+    In a gate, ``judged`` False lists the row beside the one that carries its measurement's verdict
+    (a phase's throughput beside its time); ``phase_ran`` False marks a figure of a phase this session
+    did not run (``-k``) as "not run" rather than missing."""
+    measured = run_fig.value if run_fig is not None else None
+    base, unit = base_fig.value, base_fig.unit
+    applied = float(tolerance)
+    ratio = measured / base if measured is not None and base else None
+    ratio_text = f"ratio {ratio:.2f}" if ratio is not None else "ratio n/a"
+    numbers = f"{format_value(measured, unit)} vs {format_value(base, unit)} in baseline '{baseline_name}'"
+    verdict: Verdict
+    if measured is None and mode == "gate" and not phase_ran:
+        verdict, reason = "not run", "not run"
+        detail = f"not run in this session; baseline '{baseline_name}' has {format_value(base, unit)}"
+    elif measured is None:
+        verdict, reason = ("fail" if mode == "gate" else "reference"), "missing"
+        why = f" ({run_fig.reason})" if run_fig is not None and run_fig.reason else ""
+        detail = f"missing from this run{why}; baseline '{baseline_name}' has {format_value(base, unit)}"
+    elif mode == "reference" or base is None or not judged:
+        verdict, reason = "reference", "reference"
+        role = "reference only" if mode == "reference" or base is None else "listed beside the phase's gated figure"
+        detail = f"{numbers} ({ratio_text}): {role}"
+    else:
+        assert run_fig is not None
+        verdict, reason, why = gate_verdict(
+            run_fig, base_fig, applied, run_time, device, machine, pace, retimed, pace_again
+        )
+        detail = f"{numbers} ({ratio_text}, tolerance {applied:.2f}{_default_text(tolerance)}): {reason}{why}"
+    message = f"{metric_label(base_fig.metric)}: {detail}"
+    return Comparison(
+        base_fig.metric, base_fig.phase, measured, base, baseline_name, ratio, applied, verdict, reason, message, unit
+    )
+
+
+def _default_text(tolerance: float) -> str:
+    """A tolerance nobody chose, named as the default in the verdict's text."""
+    return ", the default" if isinstance(tolerance, DefaultTolerance) else ""
