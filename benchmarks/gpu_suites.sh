@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu_suites.sh OUT_DIR step16x8-liger  # the training phases and step with use_liger=True
 #   bash benchmarks/gpu_suites.sh OUT_DIR step16x8-all-liger  # every phase with use_liger=True (needs liger-kernel)
 #   bash benchmarks/gpu_suites.sh OUT_DIR hf16x8       # the same prompts through the hf engine (generation only)
+#   RL_SESSIONS=3 bash benchmarks/gpu_suites.sh OUT_DIR noise16x8  # step16x8-all-liger's session again and again,
+#                                                      # 5 rounds each: how much each phase moves (issue 29)
 #   bash benchmarks/gpu_suites.sh OUT_DIR panel16x8    # fast, hf and static side by side (tokens/s, fidelity)
 #   bash benchmarks/gpu_suites.sh OUT_DIR trl16x8      # the step16x8 step by ours and by TRL's GRPOTrainer, in one
 #                                                      # session, side by side (needs trl: the [trl] extra)
@@ -70,6 +72,13 @@ for shape in "$@"; do
             --rl-config actor_rollout_ref.model.use_liger=True \
             suites/test_phases.py suites/test_step.py -k "not save_checkpoint" \
             --rl-rollout fast --rl-rounds 2 --rl-warmup-rounds 1 --rl-report "$out/step16x8-all-liger.json" ;;
+    noise16x8)  # issue 29's noise: step16x8-all-liger's session RL_SESSIONS times (default 3), 5 rounds each
+        for i in $(seq 1 "${RL_SESSIONS:-3}"); do
+            python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
+                --rl-config actor_rollout_ref.model.use_liger=True \
+                suites/test_phases.py suites/test_step.py -k "not save_checkpoint" \
+                --rl-rollout fast --rl-rounds 5 --rl-warmup-rounds 1 --rl-report "$out/noise16x8-$i.json"
+        done ;;
     panel16x8)  # the rollout panel: fast (trains), hf and static on the same prompts, seed and weights
         python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
             suites/test_rollout_panel.py --rl-rollout fast --rl-rollout hf --rl-rollout static \
