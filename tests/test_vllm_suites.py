@@ -114,8 +114,9 @@ def test_the_suites_run_every_phase_with_vllm_and_the_panel_judges_its_log_probs
 def test_a_model_vllm_cannot_run_on_cpu_is_refused_before_any_test(pytester: pytest.Pytester) -> None:
     pytester.makepyfile('import pathlib\ndef test_uses_rl_config(rl_config):\n    pathlib.Path("ran").write_text("yes")\n')
     result = pytester.runpytest_subprocess("--rl-rollout", "vllm", "--rl-model", "tiny", timeout=300)
-    out = result.stdout.str()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR, out[-3000:]
+    out = result.stderr.str()  # the session's one "ERROR: pytest-rlbench: ..." line
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, (result.stdout.str() + out)[-3000:]
+    assert "ERROR: pytest-rlbench: " in out
     assert "path='tiny' has head_dim 16, which vLLM's CPU attention does not support" in out
     assert "e.g. a preset: tiny-hd64" in out
     assert not (pytester.path / "ran").exists(), "a test body ran although the start-up check failed"
