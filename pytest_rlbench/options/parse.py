@@ -4,8 +4,9 @@ Pure parsing: nothing here imports pytest or starts anything, so every rule can 
 values. The table of options is ``options.table.OPTIONS``; ``plugin.py`` registers it with pytest
 (command line and ini), reads the raw values (the command line wins over the ini file) and turns an
 ``OptionError`` into ``pytest.UsageError``.
-Single values are parsed in ``options.values``, names checked in ``options.checks``; the dedicated
-options are sugar for trainer overrides (``options.trainer_config``), which the whole set is validated with.
+Single values are parsed in ``options.values``, names checked (and baselines loaded) in
+``options.checks``; the dedicated options are sugar for trainer overrides (``options.trainer_config``):
+the session builds and checks the trainer config they compose, once (``RLBenchSession.build_config``).
 """
 
 from __future__ import annotations
