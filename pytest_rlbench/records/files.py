@@ -5,7 +5,8 @@ At start-up each path is probed the way it will be written (a temporary file cre
 in its directory), so a path that cannot be written is a usage error before any test runs, not a
 traceback after hours of benchmarks. At the end each file is written on its own, to a temporary
 file in the same directory that is then renamed over the target (``os.replace`` is atomic on
-POSIX): a reader never sees half a file, and a failure leaves the previous file as it was.
+POSIX): a reader never sees half a file, and a failure leaves the previous file as it was. The file
+gets the mode a plain ``open`` would give it (0o666 less the user's umask), not ``mkstemp``'s 0o600.
 """
 
 from __future__ import annotations
@@ -80,17 +81,27 @@ def clashing_outputs(named: Mapping[str, Path | None]) -> str | None:
     return None
 
 
+def current_umask() -> int:
+    """The process's umask. POSIX can only read it by setting it, so it is set back at once."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, write: Callable[[Path], object]) -> Path:
     """Call ``write(temp_path)`` for a temporary file beside ``path``, then rename it to ``path``.
 
     The temporary file keeps ``path``'s suffix (matplotlib picks the format from it) and is removed
-    if anything fails. Parent directories are created."""
+    if anything fails. Parent directories are created. The file ends with mode 0o666 less the umask,
+    as ``open`` would create it: ``mkstemp`` makes it 0o600, which would hide a shared CI runner's
+    reports and baselines from the rest of the team."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{path.suffix}")
     os.close(fd)
     temp = Path(temp_name)
     try:
         write(temp)
+        os.chmod(temp, 0o666 & ~current_umask())
         os.replace(temp, path)
     finally:
         if temp.exists():

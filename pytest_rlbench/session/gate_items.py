@@ -192,6 +192,17 @@ class GatePlugin:
             items[:] = with_gates(items, gates_for(items, self.phase_of))
         return result
 
+    def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> str | None:
+        """Say at the start that saving a baseline on CPU workers times every phase twice (its gate
+        times it again at the end), so the session's longer run is no surprise."""
+        opts = get_session(config).opts
+        if opts.save_baseline is None or opts.gpu or not any(isinstance(i, PhaseGate) for i in items):
+            return None
+        return (
+            f"rlbench: saving a baseline: each phase is timed twice, by its benchmark and again by its gate "
+            f"test at the end of the session (both kept in {opts.save_baseline.name})"
+        )
+
     @pytest.hookimpl(trylast=True)  # after pytest's own cache plugin wrote this session's failures
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Each gate still failed in pytest's cache keeps its benchmark there too: ``--lf`` then reruns
