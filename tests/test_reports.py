@@ -1,33 +1,17 @@
-"""Report writers: terminal lines, the JSON report, the PNG chart."""
+"""Report writers: terminal lines and the JSON report (the PNG chart: test_chart.py)."""
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib.image
 import pytest
-from replay_records import replay_record
 
 from pytest_rlbench.records.baselines import load_baseline
 from pytest_rlbench.records.files import dumps_report
 from pytest_rlbench.records.record import RunRecord, record_from_dict
-from pytest_rlbench.reports.chart import (
-    MEASURED_STEP,
-    OTHER,
-    PHASES_APART,
-    REFERENCE_ALPHA,
-    draw_chart,
-    drawn_baselines,
-    median_step_round,
-    nothing_to_draw,
-    step_segments,
-    work_label,
-    write_chart,
-)
 from pytest_rlbench.reports.json_report import build_report
 from pytest_rlbench.reports.terminal import finding_lines, terminal_lines
 from pytest_rlbench.verdict.compare import compare, compare_all
@@ -189,51 +173,6 @@ def test_json_report_without_baselines_passes() -> None:
     assert report["passed"] is True and report["comparisons"] == [] and report["consistency"] == []
 
 
-def test_step_segments_follow_the_phase_key_order() -> None:
-    seven = load_baseline("verl-7b")
-    segments = step_segments(seven)
-    assert [label for label, _ in segments] == [
-        "generate_sequences",
-        "reshard",
-        "gen (rest)",
-        "reward",
-        "old_log_prob",
-        "ref",
-        "adv",
-        "update_actor",
-        OTHER,
-    ]
-    assert sum(v for _, v in segments) == pytest.approx(447.358303)  # the whole step, nothing twice
-    assert dict(segments)["gen (rest)"] == pytest.approx(325.086604 - 316.959756 - 4.191206)
-    assert step_segments(load_baseline("rlinf-1.5b"))[0] == ("gen", 266.083)
-
-
-def test_chart_draws_only_baselines_of_the_run_model_with_their_per_gpu_work() -> None:
-    rlinf, seven = load_baseline("rlinf-1.5b"), load_baseline("verl-7b")
-    replay = replay_record(rlinf, world_size=1)
-    drawn, left_off = drawn_baselines(replay, [seven, rlinf])
-    assert drawn == [rlinf]
-    assert left_off == ["verl-7b (DeepSeek-R1-Distill-Qwen-7B: another model than this run's)"]
-    assert work_label(replay) == "64 seq/GPU, response 13,975 tokens"
-    assert work_label(rlinf, replay) == "64 seq/GPU, response 13,975 tokens; same per-GPU work"
-    tiny_drawn, _ = drawn_baselines(run_record(), [seven, rlinf])
-    assert tiny_drawn == []  # a tiny CPU run is drawn alone, never beside a 1.5B or 7B step
-    assert work_label(run_record(), rlinf).endswith("; other per-GPU work")
-
-
-def test_chart_is_written(tmp_path: Path) -> None:
-    rlinf = load_baseline("rlinf-1.5b")
-    run = replay_record(rlinf, world_size=1)
-    baselines = [load_baseline("verl-7b"), rlinf, load_baseline("verl-v0.5.0-1.5b")]
-    path = write_chart(tmp_path / "chart.png", run, baselines)
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len(data) > 20_000
-    image = matplotlib.image.imread(path)
-    assert image.shape[1] > 1000 and image.shape[0] > 400
-    assert image[..., :3].std() > 0.05  # not a blank canvas
-
-
 def test_a_disagreement_reads_as_one_sentence_saying_what_disagrees() -> None:
     record = run_record(step={"seconds": [1.0]})  # shorter than the phases timed inside it
     lines = finding_lines(check_record(record))
@@ -241,72 +180,6 @@ def test_a_disagreement_reads_as_one_sentence_saying_what_disagrees() -> None:
         "  cpu-run: the phases timed inside step add up to 3.56 s, more than step itself (1 s), "
         "so they overlap or come from different steps."
     )
-
-
-
-# ----------------------------------------------------------------------------- the chart, through its Figure
-def _bar_totals(ax) -> list[float]:
-    """Each row's right end on the seconds axis (the bars are stacked from the left)."""
-    ends: dict[float, float] = {}
-    for patch in ax.patches:
-        y = round(patch.get_y() + patch.get_height() / 2, 3)
-        ends[y] = max(ends.get(y, 0.0), patch.get_x() + patch.get_width())
-    return [ends[y] for y in sorted(ends)]
-
-
-def _row_labels(ax) -> list[str]:
-    return [t.get_text() for t in ax.get_yticklabels()]
-
-
-def test_the_chart_reads_a_run_beside_a_baseline_30x_longer_on_a_log_axis() -> None:
-    rlinf = load_baseline("rlinf-1.5b")
-    fast = replay_record(rlinf, world_size=1, speedup=30.0)  # the same work per GPU, 30x faster
-    seconds_axis = draw_chart(fast, [rlinf]).axes[0]
-    assert seconds_axis.get_xscale() == "log" and "log scale" in seconds_axis.get_xlabel()
-    low, high = seconds_axis.get_xlim()
-    run_total, base_total = _bar_totals(seconds_axis)
-    assert base_total / run_total == pytest.approx(30.0, rel=0.01)
-    # Both bars span a good part of the axis (on a linear one the run's would be 1/30 of the baseline's).
-    decades = math.log10(high / low)
-    assert math.log10(run_total / low) > decades / 4 and math.log10(base_total / low) > decades / 2
-
-
-def test_the_chart_marks_a_reference_only_baseline_and_the_failed_phases() -> None:
-    rlinf, verl = load_baseline("rlinf-1.5b"), load_baseline("verl-v0.5.0-1.5b")
-    slow = replay_record(rlinf, world_size=1, speedup=0.5)
-    results = compare_all(slow, [rlinf, verl])
-    assert [r.mode for r in results] == ["gate", "reference"]
-    fig = draw_chart(slow, [rlinf, verl], results)
-    seconds_axis = fig.axes[0]
-    run_label, gate_label, reference_label = _row_labels(seconds_axis)
-    assert gate_label.endswith("; gate") and reference_label.endswith("; reference only, not a gate")
-    faded = {round(p.get_alpha() or 1.0, 2) for p in seconds_axis.patches if abs(p.get_y() + p.get_height() / 2 - 2) < 0.01}
-    assert faded == {REFERENCE_ALPHA}  # the reference's bar is drawn faded, the others not
-    crosses = [line.get_label() for line in seconds_axis.get_lines()]
-    assert crosses == [f"failed: {c.phase}" for c in results[0].failures]
-    assert {"failed: gen", "failed: step"} <= set(crosses)
-    legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert any(text.startswith("failed gate: gen") for text in legend)
-    passing = draw_chart(replay_record(rlinf, world_size=1), [rlinf], compare_all(replay_record(rlinf, world_size=1), [rlinf]))
-    assert passing.axes[0].get_lines() == []  # nothing failed: no cross
-
-
-def test_the_run_is_drawn_from_a_measured_step_like_a_published_baseline() -> None:
-    run = run_record()
-    run.provenance.framework = "pytest-rlbench"
-    rounds = [
-        {"gen": 2.0, "old_log_prob": 0.2, "update_actor": 0.5, "step": 3.2},
-        {"gen": 1.0, "old_log_prob": 0.2, "update_actor": 0.5, "step": 2.0},  # the median step
-        {"gen": 0.9, "old_log_prob": 0.2, "update_actor": 0.5, "step": 1.9},
-    ]
-    assert median_step_round(rounds) == rounds[1]
-    measured = draw_chart(run, step_breakdown=rounds).axes[0]
-    assert _bar_totals(measured) == [pytest.approx(2.0)]  # that round's step, split by its own phases
-    assert _row_labels(measured)[0].endswith(MEASURED_STEP)
-    apart = draw_chart(run).axes[0]  # no whole step timed: the phases timed apart, and said so
-    assert _row_labels(apart)[0].endswith(PHASES_APART)
-    assert _row_labels(draw_chart(run, [load_baseline("rlinf-1.5b")]).axes[0])[0].endswith(PHASES_APART)
-    assert MEASURED_STEP in _row_labels(draw_chart(load_baseline("rlinf-1.5b")).axes[0])[0]
 
 
 def test_terminal_summary_counts_inconclusive_and_not_run_apart_from_failures() -> None:
@@ -323,13 +196,3 @@ def test_terminal_summary_counts_inconclusive_and_not_run_apart_from_failures() 
     assert lines[-2] == "1 inconclusive (past tolerance, but this session cannot tell whether it is real; not a failure):"
     assert "5 rounds per side can" in lines[-1]
     assert not any("regression" in line for line in lines) and result.passed
-
-
-def test_a_chart_with_no_bar_draws_without_a_legend_and_says_why() -> None:
-    run = record_from_dict({**copy.deepcopy(RUN), "phases": {"save_checkpoint": {"seconds": 0.08}}})
-    assert nothing_to_draw(run, [load_baseline("verl-7b")]) == (
-        "no phase inside the step was timed (timed: save_checkpoint), and no baseline of this model to draw"
-    )
-    assert nothing_to_draw(run_record()) is None
-    fig = draw_chart(run)  # matplotlib refuses a legend of 0 columns: none is drawn
-    assert fig.legends == []

@@ -1,47 +1,66 @@
 """A PNG of one step's phase breakdown: this run beside each baseline of the same model.
 
 Only baselines of the run's model (the same architecture and dtype) are drawn: seconds of another
-model's step say nothing about this one's, so those are named in a note under the chart instead. Each
-bar's label gives its hardware and its per-GPU work (sequences per GPU, mean response length) and says
-whether that is the run's own per-GPU work, whether the baseline is a gate or a reference only, and
-what the bar is: one measured step, or phases timed apart and summed.
+model's step say nothing about this one's, so those are named in a note under the chart instead.
 
-Every bar is one measured step where there is one: the run's is the whole-step round of median step
-time, split by that round's own phase times (``step_breakdown``, the rounds ``rl_bench`` records
-under ``breakdown=``); a published baseline's phase times are one step's. A record without either (a
-run of the phase benchmarks only, or a saved pytest-rlbench baseline) is drawn from its separately
-timed phases and labelled so.
+Bars are drawn in two groups, and a bar is only ever set beside bars of the same kind of figure:
 
-Left panel: seconds per step on a log axis, so a run and a baseline 30x longer are both readable; one
-stacked horizontal bar per record, phases in the order of the phase keys (trainer.phases.PHASE_KEYS).
-Right panel: the same bars as fractions of the step, so runs on different hardware can be compared by
-shape. Phases nested in gen (generate_sequences, reshard) are drawn as parts of gen; time inside the
-step that no phase accounts for is drawn as "other". save_checkpoint runs outside the step and is left
-out. A phase that failed its gate gets a red edge and a red cross (legend "failed: <phase>"); a
-reference-only baseline is drawn faded. Drawn on matplotlib's Agg canvas: no display needed.
+- "one measured step": a whole step, timed as one. The run's is the whole-step round of median step
+  time (``step_breakdown``, the rounds ``rl_bench`` records under ``breakdown=``), split by that
+  round's own phase times, its length the step's time as the summary gives it; a published baseline's
+  phase times are one step's. A baseline saved by this plugin keeps no per-round split, so its step
+  is drawn whole ("step, not split").
+- "phases timed apart, summed": each phase's median time from its own benchmark, stacked. The run's
+  and those of the baselines saved by this plugin (a published baseline has none of this kind).
+
+Where the summary judged a phase's time against a baseline, the bars take the summary's figures (the
+run's, and the baseline's as the verdict read it: on CPU workers its faster block of rounds), so the
+chart and the table show the same seconds; otherwise a record's median. Each bar's label gives its
+hardware and per-GPU work, for a baseline whether that is the run's work (a gate's comparison decides
+this), and whether the baseline is a gate or a reference only.
+
+Left panel: seconds per step on a linear axis (stacked segments keep their true lengths). Right
+panel: the same bars as fractions of their total, so runs on different hardware can be compared by
+shape. Phases nested in gen (generate_sequences, reshard) are drawn as parts of gen; time inside a
+measured step that no phase accounts for is drawn as "other". save_checkpoint runs outside the step
+and is left out. A phase that failed its gate gets a red edge and a red cross on the run's bar that
+holds the judged figure: the step's on the measured step, any other phase's on the phases timed apart
+(legend "failed gate: <phases>"); an inconclusive one a dashed amber edge; a reference-only baseline
+is drawn faded.
+The legend and the note under the chart are sized to fit inside the figure. Drawn on matplotlib's Agg
+canvas: no display needed.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
+import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pytest_rlbench.frameworks import OURS_LABEL
+from pytest_rlbench.records.metrics import TIMING, family_of
 from pytest_rlbench.records.record import RunRecord
 from pytest_rlbench.records.workload import model_differences, workload_matches, workload_tokens
 from pytest_rlbench.verdict.compare import BaselineComparison
+from pytest_rlbench.verdict.gate_basis import SAME_MACHINE
+from pytest_rlbench.verdict.retiming import baseline_median
 
 GEN_PARTS: tuple[str, ...] = ("generate_sequences", "reshard")
 TOP_LEVEL: tuple[str, ...] = ("reward", "old_log_prob", "ref", "adv", "update_actor")
 OTHER = "other"
 GEN_REST = "gen (rest)"
+WHOLE_STEP = "step, not split"  # a measured step whose record keeps no split by phase
 MEASURED_STEP = "one measured step"
 PHASES_APART = "phases timed apart, summed"
-OWN_FRAMEWORK = "pytest-rlbench"  # provenance.framework of records this plugin wrote
+KINDS: tuple[str, ...] = (MEASURED_STEP, PHASES_APART)  # the groups, top to bottom
+OWN_SOURCE = "pytest-rlbench"  # how provenance.source of any record this plugin wrote begins (TRL's too)
 FAILED_COLOUR = "#c53030"
+INCONCLUSIVE_COLOUR = "#d69e2e"
 REFERENCE_ALPHA = 0.45
+FIGURE_WIDTH = 13.0  # inches
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -59,7 +78,23 @@ COLOURS: dict[str, str] = {
     "adv": "#a0aec0",
     "update_actor": "#dd6b20",
     OTHER: "#e2e8f0",
+    WHOLE_STEP: "#4a5568",
 }
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One drawn bar: whose, which kind of figure, its (label, seconds) parts, and the baseline's
+    comparison with the run (None for the run, or when no comparison was given)."""
+
+    record: RunRecord
+    kind: str
+    segments: list[tuple[str, float]]
+    result: BaselineComparison | None = None
+
+    @property
+    def total(self) -> float:
+        return sum(v for _, v in self.segments)
 
 
 def _median(record: RunRecord, key: str) -> float | None:
@@ -68,7 +103,8 @@ def _median(record: RunRecord, key: str) -> float | None:
 
 
 def breakdown_segments(seconds: Mapping[str, float]) -> list[tuple[str, float]]:
-    """(label, seconds) of one step's parts from its seconds by phase key, in the phase keys' order."""
+    """(label, seconds) of one step's parts from its seconds by phase key, in the phase keys' order;
+    with "step" given, the step's time that no part accounts for is "other"."""
     out: list[tuple[str, float]] = [(k, seconds[k]) for k in GEN_PARTS if k in seconds]
     gen = seconds.get("gen")
     if gen is not None:
@@ -95,13 +131,88 @@ def median_step_round(rounds: Sequence[Mapping[str, float]]) -> Mapping[str, flo
     return timed[(len(timed) - 1) // 2] if timed else None
 
 
-def record_step(record: RunRecord, rounds: Sequence[Mapping[str, float]] = ()) -> tuple[list[tuple[str, float]], str]:
-    """A record's bar and what it is: one measured step where there is one (see the module docstring)."""
+def timed_apart(record: RunRecord) -> bool:
+    """Whether the record's phases were timed apart, each by its own benchmark (a record this plugin
+    wrote), rather than inside one step (a published run's)."""
+    return record.provenance.framework == OURS_LABEL or record.provenance.source.startswith(OWN_SOURCE)
+
+
+def summary_seconds(results: Sequence[BaselineComparison], baseline: str | None = None) -> dict[str, float]:
+    """Each phase's seconds as the summary gives them: the run's (``baseline`` None) or that
+    baseline's side of its comparison (as the verdict read it)."""
+    out: dict[str, float] = {}
+    for result in results:
+        if baseline is not None and result.baseline != baseline:
+            continue
+        for c in result.comparisons:
+            value = c.measured if baseline is None else c.baseline
+            if family_of(c.metric) == TIMING and c.phase and value is not None:
+                out.setdefault(c.phase, value)
+    return out
+
+
+def _phases_apart(record: RunRecord, figures: Mapping[str, float], baseline: bool) -> list[tuple[str, float]]:
+    """The phases inside the step, stacked: the summary's figure where it has one, else the median (a
+    baseline's of its faster block of rounds, as a verdict reads it)."""
+    seconds = {}
+    for key in (*GEN_PARTS, "gen", *TOP_LEVEL):
+        if key in figures:
+            seconds[key] = figures[key]
+        elif key in record.phases:
+            seconds[key] = baseline_median(record, key) if baseline else _median(record, key)
+    return breakdown_segments(seconds)
+
+
+def run_bars(
+    run: RunRecord, rounds: Sequence[Mapping[str, float]] = (), results: Sequence[BaselineComparison] = ()
+) -> list[Bar]:
+    """The run's bars: its measured step (the median whole-step round, split by its own phases, as long
+    as the summary's step time) and its phases timed apart; each where timed."""
+    figures = summary_seconds(results)
+    bars = []
+    step = figures.get("step", _median(run, "step"))
     measured = median_step_round(rounds)
     if measured is not None:
-        return breakdown_segments(measured), MEASURED_STEP
-    apart = record.provenance.framework == OWN_FRAMEWORK
-    return step_segments(record), PHASES_APART if apart else MEASURED_STEP
+        parts = {k: v for k, v in measured.items() if k != "step"}
+        bars.append(Bar(run, MEASURED_STEP, breakdown_segments({**parts, "step": step or measured["step"]})))
+    elif step is not None:
+        bars.append(Bar(run, MEASURED_STEP, [(WHOLE_STEP, step)]))
+    apart = _phases_apart(run, figures, baseline=False)
+    if apart:
+        bars.append(Bar(run, PHASES_APART, apart))
+    return bars
+
+
+def baseline_bars(baseline: RunRecord, result: BaselineComparison | None = None) -> list[Bar]:
+    """A baseline's bars: a published run's one measured step (its phases are that step's); a saved
+    run's measured step (whole: no split kept) and its phases timed apart."""
+    if not timed_apart(baseline):
+        segments = step_segments(baseline)
+        return [Bar(baseline, MEASURED_STEP, segments, result)] if segments else []
+    figures = summary_seconds([result], baseline.name) if result is not None else {}
+    bars = []
+    if "step" in figures or "step" in baseline.phases:
+        step = figures.get("step") or baseline_median(baseline, "step")
+        bars.append(Bar(baseline, MEASURED_STEP, [(WHOLE_STEP, step)], result))
+    apart = _phases_apart(baseline, figures, baseline=True)
+    if apart:
+        bars.append(Bar(baseline, PHASES_APART, apart, result))
+    return bars
+
+
+def chart_bars(
+    run: RunRecord,
+    baselines: Sequence[RunRecord] = (),
+    results: Sequence[BaselineComparison] = (),
+    step_breakdown: Sequence[Mapping[str, float]] = (),
+) -> list[Bar]:
+    """Every bar, grouped by kind (``KINDS``), the run's first in each group."""
+    drawn, _ = drawn_baselines(run, baselines)
+    by_name = {r.baseline: r for r in results}
+    bars = run_bars(run, step_breakdown, results)
+    for b in drawn:
+        bars += baseline_bars(b, by_name.get(b.name))
+    return sorted(bars, key=lambda bar: KINDS.index(bar.kind))  # stable: the run first, then the baselines
 
 
 def nothing_to_draw(
@@ -109,8 +220,7 @@ def nothing_to_draw(
 ) -> str | None:
     """Why the chart would have no bar (no part of a step timed by the run or a baseline of its model), or
     None when there is something to draw: a run of save_checkpoint alone times nothing inside the step."""
-    drawn, _ = drawn_baselines(run, baselines)
-    if record_step(run, step_breakdown)[0] or any(record_step(b)[0] for b in drawn):
+    if chart_bars(run, baselines, step_breakdown=step_breakdown):
         return None
     timed = ", ".join(run.phases) or "none"
     return f"no phase inside the step was timed (timed: {timed}), and no baseline of this model to draw"
@@ -119,6 +229,14 @@ def nothing_to_draw(
 def failed_phases(results: Sequence[BaselineComparison]) -> list[str]:
     """The phases with a failed gate comparison, in the order first met."""
     return list(dict.fromkeys(c.phase for r in results for c in r.failures if c.phase))
+
+
+def inconclusive_phases(results: Sequence[BaselineComparison]) -> list[str]:
+    """The phases with an inconclusive gate comparison and none failed, in the order first met."""
+    failed = failed_phases(results)
+    return list(
+        dict.fromkeys(c.phase for r in results for c in r.inconclusive if c.phase and c.phase not in failed)
+    )
 
 
 def _hardware_label(record: RunRecord) -> str:
@@ -141,8 +259,11 @@ def drawn_baselines(run: RunRecord, baselines: Sequence[RunRecord]) -> tuple[lis
     return drawn, notes
 
 
-def work_label(record: RunRecord, run: RunRecord | None = None) -> str:
-    """A record's per-GPU work in a few words; beside ``run``, whether it is the run's own."""
+def work_label(
+    record: RunRecord, run: RunRecord | None = None, result: BaselineComparison | None = None
+) -> str:
+    """A record's per-GPU work in a few words; beside ``run``, whether it is the run's own: a gate's
+    comparison (``result``) decides that, having found the same work; otherwise the workloads."""
     tokens = workload_tokens(record)
     sequences = tokens.num_sequences or (tokens.response_lengths and len(tokens.response_lengths))
     mean = tokens.response_length_mean
@@ -152,6 +273,10 @@ def work_label(record: RunRecord, run: RunRecord | None = None) -> str:
     text = per_gpu + (f", response {mean:,.0f} tokens" if mean is not None else "")
     if run is None:
         return text
+    if result is not None and result.mode == "gate":
+        return text + (
+            "; same work, same hardware" if result.basis == SAME_MACHINE else "; same per-GPU work"
+        )
     return text + ("; same per-GPU work" if not workload_matches(run, record) else "; other per-GPU work")
 
 
@@ -180,68 +305,155 @@ def _segment_span(segments: Sequence[tuple[str, float]], phase: str) -> tuple[fl
     return spans.get(phase)
 
 
-def _row_label(record: RunRecord, run: RunRecord, kind: str, role: str | None) -> str:
+def role_of(result: BaselineComparison | None) -> str:
+    """What a baseline is to this run, as its label says it."""
+    if result is None:
+        return "baseline"
+    return "gate" if result.mode == "gate" else "reference only, not a gate"
+
+
+def _row_label(bar: Bar, run: RunRecord) -> str:
     """Name, hardware, per-GPU work; then what the bar is, and for a baseline whether it gates."""
+    record = bar.record
     if record is run:
-        return f"{record.name} (this run)\n{_hardware_label(record)}\n{work_label(record)}\n{kind}"
-    what = {"gate": "gate", "reference": "reference only, not a gate"}.get(role or "", "baseline")
-    return f"{record.name}\n{_hardware_label(record)}\n{work_label(record, run)}\n{kind}; {what}"
+        return f"{record.name} (this run)\n{_hardware_label(record)}\n{work_label(record)}\n{bar.kind}"
+    work = work_label(record, run, bar.result)
+    return f"{record.name}\n{_hardware_label(record)}\n{work}\n{bar.kind}; {role_of(bar.result)}"
 
 
-def _draw_bar(
-    ax_abs: Axes, ax_rel: Axes, y: int, segments: Sequence[tuple[str, float]], limits: tuple[float, float], faded: bool
-) -> None:
-    """One record's bar in both panels; ``limits`` the log axis' (low, high), for where labels fit."""
-    total, left = sum(v for _, v in segments), 0.0
-    decades = math.log10(limits[1] / limits[0])
-    for label, seconds in segments:
+def _seconds_text(seconds: float) -> str:
+    return f"{seconds:,.0f} s" if seconds >= 10 else f"{seconds:.3g} s"
+
+
+def _draw_bar(ax_abs: Axes, ax_rel: Axes, y: int, bar: Bar, x_max: float, ratio: str) -> None:
+    """One bar in both panels; ``x_max`` the seconds axis' right end, for where a label fits."""
+    total, left = bar.total, 0.0
+    faded = bar.result is not None and bar.result.mode == "reference"
+    for label, seconds in bar.segments:
         colour, hatch = COLOURS[label], "//" if label == OTHER else None
         style = {"color": colour, "edgecolor": "white", "linewidth": 0.8, "hatch": hatch}
         style["alpha"] = REFERENCE_ALPHA if faded else 1.0
-        shown_left = max(left, limits[0])  # on a log axis a bar from 0 starts at the axis' edge
-        ax_abs.barh(y, left + seconds - shown_left, left=shown_left, **style)
-        if seconds > 0 and math.log10((left + seconds) / shown_left) >= 0.12 * decades:  # wide enough to hold it
-            text = f"{seconds:,.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
-            ax_abs.text(math.sqrt(shown_left * (left + seconds)), y, text, ha="center", va="center", fontsize=8,
-                        color=_text_colour(colour))
-        share = seconds / total if total else 0.0
-        ax_rel.barh(y, share, left=left / total if total else 0.0, **style)
-        if share >= 0.07:
-            ax_rel.text((left + seconds / 2) / total, y, f"{share:.0%}", ha="center", va="center", fontsize=8,
-                        color=_text_colour(colour))
+        ax_abs.barh(y, seconds, left=left, **style)
+        if seconds >= 0.08 * x_max:  # wide enough to hold its label
+            ax_abs.text(
+                left + seconds / 2,
+                y,
+                _seconds_text(seconds),
+                ha="center",
+                va="center",
+                fontsize=8,
+                color=_text_colour(colour),
+            )
+        if label != WHOLE_STEP:  # a step not split has no shares to show
+            share = seconds / total if total else 0.0
+            ax_rel.barh(y, share, left=left / total if total else 0.0, **style)
+            if share >= 0.07:
+                ax_rel.text(
+                    (left + seconds / 2) / total,
+                    y,
+                    f"{share:.0%}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color=_text_colour(colour),
+                )
         left += seconds
-    note = f"{total:,.1f} s" if segments else "no step phases timed"
-    ax_abs.text(max(total, limits[0]), y, f"  {note}", va="center", fontsize=9, color="#2d3748")
+    if [label for label, _ in bar.segments] == [WHOLE_STEP]:
+        ax_rel.text(
+            0.01,
+            y,
+            "not split by phase (the record keeps no per-round split)",
+            va="center",
+            fontsize=8,
+            color="#4a5568",
+        )
+    ax_abs.text(total, y, f"  {_seconds_text(total)}{ratio}", va="center", fontsize=9, color="#2d3748")
 
 
-def _log_limits(rows: Sequence[tuple[RunRecord, list[tuple[str, float]], str]]) -> tuple[float, float]:
-    """The log axis' range: from a tenth of the shortest first part or step to 3x the longest step (room
-    for its total), so the shortest bar still spans a decade."""
-    bars = [segments for _, segments, _ in rows if segments]
-    totals = [sum(v for _, v in s) for s in bars]
-    if not totals or max(totals) <= 0:
-        return 0.1, 10.0
-    firsts = [s[0][1] for s in bars if s[0][1] > 0]
-    return max(min(firsts + totals) / 10, 1e-6), max(totals) * 3
+def _ratio_text(bar: Bar, run_bar: Bar | None) -> str:
+    """Beside a baseline's bar: the run's total over its, as the summary states a time's ratio."""
+    if bar.record is (run_bar.record if run_bar else None) or run_bar is None or not bar.total:
+        return ""
+    return f"  (this run: {run_bar.total / bar.total:.2f}x)"
 
 
-def _mark_failures(
-    ax: Axes, y: int, segments: Sequence[tuple[str, float]], failed: Sequence[str], floor: float
+def _mark_phases(
+    ax: Axes, run: RunRecord, rows: Sequence[Bar], phases: Sequence[str], failed: bool
 ) -> list[str]:
-    """A red cross and outline on each failed phase of the run's bar; returns the failed phases not drawn."""
+    """Outline each of ``phases`` on the run's bar that holds the figure its gate judged: a step on the
+    measured step, any other phase on the phases timed apart (its own benchmark timed it). A failed
+    phase gets a red edge and a red cross, an inconclusive one a dashed amber edge. Returns the phases
+    not drawn (a custom metric's, or a part no bar has)."""
+    run_rows = {bar.kind: (y, bar) for y, bar in enumerate(rows) if bar.record is run}
+    colour = FAILED_COLOUR if failed else INCONCLUSIVE_COLOUR
     missing = []
-    for phase in failed:
-        span = _segment_span(segments, phase)
-        if span is None:
+    for phase in phases:
+        preferred = (MEASURED_STEP, PHASES_APART) if phase == "step" else (PHASES_APART, MEASURED_STEP)
+        found = [
+            (y, span)
+            for kind in preferred
+            if kind in run_rows
+            for y, bar in [run_rows[kind]]
+            if (span := _segment_span(bar.segments, phase)) is not None
+        ]
+        if not found:
             missing.append(phase)
             continue
-        low, high = max(span[0], floor), span[1]
-        ax.barh(y, high - low, left=low, fill=False, edgecolor=FAILED_COLOUR, linewidth=2.2)
-        # On the bar's top edge, so that the cross hides no segment's label; a failed step at the bar's end.
-        x = high if phase == "step" else math.sqrt(low * high)
-        ax.plot([x], [y - 0.4], marker="X", markersize=9, linestyle="none", color=FAILED_COLOUR,
-                markeredgecolor="white", label=f"failed: {phase}")
+        y, (low, high) = found[0]
+        outline = ax.barh(
+            y,
+            high - low,
+            left=low,
+            fill=False,
+            edgecolor=colour,
+            linewidth=2.2,
+            linestyle="-" if failed else "--",
+        )
+        outline.patches[0].set_gid(f"{'failed' if failed else 'inconclusive'}: {phase}")  # for tests to find
+        if failed:  # on the bar's top edge, so that the cross hides no label; a failed step at the bar's end
+            x = high if phase == "step" else (low + high) / 2
+            ax.plot(
+                [x],
+                [y - 0.4],
+                marker="X",
+                markersize=9,
+                linestyle="none",
+                color=colour,
+                markeredgecolor="white",
+                label=f"failed: {phase}",
+            )
     return missing
+
+
+def _fit_legend_and_note(fig: Figure, handles: list, note: str | None) -> float:
+    """The legend and the note at the figure's foot, each made to fit its width (the legend in fewer
+    columns, the note wrapped); returns the height they take, as a fraction of the figure's."""
+    renderer = fig.canvas.get_renderer()
+    width, height = fig.bbox.width, fig.bbox.height
+    margin = 0.01
+    bottom = margin
+    if note:
+        text = fig.text(margin, margin, note, ha="left", va="bottom", fontsize=8, color="#4a5568")
+        for chars in range(len(note), 20, -10):
+            text.set_text(textwrap.fill(note, chars))
+            if text.get_window_extent(renderer).width <= width * (1 - 2 * margin):
+                break
+        bottom += text.get_window_extent(renderer).height / height + margin
+    if handles:  # none when no bar has a part (nothing_to_draw says why)
+        for ncol in range(min(len(handles), 10), 0, -1):
+            legend = fig.legend(
+                handles=handles,
+                loc="lower center",
+                bbox_to_anchor=(0.5, bottom),
+                ncol=ncol,
+                frameon=False,
+                fontsize=9,
+            )
+            if legend.get_window_extent(renderer).width <= width * (1 - 2 * margin) or ncol == 1:
+                break
+            legend.remove()
+        bottom += legend.get_window_extent(renderer).height / height
+    return bottom + margin
 
 
 def draw_chart(
@@ -252,62 +464,87 @@ def draw_chart(
 ) -> Figure:
     """The chart as a matplotlib Figure on an Agg canvas (see the module docstring).
 
-    ``results``: the comparisons with the baselines (which gate, which failed); ``step_breakdown``: the
-    run's whole-step rounds, seconds by phase key."""
+    ``results``: the comparisons with the baselines (which gate, which failed, the summary's seconds);
+    ``step_breakdown``: the run's whole-step rounds, seconds by phase key."""
     # matplotlib is imported here, not with the plugin: every pytest start would pay for it otherwise.
     # A Figure with the Agg canvas draws without pyplot, so no global backend is set for the user.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     from matplotlib.ticker import PercentFormatter
 
     drawn, left_off = drawn_baselines(run, baselines)
-    roles = {r.baseline: r.mode for r in results}
-    rows = [(run, *record_step(run, step_breakdown))] + [(b, *record_step(b)) for b in drawn]
-    height = 2.4 + 1.1 * len(rows)
-    fig = Figure(figsize=(13, height))
+    rows = chart_bars(run, baselines, results, step_breakdown)
+    height = 2.8 + 1.0 * max(len(rows), 1)
+    fig = Figure(figsize=(FIGURE_WIDTH, height))
     FigureCanvasAgg(fig)
     ax_abs, ax_rel = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
-    used = {label for _, segments, _ in rows for label, _ in segments}
-    limits = _log_limits(rows)
-    for y, (record, segments, _) in enumerate(rows):
-        _draw_bar(ax_abs, ax_rel, y, segments, limits, faded=roles.get(record.name) == "reference")
-    not_drawn = _mark_failures(ax_abs, 0, rows[0][1], failed_phases(results), limits[0])
+    x_max = max((bar.total for bar in rows), default=1.0) or 1.0
+    run_bar = {bar.kind: bar for bar in rows if bar.record is run}
+    for y, bar in enumerate(rows):
+        _draw_bar(ax_abs, ax_rel, y, bar, x_max, _ratio_text(bar, run_bar.get(bar.kind)))
+    for y in range(1, len(rows)):  # a rule between the groups of one kind
+        if rows[y].kind != rows[y - 1].kind:
+            for ax in (ax_abs, ax_rel):
+                ax.axhline(y - 0.5, color="#a0aec0", linewidth=0.8, linestyle="--")
+    failed, inconclusive = failed_phases(results), inconclusive_phases(results)
+    not_drawn = _mark_phases(ax_abs, run, rows, failed, failed=True) if rows else failed
     if not_drawn:
-        left_off.append(f"failed, not in the step's bar: {', '.join(not_drawn)}")
-    labels = [_row_label(record, run, kind, roles.get(record.name)) for record, _, kind in rows]
-    ax_abs.set_yticks(range(len(rows)), labels, fontsize=8)
-    ax_abs.get_yticklabels()[0].set_fontweight("bold")
-    ax_abs.invert_yaxis()  # this run on top
-    ax_abs.set_xscale("log")
-    ax_abs.set_xlim(*limits)
-    ax_abs.set_xlabel("seconds per step (log scale)")
-    ax_rel.set_xlabel("share of the step")
+        left_off.append(f"failed, not in the run's bars: {', '.join(not_drawn)}")
+    drawn_inconclusive = [
+        p for p in inconclusive if p not in _mark_phases(ax_abs, run, rows, inconclusive, False)
+    ]
+    ax_abs.set_yticks(range(len(rows)), [_row_label(bar, run) for bar in rows], fontsize=8)
+    for y, tick in enumerate(ax_abs.get_yticklabels()):
+        if rows[y].record is run:
+            tick.set_fontweight("bold")
+    ax_abs.set_ylim(max(len(rows), 1) - 0.5, -0.5)  # this run on top of each group
+    ax_abs.set_xlim(0, x_max * 1.3)  # room for the totals
+    ax_abs.set_xlabel("seconds per step")
+    ax_rel.set_xlabel("share of the bar")
     ax_rel.set_xlim(0, 1)
     ax_rel.xaxis.set_major_formatter(PercentFormatter(1.0))
     for ax in (ax_abs, ax_rel):
         ax.spines[["top", "right"]].set_visible(False)
         ax.grid(axis="x", color="#edf2f7", linewidth=0.8)
         ax.set_axisbelow(True)
-    ax_abs.set_title("Time per step, by phase (log scale)", loc="left", fontsize=11)
-    ax_rel.set_title("Same, as fractions of the step", loc="left", fontsize=11)
-    handles = [Patch(facecolor=COLOURS[k], hatch="//" if k == OTHER else None, label=k) for k in COLOURS if k in used]
-    crosses = [h for h in ax_abs.get_lines() if h.get_label().startswith("failed: ")]
+    ax_abs.set_title("Time per step, by phase", loc="left", fontsize=11)
+    ax_rel.set_title("Same, as fractions of each bar", loc="left", fontsize=11)
+    used = {label for bar in rows for label, _ in bar.segments}
+    handles = [
+        Patch(facecolor=COLOURS[k], hatch="//" if k == OTHER else None, label=k) for k in COLOURS if k in used
+    ]
+    crosses = [
+        h.get_label().removeprefix("failed: ")
+        for h in ax_abs.get_lines()
+        if h.get_label().startswith("failed: ")
+    ]
     if crosses:  # one legend entry for every cross, naming the phases
-        from matplotlib.lines import Line2D
-
-        names = ", ".join(h.get_label().removeprefix("failed: ") for h in crosses)
-        handles.append(Line2D([], [], marker="X", color=FAILED_COLOUR, linestyle="none", label=f"failed gate: {names}"))
-    fig.suptitle(f"Step phase breakdown: {run.name} and {len(drawn)} baseline(s) of the same model",
-                 x=0.01, ha="left", fontsize=12, fontweight="bold")
-    note_room = 0.3 / height if left_off else 0.0  # inches for the note under the legend
-    if handles:  # none when no bar has a part (nothing_to_draw says why)
-        fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, note_room), ncol=min(len(handles), 10),
-                   frameon=False, fontsize=9)
-    if left_off:
-        note = "Not drawn: " + "; ".join(left_off)
-        fig.text(0.01, 0.01, note, ha="left", va="bottom", fontsize=8, color="#4a5568")
-    fig.tight_layout(rect=(0, 0.6 / height + note_room, 1, 1))
+        names = ", ".join(dict.fromkeys(crosses))
+        handles.append(
+            Line2D([], [], marker="X", color=FAILED_COLOUR, linestyle="none", label=f"failed gate: {names}")
+        )
+    if drawn_inconclusive:  # past tolerance, but the session could not tell (the summary says why)
+        names = ", ".join(drawn_inconclusive)
+        handles.append(
+            Patch(
+                fill=False,
+                edgecolor=INCONCLUSIVE_COLOUR,
+                linestyle="--",
+                linewidth=2,
+                label=f"inconclusive: {names}",
+            )
+        )
+    beside = (
+        f"beside {len(drawn)} baseline(s) of the same model" if drawn else "alone (no baseline of this model)"
+    )
+    fig.suptitle(
+        f"Step phase breakdown: {run.name} {beside}", x=0.01, ha="left", fontsize=12, fontweight="bold"
+    )
+    note = "Not drawn: " + "; ".join(left_off) if left_off else None
+    bottom = _fit_legend_and_note(fig, handles, note)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     return fig
 
 
