@@ -23,9 +23,13 @@ Loaded through the ``pytest11`` entry point. The order of a session:
    already a failed test, or of a custom metric, judged only here) or an output that could not be
    written makes the exit status 1. Then Ray is stopped, every process of an
    embedded Ray included (an atexit guard covers harder exits).
-7. ``pytest_terminal_summary``: the comparison table (with several frameworks, first a table of them
-   side by side, phase by phase), consistency findings, files written and files not written (one
-   line each, with the reason).
+7. ``pytest_terminal_summary``: first the answer (PASS or FAIL per gate; with no gate, the command
+   that would gate this work), then the session's notes, the run's own times (with no gate), the
+   gates' tables, one line per reference (with several frameworks, first a table of them side by
+   side, phase by phase), with ``-v`` the references' figures and the baselines' consistency
+   findings, files written and files not written (one line each, with the reason).
+   pytest-benchmark's own table is off unless one of its reporting options is given
+   (``benchmark_table_defaults``); then it is in seconds, with the columns a user reads.
 
 Signals and dead workers are handled by ``pytest_rlbench.session.faults`` (registered in pytest_configure).
 """
@@ -49,6 +53,7 @@ from pytest_rlbench.options.table import OPTIONS
 from pytest_rlbench.options.trainer_config import OPTION_KEYS, VLLM_ON_CPU, vllm_cpu_defaults
 from pytest_rlbench.options.values import OptionError, RawValue
 from pytest_rlbench.records.files import clashing_outputs
+from pytest_rlbench.reports.answer import Invocation
 from pytest_rlbench.reports.chart import chart_path_for
 from pytest_rlbench.reports.side_by_side import session_lines
 from pytest_rlbench.session.bench import rl_batch, rl_bench, rl_prompts  # noqa: F401  (fixtures, as above)
@@ -245,17 +250,70 @@ def incomplete_reason(session: pytest.Session) -> str | None:
     return None
 
 
+# pytest-benchmark's options that ask for its own reporting: given any, its table is shown.
+BENCHMARK_REPORTING = (
+    "benchmark_columns",
+    "benchmark_time_unit",
+    "benchmark_histogram",
+    "benchmark_compare",
+    "benchmark_cprofile",
+    "benchmark_verbose",
+    "benchmark_save",
+    "benchmark_autosave",
+    "benchmark_json",
+)
+BENCHMARK_COLUMNS = ["median", "iqr", "min", "max", "rounds"]  # its table's columns unless chosen
+BENCHMARK_TABLE_HINT = "pytest-benchmark's table: --benchmark-columns=median,iqr,rounds"
+TABLE_OFF_KEY = pytest.StashKey[bool]()
+ANSWER_COLOURS = {"FAIL": "red", "PASS": "green", "NO": "yellow"}  # an answer line's first word
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest_configure, where pytest-benchmark reads its options
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    benchmark_table_defaults(config)
+
+
+def benchmark_table_defaults(config: pytest.Config) -> None:
+    """pytest-benchmark's table (230 columns in microseconds, each cell's ratio to the fastest phase)
+    repeats the summary's times: off (``--benchmark-quiet``) unless the user gave one of its reporting
+    options; then in seconds with ``BENCHMARK_COLUMNS``, where the user did not choose them."""
+    opt = config.option
+    if not hasattr(opt, "benchmark_columns"):
+        return  # pytest-benchmark not loaded (-p no:benchmark)
+    if not any(getattr(opt, name, None) for name in BENCHMARK_REPORTING):
+        opt.benchmark_quiet = True
+        config.stash[TABLE_OFF_KEY] = True
+        return
+    if opt.benchmark_columns is None:
+        opt.benchmark_columns = list(BENCHMARK_COLUMNS)
+    if opt.benchmark_time_unit is None:
+        opt.benchmark_time_unit = "s"
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     outcome = config.stash.get(OUTCOME_KEY, None)
     if outcome is None:
         return
     terminalreporter.section("rlbench")
     session = config.stash.get(SESSION_KEY, None)
-    for note in [*session.replay_notes, *session.config_notes] if session is not None else []:
-        terminalreporter.write_line(note)
+    notes = [*session.replay_notes, *session.config_notes] if session is not None else []
+    save_path = session.opts.save_baseline if session is not None else None
+    invocation = Invocation(
+        tuple(config.invocation_params.args), save_path, save_path is not None and save_path in outcome.written
+    )
     outcomes = [outcome, *outcome.others]  # several frameworks: side by side
-    for line in session_lines(outcomes, outcome.findings, config.option.verbose > 0):
-        terminalreporter.write_line(line)
+    lines = session_lines(
+        outcomes,
+        outcome.findings,
+        config.option.verbose > 0,
+        baselines=session.baseline_records if session is not None else (),
+        invocation=invocation,
+        notes=notes,
+        table_hint=BENCHMARK_TABLE_HINT if config.stash.get(TABLE_OFF_KEY, False) else "",
+    )
+    for line in lines:  # the answer in colour: a FAIL red, a PASS green, NO GATE yellow
+        colour = ANSWER_COLOURS.get(line.split(" ", 1)[0])
+        terminalreporter.write_line(line, **({colour: True, "bold": True} if colour else {}))
     for path in outcome.written:
         terminalreporter.write_line(f"wrote {path}")
     for note in outcome.notes:

@@ -73,16 +73,19 @@ def test_terminal_summary(results) -> None:
     header = lines[1].split()
     assert header == ["phase", "metric", "measured", "baseline", "ratio", "tol", "verdict"]
     assert any(line.split()[:2] == ["update_actor", "seconds"] and "FAIL (slower)" in line for line in lines)
+    # a reference is one line naming the kinds of difference; its figures and the list only with -v
     assert (
-        "baseline 'verl-v0.5.0-1.5b' (VERL v0.5.0's run, as published in the RLinf documentation "
-        "(last updated 07/22/2025)): reference, not a gate"
+        "reference 'verl-v0.5.0-1.5b': differs in hardware, work per step and model "
+        "(-v shows its figures and 9 differences)"
     ) in lines
-    assert "  it differs in hardware (device, world_size, gpu_model, gpus_per_node), work per step" in text
-    assert "hardware.device: run 'cpu', baseline 'gpu'" not in text  # listed whole only with -v
+    assert "hardware.device: run 'cpu', baseline 'gpu'" not in text and "286.00" not in text
+    # the published figures' consistency concerns the baselines, not the run: only with -v
+    assert "consistency" not in text and "data-parallel ranks" not in text
+    verbose = "\n".join(terminal_lines(comparisons, findings, verbose=True))
     assert (
         "verl-v0.5.0-1.5b: the published gen throughput, 6,992.96 per-GPU tokens/s, fits its times and "
         "token counts only when divided by the 4 data-parallel ranks instead of the GPUs"
-    ) in text
+    ) in verbose
     # one regression per measurement: the time's message carries its throughput beside it
     assert lines[-2] == "1 regression(s):"
     assert lines[-1].strip().startswith("update_actor seconds: 1.60 s vs 1.00 s in baseline 'local-ci' (ratio 1.60")
@@ -97,30 +100,46 @@ def _reference_block(lines: list[str], name: str) -> list[str]:
     return lines[start:end]
 
 
-def test_a_reference_shows_only_what_carries_across_work_and_no_ratio(results) -> None:
+def _rows(block: list[str], header: list[str]) -> dict[tuple[str, ...], list[str]]:
+    """The table rows after ``header`` in a reference block, keyed by (phase, first word of figure)."""
+    at = next(i for i, line in enumerate(block) if line.split() == header)
+    return {tuple(line.split()[:2]): line.split() for line in block[at + 1 :]}
+
+
+def test_a_reference_of_another_model_shows_its_figures_alone_with_v(results) -> None:
     _, comparisons, findings = results
-    block = _reference_block(terminal_lines(comparisons, findings), "verl-v0.5.0-1.5b")
-    header = block[2].split()
-    assert "ratio" not in header and header[:2] == ["phase", "figure"]
-    rows = {tuple(line.split()[:2]): line.split() for line in block[3:]}
-    assert not any("seconds" in line or "ratio" in line for line in block[2:])  # no raw-seconds ratio
-    # gen: 1.9 s for 52 response tokens on 2 workers: 73,077 ms per 1k tokens per worker; VERL's 3,496 tokens/s/GPU
-    gen = next(line.split() for line in block[3:] if line.split()[0] == "gen")
-    assert gen[-2:] == ["73,077", "286.00"]
-    assert rows[("update_actor", "MFU")][-2:] == ["-", "23.0%"]  # a CPU run has no MFU; no verdict column
+    block = _reference_block(terminal_lines(comparisons, findings, verbose=True), "verl-v0.5.0-1.5b")
+    # a 1.5B on H100s beside a tiny random CPU model would read as a speed-up: its figures stand alone
+    assert "  its figures (another model: not comparable with this run's):" in block
+    rows = _rows(block, ["phase", "figure", "baseline"])
+    # phase, figure ("MFU" or "ms per 1k tokens per device"), the baseline's value: no column of this run's
+    assert all(len(cells) == (3 if cells[1] == "MFU" else 8) for cells in rows.values()), rows
+    assert rows[("gen", "ms")][-1] == "286.00"  # VERL's 3,496 tokens/s/GPU as ms per 1k tokens per device
+    assert rows[("update_actor", "MFU")][-1] == "23.0%"
+
+
+def test_a_reference_of_the_same_model_sets_what_carries_across_work_beside_this_run() -> None:
+    run = run_record()
+    other = record_from_dict({**copy.deepcopy(RUN), "name": "bigger-batch"})
+    other.config.train_batch_size = 4  # the same model and machine, other work: a reference
+    block = _reference_block(terminal_lines([compare(run, other)], verbose=True), "bigger-batch")
+    rows = _rows(block, ["phase", "figure", "(carries", "across", "work)", "this", "run", "baseline"])
+    # gen: 1.9 s for 52 response tokens on 2 workers: 73,077 ms per 1k tokens per worker; no ratio
+    assert rows[("gen", "ms")][-2:] == ["73,077", "73,077"]
+    assert all(len(cells) == (4 if cells[1] == "MFU" else 9) for cells in rows.values()), rows  # no ratio column
 
 
 def test_verbose_lists_every_difference_of_a_reference(results) -> None:
     _, comparisons, _ = results
     block = _reference_block(terminal_lines(comparisons, verbose=True), "verl-v0.5.0-1.5b")
-    assert block[1].endswith("and model:")
+    assert block[1] == "  it differs in:"
     assert "    - hardware.device: run 'cpu', baseline 'gpu'" in block
     assert "    - config.max_response_length: run 16, baseline 27648" in block
 
 
 def test_each_baseline_is_labelled_by_its_own_source_and_no_seed_is_named() -> None:
     rlinf, verl = load_baseline("rlinf-1.5b"), load_baseline("verl-v0.5.0-1.5b")
-    lines = terminal_lines(compare_all(run_record(), [rlinf, verl]))
+    lines = terminal_lines(compare_all(run_record(), [rlinf, verl]), verbose=True)
     headings = [line for line in lines if line.startswith("baseline ")]
     assert headings[0].startswith("baseline 'rlinf-1.5b' (RLinf's own run,")
     assert headings[1].startswith("baseline 'verl-v0.5.0-1.5b' (VERL v0.5.0's run,")
@@ -132,6 +151,7 @@ def test_each_baseline_is_labelled_by_its_own_source_and_no_seed_is_named() -> N
 
 def test_each_consistency_finding_reads_as_one_sentence(results) -> None:
     _, _, findings = results
+    assert finding_lines(findings) == []  # about the baselines' published figures: only with -v
     lines = finding_lines(findings, verbose=True)
     sentences = [line.strip() for line in lines[1:] if not line.startswith("      (")]
     assert len(sentences) == len(findings)
@@ -139,6 +159,8 @@ def test_each_consistency_finding_reads_as_one_sentence(results) -> None:
         assert sentence.endswith(".") and ". " not in sentence, sentence
     nesting = next(s for s in sentences if s.startswith("local-ci: step"))
     assert nesting == "local-ci: step (4 s) covers the phases timed inside it (3.56 s)."
+    # only the findings of the baselines this run was compared with
+    assert not any("local-ci" in line for line in finding_lines(findings, True, ["verl-v0.5.0-1.5b"]))
 
 
 def test_terminal_summary_of_a_clean_gate() -> None:
@@ -175,8 +197,8 @@ def test_json_report_without_baselines_passes() -> None:
 
 def test_a_disagreement_reads_as_one_sentence_saying_what_disagrees() -> None:
     record = run_record(step={"seconds": [1.0]})  # shorter than the phases timed inside it
-    lines = finding_lines(check_record(record))
-    assert lines[1] == (
+    lines = finding_lines(check_record(record), verbose=True)
+    assert next(line for line in lines if "inside step" in line) == (
         "  cpu-run: the phases timed inside step add up to 3.56 s, more than step itself (1 s), "
         "so they overlap or come from different steps."
     )

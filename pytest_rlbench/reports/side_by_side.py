@@ -5,7 +5,8 @@ its rounds), its time inside the whole step (median of the step rounds' own timi
 tokens/s per GPU and MFU (``pytest_rlbench.verdict.derived``). A phase a framework does not separate reads
 "absent" (the record's ``provenance.absent_phases``), one it could have timed but did not run "-".
 Then each framework's settings not made equal and its comparisons with the baselines, under a
-heading naming it; the consistency findings of the baselines once, at the end.
+heading naming it; the consistency findings of the baselines once, at the end (with ``verbose``).
+Either way the summary opens with its answer (``reports/answer.py``) and the session's notes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from pytest_rlbench.records.metrics import MFU, THROUGHPUT, TIMING, format_value
-from pytest_rlbench.reports.terminal import _table, finding_lines, terminal_lines  # one table format
+from pytest_rlbench.reports.answer import Invocation, answer_lines
+from pytest_rlbench.reports.terminal import (  # one table format
+    _table,
+    finding_lines,
+    run_lines,
+    terminal_lines,
+)
 from pytest_rlbench.verdict.derived import Figure, derive
 from trainer.phases import PHASE_KEYS
 
@@ -40,8 +47,9 @@ def step_seconds(breakdown: Sequence[dict[str, float]], phase: str) -> float | N
     return statistics.median(values) if values else None
 
 
-def _cell(run: RunRecord, figures: dict[str, Figure], breakdown: Sequence[dict[str, float]], phase: str,
-          family: str) -> str:
+def _cell(
+    run: RunRecord, figures: dict[str, Figure], breakdown: Sequence[dict[str, float]], phase: str, family: str
+) -> str:
     if phase in (run.provenance.absent_phases or {}):
         return ABSENT
     if not family:
@@ -58,7 +66,10 @@ def framework_rows(runs: Sequence[tuple[RunRecord, Sequence[dict[str, float]]]])
     rows = [header]
     for phase in PHASE_KEYS:
         for label, family in FIGURES:
-            cells = [_cell(run, figs, steps, phase, family) for (run, steps), figs in zip(runs, derived, strict=True)]
+            cells = [
+                _cell(run, figs, steps, phase, family)
+                for (run, steps), figs in zip(runs, derived, strict=True)
+            ]
             if any(c not in ("-", ABSENT) for c in cells) or (family == TIMING and ABSENT in cells):
                 rows.append([phase, label, *cells])
     return rows
@@ -73,17 +84,33 @@ class FrameworkOutcome(Protocol):
 
 
 def session_lines(
-    outcomes: Sequence[FrameworkOutcome], findings: Sequence[Finding] = (), verbose: bool = False
+    outcomes: Sequence[FrameworkOutcome],
+    findings: Sequence[Finding] = (),
+    verbose: bool = False,
+    baselines: Sequence[RunRecord] = (),
+    invocation: Invocation | None = None,
+    notes: Sequence[str] = (),
+    table_hint: str = "",
 ) -> list[str]:
-    """The terminal summary of a session: as ``terminal_lines`` with one framework; with several, the
-    frameworks side by side, then each framework's own summary under its name. ``findings``: the
-    consistency findings on the baselines, shown once."""
+    """The terminal summary of a session: first its answer (each gate's PASS or FAIL, or the command
+    that would gate this work, over ``baselines``, from ``invocation``), then ``notes``; with one
+    framework, its own times when nothing gated them (``table_hint``: how to bring back pytest-benchmark's
+    table) and ``terminal_lines``; with several, the frameworks side by side, then each framework's
+    own summary under its name. ``findings``: the consistency findings on the baselines, shown once."""
+    lines = answer_lines([(o.run, o.results) for o in outcomes], baselines, invocation) + list(notes)
     if len(outcomes) == 1:
-        return terminal_lines(outcomes[0].results, findings, verbose, outcomes[0].run)
-    lines = ["frameworks side by side (same model, data, reward and batch):"]
+        o = outcomes[0]
+        gated = any(r.mode == "gate" for r in o.results)
+        return (
+            lines
+            + ([] if gated else run_lines(o.run, table_hint))
+            + terminal_lines(o.results, findings, verbose, o.run)
+        )
+    lines.append("frameworks side by side (same model, data, reward and batch):")
     lines += _table(framework_rows([(o.run, o.step_breakdown) for o in outcomes]))
     for o in outcomes:
         lines.append(f"{o.run.provenance.framework} (record '{o.run.name}'):")
         own = terminal_lines(o.results, (), verbose, o.run)
         lines += ["  " + line for line in own] or ["  (no baseline)"]
-    return lines + finding_lines(findings, verbose)
+    compared = [r.baseline for o in outcomes for r in o.results]
+    return lines + finding_lines(findings, verbose, compared)

@@ -1,20 +1,23 @@
 """The terminal summary: plain text lines, for the plugin to write through its terminal reporter.
 
-One table per baseline under a heading that names the baseline, its source and whether it is a gate.
-A gate's table has phase, metric, measured, baseline, ratio, tolerance and verdict; a gate on the same
+The first lines answer the run's question (``reports/answer.py``): PASS or FAIL per gating baseline,
+or with no gate the command that would gate this work; then the run's efficiency where a peak of its
+device is known. Then one table per gate under a heading that names the baseline, its source and its
+count of verdicts: phase, metric, measured, baseline, ratio, tolerance and verdict; a gate on the same
 per-GPU work as a published baseline says what it gates (per-GPU throughput, or efficiency across GPU
-models) and lists, beside its verdicts, every assumed value it rests on.
+models) and lists, beside its verdicts, every assumed value it rests on. A gate's heading counts its
+judged figures (one per measurement: the rows listed beside them have no verdict of their own).
 
-A reference (other work or other hardware) is no gate, and its table shows only what carries across
-work: per-token cost (milliseconds of one device per thousand tokens, the inverse of throughput per
-device: a GPU, or a worker on a CPU run), MFU and
-memory-bandwidth use, side by side with no ratio, since seconds of different work do not divide into
-a speed-up. Its heading says in words how it differs (every difference with ``verbose``).
-A gate's heading counts its judged figures (one per measurement: the rows listed beside them have
-no verdict of their own). Before the tables, the rollout panel's table when more than one engine ran
-(each engine's tokens/s and fidelity on the same prompts and seed). Then the consistency findings, one
-sentence each (only the disagreements unless ``verbose``), the failures and the inconclusive
-verdicts, one message each.
+A reference (other work or other hardware) is no gate: one line naming the kinds of difference. With
+``verbose``: every difference, and what carries across work: per-token cost (milliseconds of one
+device per thousand tokens, the inverse of throughput per device: a GPU, or a worker on a CPU run),
+MFU and memory-bandwidth use, side by side with no ratio, since seconds of different work do not
+divide into a speed-up; of another model, the baseline's figures alone, never beside this run's.
+
+With no gate, this run's own times (``run_lines``; pytest-benchmark's table is off unless asked for).
+Before the tables, the rollout panel's table when more than one engine ran (each engine's tokens/s and
+fidelity on the same prompts and seed). With ``verbose``, the consistency findings of the baselines
+compared, one sentence each. Last the failures and the inconclusive verdicts, one message each.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pytest_rlbench.records.metrics import (
     MFU,
     PANEL,
     THROUGHPUT,
+    TIMING,
     TOKENS_PER_S,
     family_label,
     family_of,
@@ -35,9 +39,12 @@ from pytest_rlbench.records.metrics import (
     panel_metric,
 )
 from pytest_rlbench.records.record import RunRecord
-from pytest_rlbench.verdict.compare import JUDGED, BaselineComparison, Comparison
+from pytest_rlbench.reports.answer import gate_status
+from pytest_rlbench.verdict.compare import BaselineComparison, Comparison
 from pytest_rlbench.verdict.consistency import Finding, finding_sentence
+from pytest_rlbench.verdict.derived import derive
 from pytest_rlbench.verdict.gate_basis import SAME_MACHINE
+from trainer.phases import PHASE_KEYS
 
 # A reference's rows: the families that carry across different work, and how each is shown.
 PER_TOKEN_COST = "ms per 1k tokens per device"
@@ -48,7 +55,10 @@ DIFFERENCE_KINDS: dict[str, str] = {"hardware": "hardware", "config": "work per 
 
 def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return [
+        indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
 
 
 def _verdict_cell(c: Comparison) -> str:
@@ -63,36 +73,37 @@ def _verdict_cell(c: Comparison) -> str:
     return "missing" if c.reason == "missing" else "reference"
 
 
-def _gate_status(result: BaselineComparison) -> str:
-    """"gate, 1 of 6 failed, 2 inconclusive, 3 phases not run": figures counted if judged, phases if not run."""
-    judged = sum(c.verdict in JUDGED for c in result.comparisons)
-    failed, unsure = len(result.failures), len(result.inconclusive)
-    passed = judged - failed - unsure
-    status = f"{failed} of {judged} failed" if failed else f"all {judged} passed" if not unsure else f"{passed} of {judged} passed"
-    not_run = len({c.phase for c in result.comparisons if c.verdict == "not run"})
-    phases = f", {not_run} phase{'s' if not_run > 1 else ''} not run" if not_run else ""
-    return f"gate, {status}" + (f", {unsure} inconclusive" if unsure else "") + phases
-
-
 def _gate_row(c: Comparison) -> list[str]:
     ratio = f"{c.ratio:.2f}" if c.ratio is not None else "-"
-    cells = [c.phase or "-", family_label(c.metric), format_value(c.measured, c.unit), format_value(c.baseline, c.unit), ratio]
+    cells = [
+        c.phase or "-",
+        family_label(c.metric),
+        format_value(c.measured, c.unit),
+        format_value(c.baseline, c.unit),
+        ratio,
+    ]
     return cells + [f"{c.tolerance:.2f}", _verdict_cell(c)]
 
 
-def _differences_in_words(mismatches: Sequence[str]) -> str:
-    """"hardware (device, world_size), work per step (train_batch_size) and model", from mismatch lines."""
+def _differences_in_words(mismatches: Sequence[str], names: bool = True) -> str:
+    """ "hardware (device, world_size), work per step (train_batch_size) and model", from mismatch
+    lines; the kinds alone ("hardware, work per step and model") without ``names``."""
     kinds: dict[str, list[str]] = {}
     for line in mismatches:
         key = line.split(":", 1)[0]
         prefix, _, name = key.partition(".")
         kind = DIFFERENCE_KINDS.get(prefix, "work per GPU")
-        names = kinds.setdefault(kind, [])
+        fields = kinds.setdefault(kind, [])
         field = name or (key if kind == "work per GPU" else "")
-        if field and field not in names:
-            names.append(field)
-    parts = [f"{kind} ({', '.join(names)})" if names else kind for kind, names in kinds.items()]
+        if field and field not in fields:
+            fields.append(field)
+    parts = [f"{kind} ({', '.join(fields)})" if fields and names else kind for kind, fields in kinds.items()]
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def other_model(result: BaselineComparison) -> bool:
+    """Whether the baseline ran another model: its figures are then never set beside this run's."""
+    return any(line.startswith("model:") for line in result.mismatches)
 
 
 def _per_token_cost(tokens_per_s_per_gpu: float | None) -> str:
@@ -100,37 +111,44 @@ def _per_token_cost(tokens_per_s_per_gpu: float | None) -> str:
     return "-" if not tokens_per_s_per_gpu else format_value(1e6 / tokens_per_s_per_gpu, "")
 
 
-def _reference_row(c: Comparison) -> list[str] | None:
-    """This run's and the baseline's figure side by side, or None for a row that does not carry across."""
+def _reference_row(c: Comparison, beside: bool) -> list[str] | None:
+    """The baseline's figure, after this run's when ``beside``; None for a row that does not carry across."""
     family = family_of(c.metric)
-    if family not in REFERENCE_SHOWN or (c.measured is None and c.baseline is None):
+    if family not in REFERENCE_SHOWN or (c.baseline is None and (c.measured is None or not beside)):
         return None
     if family == THROUGHPUT:
-        return [c.phase or "-", PER_TOKEN_COST, _per_token_cost(c.measured), _per_token_cost(c.baseline)]
-    return [c.phase or "-", REFERENCE_SHOWN[family], format_value(c.measured, c.unit), format_value(c.baseline, c.unit)]
+        cells = [_per_token_cost(c.measured), _per_token_cost(c.baseline)]
+    else:
+        cells = [format_value(c.measured, c.unit), format_value(c.baseline, c.unit)]
+    return [c.phase or "-", REFERENCE_SHOWN[family], *(cells if beside else cells[1:])]
 
 
 def reference_lines(result: BaselineComparison, verbose: bool = False) -> list[str]:
-    """The heading and table of a baseline that is a reference only (see the module docstring)."""
-    lines = [
-        f"baseline '{result.baseline}' ({result.source}): reference, not a gate",
-        f"  it differs in {_differences_in_words(result.mismatches)}"
-        + (":" if verbose else f" ({len(result.mismatches)} difference(s); -v lists them)"),
-    ]
-    if verbose:
-        lines += [f"    - {line}" for line in result.mismatches]
-    rows = [row for c in result.comparisons if (row := _reference_row(c)) is not None]
+    """A baseline that is a reference only: one line, or with ``verbose`` its heading, every
+    difference and its figures (see the module docstring)."""
+    if not verbose:
+        n = len(result.mismatches)
+        return [
+            f"reference '{result.baseline}': differs in {_differences_in_words(result.mismatches, names=False)} "
+            f"(-v shows its figures and {n} difference{'s' if n != 1 else ''})"
+        ]
+    lines = [f"baseline '{result.baseline}' ({result.source}): reference, not a gate", "  it differs in:"]
+    lines += [f"    - {line}" for line in result.mismatches]
+    beside = not other_model(result)
+    rows = [row for c in result.comparisons if (row := _reference_row(c, beside)) is not None]
     if not rows:
         return lines + ["  (no figure that carries across different work)"]
-    header = ["phase", "figure (carries across work)", "this run", "baseline"]
-    return lines + _table([header] + rows)
+    if not beside:
+        lines.append("  its figures (another model: not comparable with this run's):")
+        return lines + _table([["phase", "figure", "baseline"], *rows])
+    return lines + _table([["phase", "figure (carries across work)", "this run", "baseline"], *rows])
 
 
 def comparison_lines(result: BaselineComparison, verbose: bool = False) -> list[str]:
     """The heading and table of one baseline."""
     if result.mode != "gate":
         return reference_lines(result, verbose)
-    lines = [f"baseline '{result.baseline}' ({result.source}): {_gate_status(result)}"]
+    lines = [f"baseline '{result.baseline}' ({result.source}): gate, {gate_status(result)}"]
     if result.basis and result.basis != SAME_MACHINE:
         lines.append(f"  gated on {result.basis}")
     if result.assumptions:
@@ -142,19 +160,19 @@ def comparison_lines(result: BaselineComparison, verbose: bool = False) -> list[
     return lines + _table([header] + [_gate_row(c) for c in result.comparisons])
 
 
-def finding_lines(findings: Sequence[Finding], verbose: bool = False) -> list[str]:
-    """Consistency findings, one sentence each: the disagreements (every finding, with how each reading
-    came out, if ``verbose``), and a count of the rest."""
-    shown = [f for f in findings if verbose or not f.ok]
-    lines = []
+def finding_lines(
+    findings: Sequence[Finding], verbose: bool = False, compared: Sequence[str] | None = None
+) -> list[str]:
+    """With ``verbose``, the consistency findings of the baselines ``compared`` (every one when None),
+    one sentence each with how each reading came out; nothing otherwise: they are about the
+    baselines' published figures, not this run."""
+    shown = [f for f in findings if compared is None or f.record in compared]
+    if not verbose or not shown:
+        return []
+    lines = ["consistency of the baselines' published figures:"]
     for f in shown:
-        lines.append(f"  {finding_sentence(f)}")
-        if verbose:
-            lines.append(f"      ({f.detail})")
-    hidden = len(findings) - len(shown)
-    if hidden:
-        lines.append(f"  {hidden} other check(s) consistent")
-    return (["consistency of the baselines' published figures:"] + lines) if findings else []
+        lines += [f"  {finding_sentence(f)}", f"      ({f.detail})"]
+    return lines
 
 
 def framework_lines(run: RunRecord | None) -> list[str]:
@@ -194,23 +212,45 @@ def panel_lines(run: RunRecord | None) -> list[str]:
     return ["rollout engines, same prompts and seed:", *_table(rows)]
 
 
+def run_lines(run: RunRecord, hint: str = "") -> list[str]:
+    """This run's own times, seconds over its timed rounds, and tokens/s per device where counted;
+    ``hint`` says how to bring back pytest-benchmark's table."""
+    figures = derive(run)
+    rows = [["phase", "median", "min", "max", "rounds", "tokens/s per device"]]
+    for phase in PHASE_KEYS:
+        timed = figures.get(f"{TIMING}/{phase}")
+        if timed is None or timed.value is None:
+            continue
+        samples = timed.samples or (timed.value,)
+        speed = figures.get(f"{THROUGHPUT}/{phase}")
+        cells = [format_value(v, "") for v in (timed.value, min(samples), max(samples))]
+        rows.append([phase, *cells, str(len(samples)), format_value(speed.value if speed else None, "")])
+    if len(rows) == 1:
+        return []
+    return [f"this run, seconds per round{f' ({hint})' if hint else ''}:", *_table(rows)]
+
+
 def terminal_lines(
     results: Sequence[BaselineComparison],
     findings: Sequence[Finding] = (),
     verbose: bool = False,
     run: RunRecord | None = None,
 ) -> list[str]:
-    """The whole summary as lines of text (no trailing newlines); ``run`` names its framework."""
+    """The summary after its answer (``reports/answer.py``), as lines of text (no trailing newlines):
+    the gates' tables, a line per reference, the findings (``verbose``), failures and inconclusive
+    verdicts; ``run`` names its framework."""
     lines = framework_lines(run) + panel_lines(run)
-    for result in results:
+    for result in sorted(results, key=lambda r: r.mode != "gate"):  # the gates first
         lines += comparison_lines(result, verbose)
-    lines += finding_lines(findings, verbose)
+    lines += finding_lines(findings, verbose, [r.baseline for r in results])
     failures = [c for r in results for c in r.failures]
     if failures:
         lines.append(f"{len(failures)} regression(s):")
         lines += [f"  {c.message}" for c in failures]
     unsure = [c for r in results for c in r.inconclusive]
     if unsure:
-        lines.append(f"{len(unsure)} inconclusive (past tolerance, but this session cannot tell whether it is real; not a failure):")
+        lines.append(
+            f"{len(unsure)} inconclusive (past tolerance, but this session cannot tell whether it is real; not a failure):"
+        )
         lines += [f"  {c.message}" for c in unsure]
     return lines

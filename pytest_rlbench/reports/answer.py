@@ -1,0 +1,179 @@
+"""The summary's first lines: the answer to the question a run asks.
+
+Gated: PASS or FAIL per gating baseline, one line each, naming the figures that failed. No gate:
+that nothing passed or failed, and the command that would gate this work, built from the command
+line the user gave: ``--rl-workload NAME`` where a baseline's recorded work, replayed on this kind of
+hardware, would make it a gate; else saving this run as a baseline (``--rl-save-baseline``) and
+gating later runs on it (``--rl-baseline``), or only the latter once this run saved one. Then the
+run's efficiency where it means something: MFU and decode bandwidth use against this device's
+peak, only where the peak is known (GPUs in ``verdict/peaks.py``; never a CPU).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_rlbench.records.length_shapes import NATURAL
+from pytest_rlbench.records.metrics import BANDWIDTH, MFU, format_value, metric_label
+from pytest_rlbench.records.record import RunRecord
+from pytest_rlbench.records.workload_replay import WorkloadError, workload_overrides
+from pytest_rlbench.verdict.compare import JUDGED, BaselineComparison
+from pytest_rlbench.verdict.derived import derive
+from pytest_rlbench.verdict.gate_basis import gpu_family
+from pytest_rlbench.verdict.peaks import peak_bf16_flops
+
+SUGGESTED_BASELINE = "rlbench-baseline.json"  # where the save suggestion writes, unless the user named a file
+SAVE, GATE, REPLAY = "--rl-save-baseline", "--rl-baseline", "--rl-workload"
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """How this run was started, for the commands the answer suggests."""
+
+    args: tuple[str, ...] = ()  # pytest's command-line arguments, as given
+    save_path: Path | None = None  # --rl-save-baseline's file, if given
+    saved: bool = False  # whether this run wrote it
+
+    def command(self, *extra: str) -> str:
+        """This run's command with ``extra`` added, any --rl-save-baseline of its own left out."""
+        kept: list[str] = []
+        skip = False
+        for arg in self.args:
+            if skip:
+                skip = False
+            elif arg == SAVE:
+                skip = True
+            elif not arg.startswith(f"{SAVE}="):
+                kept.append(arg)
+        return shlex.join(["pytest", *kept, *extra])
+
+
+def gate_status(result: BaselineComparison) -> str:
+    """ "1 of 6 failed, 2 inconclusive, 3 phases not run": figures counted if judged, phases if not run."""
+    judged = sum(c.verdict in JUDGED for c in result.comparisons)
+    failed, unsure = len(result.failures), len(result.inconclusive)
+    passed = judged - failed - unsure
+    status = (
+        f"{failed} of {judged} failed"
+        if failed
+        else f"all {judged} passed"
+        if not unsure
+        else f"{passed} of {judged} passed"
+    )
+    not_run = len({c.phase for c in result.comparisons if c.verdict == "not run"})
+    phases = f", {not_run} phase{'s' if not_run > 1 else ''} not run" if not_run else ""
+    return status + (f", {unsure} inconclusive" if unsure else "") + phases
+
+
+def verdict_line(result: BaselineComparison, framework: str = "") -> str:
+    """One gate's answer: "FAIL  baseline 'ci': 1 of 9 failed (update_actor seconds)"."""
+    who = f"{framework}: " if framework else ""
+    failed = ", ".join(dict.fromkeys(metric_label(c.metric) for c in result.failures))
+    return f"{'FAIL' if failed else 'PASS'}  {who}baseline '{result.baseline}': {gate_status(result)}" + (
+        f" ({failed})" if failed else ""
+    )
+
+
+def _replay_gate(run: RunRecord, baseline: RunRecord, result: BaselineComparison) -> str | None:
+    """What replaying ``baseline``'s recorded work here would gate, or None when it would not gate."""
+    w = baseline.workload
+    if w is None or NATURAL in (w.prompt_length.shape.value, w.response_length.shape.value):
+        return None  # nothing to replay, or work the model decides (never the same twice)
+    if any(m.startswith("framework:") for m in result.mismatches):
+        return None  # another framework's run stays a reference
+    try:
+        settings = workload_overrides(baseline, run.hardware.world_size)
+    except WorkloadError:
+        return None  # its work per GPU does not divide over this run's workers
+    model_set = any(s.key == "actor_rollout_ref.model.path" for s in settings)
+    if not model_set and any(m.startswith("model:") for m in result.mismatches):
+        return None  # no preset has its model: the replay would run another model
+    if not any(m.startswith("hardware.") for m in result.mismatches):
+        return "its times, on this same machine"
+    ours, theirs = run.hardware, baseline.hardware
+    if ours.device != "gpu" or theirs.device != "gpu" or not ours.gpu_model or not theirs.gpu_model:
+        return None  # a published GPU run never gates a CPU run, nor the other way round
+    if gpu_family(ours.gpu_model) == gpu_family(theirs.gpu_model):
+        return "its per-GPU throughput"
+    return "its MFU and bandwidth use" if peak_bf16_flops(ours.gpu_model) is not None else None
+
+
+def _size(record: RunRecord) -> int:
+    m = record.model
+    return m.num_layers * m.hidden_size * m.intermediate_size
+
+
+def replay_candidates(
+    run: RunRecord, baselines: Sequence[RunRecord], results: Sequence[BaselineComparison]
+) -> list[tuple[str, str]]:
+    """(baseline name, what it would gate) for each reference whose replayed work would gate here:
+    those of this run's model first, then the smaller models (a larger one may not fit)."""
+    by_name = {r.baseline: r for r in results if r.mode != "gate"}
+    found = [
+        (b, gated)
+        for b in baselines
+        if b.name in by_name and (gated := _replay_gate(run, b, by_name[b.name])) is not None
+    ]
+    found.sort(key=lambda pair: (pair[0].model.name != run.model.name, _size(pair[0])))
+    return [(b.name, gated) for b, gated in found]
+
+
+def advice_lines(
+    run: RunRecord,
+    baselines: Sequence[RunRecord],
+    results: Sequence[BaselineComparison],
+    invocation: Invocation,
+) -> list[str]:
+    """No gate: that nothing passed or failed, and the command that would gate this work."""
+    if invocation.saved and invocation.save_path is not None:
+        path = str(invocation.save_path)
+        return [
+            f"NO GATE in this run, which saved a baseline: gate later runs on it with  {invocation.command(GATE, path)}"
+        ]
+    replaying = any(a == REPLAY or a.startswith(f"{REPLAY}=") for a in invocation.args)
+    candidates = [] if replaying else replay_candidates(run, baselines, results)
+    if candidates:
+        name, gated = candidates[0]
+        others = ", ".join(n for n, _ in candidates[1:])
+        lines = [
+            f"NO GATE: to gate against '{name}' ({gated}), replay its work per GPU:  {invocation.command(REPLAY, name)}"
+        ]
+        return lines + ([f"  ({others} the same way)"] if others else [])
+    path = str(invocation.save_path or SUGGESTED_BASELINE)
+    return [
+        f"NO GATE: save this run as this machine's baseline with  {invocation.command(SAVE, path)}",
+        f"  then gate later runs on it with  {invocation.command(GATE, path)}",
+        "  (no baseline did this run's work on this kind of hardware, so nothing passed or failed)",
+    ]
+
+
+def efficiency_line(run: RunRecord) -> list[str]:
+    """The run's MFU and decode bandwidth use against its device's peak; nothing where no peak is known."""
+    figures = [f for f in derive(run).values() if f.family in (MFU, BANDWIDTH) and f.value is not None]
+    if not figures:
+        return []
+    parts = ", ".join(f"{metric_label(f.metric)} {format_value(f.value, f.unit)}" for f in figures)
+    return [f"efficiency against the peak of {run.hardware.gpu_model}: {parts}"]
+
+
+def answer_lines(
+    outcomes: Sequence[tuple[RunRecord, Sequence[BaselineComparison]]],
+    baselines: Sequence[RunRecord] = (),
+    invocation: Invocation | None = None,
+) -> list[str]:
+    """The summary's first lines for each framework's (run, results): its gates' verdicts, or with
+    no gate in any, what would gate this work; then each run's efficiency."""
+    several = len(outcomes) > 1
+    lines = [
+        verdict_line(r, (run.provenance.framework or "") if several else "")
+        for run, results in outcomes
+        for r in results
+        if r.mode == "gate"
+    ]
+    if not lines and outcomes and any(results for _, results in outcomes):
+        run, results = outcomes[0]
+        lines = advice_lines(run, baselines, results, invocation or Invocation())
+    return lines + [line for run, _ in outcomes for line in efficiency_line(run)]
