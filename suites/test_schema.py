@@ -9,8 +9,9 @@ truth; text only), as any text RL file VERL's examples/data_preprocess scripts w
 differs from the reference schema (gsm8k.py's shape, extra_info {split, index, answer, question}) is
 a ``ReferenceSchemaWarning``, not a failure: add
 ``-W error::trainer.data.validate.ReferenceSchemaWarning`` to make that a strict check. With the
-plugin, the set is also loaded as the suites load it (the run's tokenizer and data.* limits), and a
-set smaller than one batch fails that test rather than ending the session.
+plugin, the set is also loaded as the suites load it (the run's tokenizer and data.* limits); a set
+smaller than the run's batch sizes is a warning that names the sizes that fit, since checking the
+schema needs no full batch.
 
 The properties (hypothesis) hold for any valid rows: they survive a parquet round trip, every kind of
 corruption is caught at its field path, any extra_info and other columns load, truncation keeps at
@@ -32,6 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trainer.config import batch_size_problems
 from trainer.data.loader import PromptTooLongError, filter_overlong, load_prompts, truncate_ids
 from trainer.data.schema import COLUMNS, VALID_ROLES, rows_to_table, write_rows
 from trainer.data.source import load_train_dataset
@@ -245,24 +247,29 @@ def test_dataset_fits_the_limits_the_suites_apply(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The prompts the suites would train on, loaded as the session loads them (load_train_dataset):
-    the run's tokenizer, chat template, data.max_prompt_length and its truncation / filtering keys,
-    and enough prompts for one batch. Loaded here rather than through the session's rl_dataset, so a
-    set smaller than a batch fails this test instead of ending the session before the others run."""
+    the run's tokenizer, chat template, data.max_prompt_length and its truncation / filtering keys.
+    Loaded here rather than through the session's rl_dataset, so the schema is checked whatever the
+    set's size: a set smaller than the run's batch sizes is a ``BatchSizeWarning`` that lists every
+    size a run would refuse and the values that fit (what the session's start-up check says)."""
     manager = request.config.pluginmanager
     if not (manager.hasplugin("rlbench") or manager.hasplugin("pytest_rlbench.plugin")):
         pytest.skip("the pytest-rlbench plugin is not loaded: no run configuration to check against")
     tokenizer = request.getfixturevalue("rl_model").tokenizer
-    data = request.getfixturevalue("rl_config").data
+    cfg = request.getfixturevalue("rl_config")
     given_path = request.config.getoption("--rl-dataset", default=None)
-    data = replace(data, train_files=[str(given_path)] if given_path else [])  # []: the synthetic set
+    data = replace(cfg.data, train_files=[str(given_path)] if given_path else [])  # []: the synthetic set
     dataset = load_train_dataset(data, tokenizer, tmp_path_factory.mktemp("limits"))
     longest = max(len(p.input_ids) for p in dataset.prompts)
     assert longest <= data.max_prompt_length, f"a prompt of {longest} tokens > data.max_prompt_length"
-    prompts = len(dataset)
-    assert prompts >= data.train_batch_size, (
-        f"{dataset.source}: {prompts} prompts after filtering, fewer than data.train_batch_size "
-        f"({data.train_batch_size}): a run could not fill one batch"
-    )
+    sizes = batch_size_problems(cfg, len(dataset), str(dataset.source))
+    if sizes:
+        warnings.warn(
+            BatchSizeWarning(f"a run on this set would be refused: {sizes.message()}"), stacklevel=1
+        )
+
+
+class BatchSizeWarning(UserWarning):
+    """The data set is too small for the run's batch sizes: the schema is fine, a run is refused."""
 
 
 @PROPERTY

@@ -36,8 +36,17 @@ def test_options_are_overrides_ahead_of_rl_config_with_their_sources(tmp_path: P
     )
 
 
+def model_dir_stub(path: Path) -> Path:
+    """A directory with what the option check looks for (a config.json and a weights file): files
+    only, which no test here loads."""
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
 def test_an_owned_key_in_rl_config_alone_is_checked_as_its_option(tmp_path: Path) -> None:
-    (tmp_path / "mymodel").mkdir()
+    model_dir_stub(tmp_path / "mymodel")
     opts = parse(tmp_path, rl_config=["actor_rollout_ref.model.path=mymodel", "trainer.device=cuda"])
     # the relative directory is made absolute, as --rl-model would
     assert opts.model == str(tmp_path / "mymodel") and opts.gpu
@@ -49,8 +58,14 @@ def test_an_owned_key_in_rl_config_alone_is_checked_as_its_option(tmp_path: Path
 @pytest.mark.parametrize(
     ("values", "both"),
     [
-        ({"rl_nodes": "2", "rl_config": ["trainer.nnodes=2"]}, ["--rl-nodes=2", "--rl-config trainer.nnodes=2"]),
-        ({"rl_gpu": True, "rl_config": ["trainer.device=cuda"]}, ["--gpu and", "--rl-config trainer.device=cuda"]),
+        (
+            {"rl_nodes": "2", "rl_config": ["trainer.nnodes=2"]},
+            ["--rl-nodes=2", "--rl-config trainer.nnodes=2"],
+        ),
+        (
+            {"rl_gpu": True, "rl_config": ["trainer.device=cuda"]},
+            ["--gpu and", "--rl-config trainer.device=cuda"],
+        ),
         (
             {"rl_gpu": True, "rl_gpus_per_node": "2", "rl_config": ["trainer.n_gpus_per_node=2"]},
             ["--rl-gpus-per-node=2", "--rl-config trainer.n_gpus_per_node=2"],
@@ -171,6 +186,7 @@ def test_the_session_pads_its_synthetic_prompts_to_the_asked_length(pytester: py
         """
     )
     pytester.runpytest(
-        "--rl-config=data.synthetic_size=16", "--rl-config=data.synthetic_prompt_length=160",
+        "--rl-config=data.synthetic_size=16",
+        "--rl-config=data.synthetic_prompt_length=160",
         "--rl-config=data.max_prompt_length=200",
     ).assert_outcomes(passed=1)

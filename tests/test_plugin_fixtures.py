@@ -116,6 +116,7 @@ def test_an_empty_model_directory_ends_the_session_naming_it(pytester: pytest.Py
 
 def test_a_broken_config_json_ends_the_session_naming_it(pytester: pytest.Pytester) -> None:
     broken = pytester.mkdir("broken_model")
+    (broken / "model.safetensors").write_bytes(b"")  # the files the option check looks for are there
     (broken / "config.json").write_text('{"model_type": "qwen2", "hidden_size": ')
     pytester.makepyfile(RECORDS_RUN.format(fixture="rl_model"))
     result = pytester.runpytest(f"--rl-model={broken}")
@@ -245,14 +246,22 @@ def test_prompts_longer_than_the_limit_end_the_session(pytester: pytest.Pytester
 def test_plain_tests_build_nothing(pytester: pytest.Pytester) -> None:
     # A broken model would end any session that builds it: these tests do not ask for it.
     pytester.makepyfile("def test_plain(rl_options):\n    assert rl_options.model.endswith('nowhere')\n")
-    pytester.mkdir("nowhere")
+    nowhere = pytester.mkdir("nowhere")  # the files the option check looks for, neither loadable
+    (nowhere / "config.json").write_text("{}")
+    (nowhere / "model.safetensors").write_bytes(b"")
     result = pytester.runpytest("--rl-model=nowhere")
     result.assert_outcomes(passed=1)
 
 
-def test_a_batch_larger_than_the_data_set_ends_the_session_naming_both_numbers(pytester: pytest.Pytester) -> None:
+def test_a_batch_larger_than_the_data_set_ends_the_session_naming_both_numbers(
+    pytester: pytest.Pytester,
+) -> None:
     pytester.makepyfile(RECORDS_RUN.format(fixture="rl_dataset"))
     result = pytester.runpytest("--rl-config=data.synthetic_size=16", "--rl-config=data.train_batch_size=32")
     assert_ended_before_tests(
-        result, pytester, "data.train_batch_size (32) is larger than the synthetic data set", "16 usable prompt(s)"
+        result,
+        pytester,
+        "data.train_batch_size (32) is larger than the synthetic data set",
+        "16 row(s)",
+        "set data.train_batch_size to at most 16",
     )

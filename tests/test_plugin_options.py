@@ -117,8 +117,37 @@ def test_baselines_are_stored_names_or_files_loaded_once_with_the_options(tmp_pa
 
 
 def test_a_model_directory_becomes_an_absolute_path(tmp_path: Path) -> None:
-    (tmp_path / "mymodel").mkdir()
+    model_dir_stub(tmp_path / "mymodel")
     assert parse(tmp_path, rl_model="mymodel").model == str(tmp_path / "mymodel")
+
+
+def model_dir_stub(path: Path, config: bool = True, weights: bool = True) -> Path:
+    """A model directory with (or without) the files the option check looks for; none is loaded."""
+    path.mkdir()
+    if config:
+        (path / "config.json").write_text("{}")
+    if weights:
+        (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("config", "weights", "expected"),
+    [
+        (False, False, ["--rl-model='mymodel'", "has no config.json", "found nothing"]),
+        (False, True, ["has no config.json", "found model.safetensors"]),
+        (True, False, ["has a config.json but no weights", "model.safetensors", "found config.json"]),
+    ],
+)
+def test_a_model_directory_without_its_files_is_an_option_error(
+    tmp_path: Path, config: bool, weights: bool, expected: list[str]
+) -> None:
+    """Found while the options are parsed (files only, no transformers), not after collection."""
+    model_dir_stub(tmp_path / "mymodel", config, weights)
+    with pytest.raises(OptionError) as caught:
+        parse(tmp_path, rl_model="mymodel")
+    for text in expected:
+        assert text in str(caught.value), str(caught.value)
 
 
 @pytest.mark.parametrize(
@@ -182,7 +211,11 @@ def test_options(rl_options, rl_config):
         ),
         (
             ["--rl-config=actor_rollout_ref.actor.ppo_mini_batch_size=16"],
-            ["trainer config", "ppo_mini_batch_size (16) must not exceed data.train_batch_size (8)"],
+            [
+                "the batch sizes do not fit",
+                "ppo_mini_batch_size (16) must not exceed data.train_batch_size (8)",
+                "values that work together: actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            ],
         ),
         (["--rl-model=tinyy"], ["--rl-model='tinyy'", "did you mean tiny", *PRESETS]),
         (["--rl-dataset=nowhere/train.parquet"], ["--rl-dataset", "nowhere/train.parquet", "does not exist"]),
@@ -219,9 +252,13 @@ def test_more_checkpointed_layers_than_the_model_has_stop_the_session_before_any
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     out = result.stdout.str() + result.stderr.str()
-    assert "pytest-rlbench: --rl-config: actor_rollout_ref.model.gradient_checkpointing_layers=5: the model " \
-        "(qwen2) has 2 decoder layers; expected 1 to 2" in out, out
-    assert not (pytester.path / "ran").exists()  # stopped at collection's end, before the test (and its workers)
+    assert (
+        "pytest-rlbench: --rl-config: actor_rollout_ref.model.gradient_checkpointing_layers=5: the model "
+        "(qwen2) has 2 decoder layers; expected 1 to 2" in out
+    ), out
+    assert not (
+        pytester.path / "ran"
+    ).exists()  # stopped at collection's end, before the test (and its workers)
 
 
 def test_ini_values_apply_and_the_command_line_wins(pytester: pytest.Pytester) -> None:
@@ -251,7 +288,9 @@ def test_ini_values_apply_and_the_command_line_wins(pytester: pytest.Pytester) -
     ]
 
 
-@pytest.mark.parametrize(("args", "tolerance"), [([], "0.15"), (["--rl-tolerance=0.35"], "0.35"), (["--gpu"], "0.1")])
+@pytest.mark.parametrize(
+    ("args", "tolerance"), [([], "0.15"), (["--rl-tolerance=0.35"], "0.35"), (["--gpu"], "0.1")]
+)
 def test_the_session_header_names_the_tolerance_the_verdicts_apply(
     pytester: pytest.Pytester, args: list[str], tolerance: str
 ) -> None:

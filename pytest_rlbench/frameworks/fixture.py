@@ -18,7 +18,7 @@ import pytest
 from pytest_rlbench.frameworks.phase_skips import absent_phases
 from pytest_rlbench.frameworks.protocol import OptionalTraits, TrainerUnderTest, missing_members
 from pytest_rlbench.session.bench import describe_config, describe_hardware, describe_model, describe_workload
-from pytest_rlbench.session.fixtures import get_session
+from pytest_rlbench.session.fixtures import SessionUsageError, get_session
 from pytest_rlbench.session.recorder import RECORDERS_KEY
 from pytest_rlbench.session.resources import RLDataset, RLModel
 
@@ -60,11 +60,10 @@ def rl_trainer(
     if missing:
         if hasattr(trainer, "shutdown"):
             trainer.shutdown()
-        pytest.exit(
-            f"pytest-rlbench: the trainer under test for --rl-trainer {rl_framework} ({type(trainer).__name__}, from "
+        raise SessionUsageError(
+            f"the trainer under test for --rl-trainer {rl_framework} ({type(trainer).__name__}, from "
             f"pytest_rlbench_make_trainer) lacks {', '.join(missing)}; a trainer offers every member of "
-            "pytest_rlbench.frameworks.protocol.TrainerUnderTest",
-            returncode=pytest.ExitCode.USAGE_ERROR,
+            "pytest_rlbench.frameworks.protocol.TrainerUnderTest"
         )
     context = pytestconfig.stash[RECORDERS_KEY].activate(rl_framework).context
     traits = OptionalTraits.of(trainer)

@@ -19,6 +19,13 @@ from pytest_rlbench.records.record import BaselineError, RunRecord, load_record
 from trainer.config import ROLLOUT_KEY, ConfigError, check_choice
 
 DEFAULT_MODEL = "tiny"
+# The files a model directory holds its weights in (one of them), as from_pretrained reads them.
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def check_rollout(name: str, source: str) -> str:
@@ -48,18 +55,20 @@ def check_rollouts(names: list[str], source: str) -> tuple[str, ...]:
 def check_model(name: str, source: str, base_dir: Path) -> str:
     """A preset name as is, or an existing directory as an absolute path; raise naming the presets.
 
-    Only the name is checked here; whether the directory holds a usable model is checked at session
-    start (reading config.json means importing transformers)."""
+    A directory must hold a config.json and a weights file (``model_dir_problem``); whether
+    transformers can read them is checked at session start (that means importing it)."""
     if name == DEFAULT_MODEL:
         return name  # the default preset: no need to import torch just to look it up
+    path = Path(os.path.expanduser(name))
+    path = path if path.is_absolute() else base_dir / path
+    if "/" in name and path.is_dir():  # a path (no preset name has a slash): checked without torch
+        return checked_model_dir(path, name, source)
     from trainer.models.presets import PRESETS  # imports torch and transformers: only when asked for
 
     if name in PRESETS:
         return name
-    path = Path(os.path.expanduser(name))
-    path = path if path.is_absolute() else base_dir / path
     if path.is_dir():
-        return str(path)
+        return checked_model_dir(path, name, source)
     close = difflib.get_close_matches(name, list(PRESETS), n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]}?)" if close else ""
     what = "a file, not a directory" if path.exists() else "neither a preset nor an existing directory"
@@ -67,6 +76,28 @@ def check_model(name: str, source: str, base_dir: Path) -> str:
         f"{source}={name!r} is {what}{hint}; give a preset ({', '.join(PRESETS)}) "
         "or the path of a Hugging Face model directory"
     )
+
+
+def checked_model_dir(path: Path, name: str, source: str) -> str:
+    """The model directory as an absolute path, or OptionError naming what it lacks."""
+    problem = model_dir_problem(path)
+    if problem:
+        raise OptionError(f"{source}={name!r}: {problem}")
+    return str(path)
+
+
+def model_dir_problem(path: Path) -> str | None:
+    """What a model directory lacks of what from_pretrained reads (a config.json, a weights file), or
+    None; the files' content is read at session start."""
+    found = ", ".join(sorted(p.name for p in path.iterdir())[:8]) or "nothing"
+    if not (path / "config.json").is_file():
+        return f"{str(path)!r} has no config.json (found {found}); expected a Hugging Face model directory"
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        return (
+            f"{str(path)!r} has a config.json but no weights: expected one of {', '.join(WEIGHT_FILES)}, "
+            f"found {found}"
+        )
+    return None
 
 
 def check_dataset(path: Path, source: str) -> Path:

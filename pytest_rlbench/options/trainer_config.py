@@ -59,6 +59,7 @@ VLLM_CPU_DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.1,
 }
 
+
 def user_overrides(texts: Sequence[str], source: str) -> tuple[list[Override], Config]:
     """The --rl-config overrides, each checked against the schema (an error names ``source``), and a
     scratch Config with all of them applied in order (so it holds the value that wins per key)."""
@@ -144,6 +145,7 @@ def build_trainer_config(
     gpus_per_node: int | None = None,
     workdir: Path | None = None,
     check_names: bool = True,
+    check_sizes: bool = True,
 ) -> Config:
     """The trainer config, built once: session defaults, the ini file's rl_config, a replayed workload
     (which so replaces the ini file's default work), then the options' and the command line's
@@ -151,12 +153,13 @@ def build_trainer_config(
 
     gpus_per_node: the cluster's count when the options leave it open (--gpu alone); workdir: the
     session's temp dir (without it, no data file or checkpoint dir is set: the start-up check);
-    check_names: also check the names that registries hold (rollout engine, estimator, ...).
+    check_names: also check the names that registries hold (rollout engine, estimator, ...);
+    check_sizes: also check the batch sizes' relations (the session checks them with the data set's size).
     """
     first = [*session_defaults(opts, workdir, gpus_per_node), *opts.ini_overrides]
     if opts.workload_record is not None:
         first = [*first, *workload_overrides_for(opts, first)]
-    return build_config([*first, *opts.overrides], check_names=check_names)
+    return build_config([*first, *opts.overrides], check_names=check_names, check_sizes=check_sizes)
 
 
 def workload_overrides_for(opts: RLBenchOptions, defaults: Sequence[Override]) -> list[Override]:

@@ -5,6 +5,8 @@
   and exits with status 2. Ray's own driver handler (``sys.exit`` from inside ray.init's caller)
   ended such sessions with SIGABRT and left Ray's processes running.
 - An interrupt prints one line saying what is being stopped.
+- A usage error found once tests run (``SessionUsageError``) is one ``ERROR: pytest-rlbench: ...``
+  line with exit 4, as at start-up.
 - A test that fails because a worker died or hung (trainer.driver.worker_group.WorkerFailure) is
   reported with that one-line message (phase, rank, node) instead of Ray's traceback.
 """
@@ -60,6 +62,17 @@ class FaultHandling:
         finally:
             if uses_cluster:
                 self.handle_sigterm_as_interrupt()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, Any]:
+        # A usage error found inside a test (session/fixtures.SessionUsageError) ends the session as a
+        # start-up one does: one "ERROR: pytest-rlbench: ..." line and exit 4, not pytest.exit's banner.
+        from pytest_rlbench.session.fixtures import SessionUsageError
+
+        try:
+            return (yield)
+        except SessionUsageError as exc:
+            raise pytest.UsageError(exc.msg) from None
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         if excinfo.errisinstance(pytest.exit.Exception):

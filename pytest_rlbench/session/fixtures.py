@@ -69,6 +69,9 @@ class RLBenchSession:
         self.connection: RayConnection | None = None
         self._cluster: ClusterInfo | None = None
         self._trainer_config: Config | None = None
+        self._provisional_config: Config | None = (
+            None  # with --gpu alone, until the cluster gives the GPU count
+        )
         self._names_checked = False  # the config's registry names (trainer_config)
         self._model: RLModel | None = None
         self._dataset: RLDataset | None = None
@@ -85,9 +88,20 @@ class RLBenchSession:
         Raises SetupError on the first resource that cannot be built."""
         needs = {need for name in fixturenames for need in FIXTURE_NEEDS.get(name, ())}
         ray = "starting Ray" if self.opts.embedded else "connecting to Ray"
-        order = [("model", "loading the model", self.model), ("dataset", "building the data set", self.dataset),
-                 ("config", "checking the trainer config", self.trainer_config), ("cluster", ray, self.cluster)]
+        order = [
+            ("model", "loading the model", self.model),
+            ("dataset", "building the data set", self.dataset),
+            ("config", "checking the trainer config", self.trainer_config),
+            ("cluster", ray, self.cluster),
+        ]
         steps = [(name, what, build) for name, what, build in order if name in needs]
+        cfg = self._trainer_config or self._provisional_config
+        if "dataset" in needs and cfg is not None:  # before the model and tokenizer load: against its rows
+            try:
+                self.check_sizes(cfg, self._rows_bound(cfg), None if self._trainer_config is None else -1)
+            except SetupError:
+                if self._rows_readable(cfg):
+                    raise  # else the data set's own check names what is wrong with its rows first
         with self.progress().stage("set-up", len(steps)) as stage:
             for _, what, build in steps:
                 stage.step(what)
@@ -118,8 +132,11 @@ class RLBenchSession:
         try:
             num_cpus = self._embedded_cpus() if opts.embedded else None
             self.connection = RayConnection.open(
-                opts.ray_address, num_cpus, opts.ray_address_source,
-                opts.ray_timeout, opts.source_of("rl_ray_timeout"),
+                opts.ray_address,
+                num_cpus,
+                opts.ray_address_source,
+                opts.ray_timeout,
+                opts.source_of("rl_ray_timeout"),
             )
             info = self.connection.describe()
         except ClusterError as exc:
@@ -146,31 +163,92 @@ class RLBenchSession:
         return self._workdir
 
     def build_config(self) -> None:
-        """Build the trainer config, once, at configure, where the GPU count is known (CPU workers, or
-        --rl-gpus-per-node): a bad config is then a usage error before anything starts. With --gpu alone
-        the cluster tells the count, and ``trainer_config`` builds it once the cluster is there."""
-        from trainer.config import ConfigError
+        """Build and check the trainer config at configure, so that a bad one is a usage error before
+        anything starts: its values, the names it sets away from the defaults (an engine's own checks,
+        vLLM installed among them, included; reading a registry imports torch, which a config of
+        defaults leaves out) and its batch sizes, all of them together. With --gpu alone the cluster
+        tells the GPU count: the checks run with one GPU per node standing in, the world size's one
+        waits for the cluster, and ``trainer_config`` builds the config once the cluster is there."""
+        from trainer.config import ConfigError, batch_size_problems, check_names_of, names_set
 
-        if self.opts.gpu and self.opts.gpus_per_node is None:
-            return
+        provisional = self.opts.gpu and self.opts.gpus_per_node is None
+        source = self.opts.source_of("rl_config")
         try:
-            self._trainer_config = self._built_config(gpus_per_node=None)
+            cfg = self._built_config(gpus_per_node=None)
+            check_names_of(cfg, names_set(cfg))  # the default names are valid: no registry read for them
+            if self.opts.rollout_panel:
+                from pytest_rlbench.session.rollout_panel import check_panel_engines
+
+                check_panel_engines(cfg, self.opts.rollout_panel)
         except ConfigError as exc:
             raise pytest.UsageError(
-                f"pytest-rlbench: the trainer config from the --rl-* options and "
-                f"{self.opts.source_of('rl_config')} is invalid: {exc}"
+                f"pytest-rlbench: the trainer config from the --rl-* options and {source} is invalid: {exc}"
             ) from None
+        workers = None if provisional else cfg.world_size
+        if batch_size_problems(cfg, workers=workers):  # with the data set's size where it is cheap to know
+            try:
+                self.check_sizes(cfg, self._rows_bound(cfg), workers)
+            except SetupError as exc:
+                raise pytest.UsageError(f"pytest-rlbench: {exc}") from None
+        if provisional:
+            self._provisional_config = cfg
+        else:
+            self._trainer_config = cfg
+
+    def check_sizes(
+        self, cfg: Config, prompts: int | None, workers: int | None = -1, usable: bool = False
+    ) -> None:
+        """Raise SetupError listing every batch-size relation ``cfg`` violates, with values that fit
+        (trainer.config.batch_size_problems), against the data set's ``prompts`` (its usable prompts
+        when ``usable``, else its rows, an upper bound; None: not known) and ``workers`` (-1: the
+        config's world size; None: not known yet)."""
+        from trainer.config import batch_size_problems
+
+        unit = "usable prompt(s)" if usable else "row(s), at most one prompt each"
+        sizes = batch_size_problems(cfg, prompts, self.dataset_source(cfg), workers, unit)
+        if sizes:
+            raise SetupError(f"{sizes.message()}\n(each is set with --rl-config KEY=VALUE)")
+
+    def dataset_source(self, cfg: Config) -> str:
+        """How messages name the data set: the option that gave it, or the synthetic set, and its path."""
+        source = self.opts.source_of("rl_dataset") if self.opts.dataset else "the synthetic data set"
+        return f"{source} at {cfg.data.train_files[0]!r}" if cfg.data.train_files else source
+
+    def _rows_readable(self, cfg: Config) -> bool:
+        """Whether the data set's rows hold what the trainer reads (the synthetic set's do)."""
+        from trainer.data.validate import validate_parquet
+
+        return self.opts.dataset is None or not validate_parquet(Path(cfg.data.train_files[0]), strict=False)
+
+    def _rows_bound(self, cfg: Config) -> int | None:
+        """The data set's rows, read cheaply (the synthetic set's size, a parquet file's footer), an upper
+        bound of its usable prompts; None where the file cannot tell (its check names the problem)."""
+        if self.opts.dataset is None:
+            return cfg.data.synthetic_size
+        try:
+            import pyarrow.parquet as pq
+
+            return int(pq.ParquetFile(cfg.data.train_files[0]).metadata.num_rows)
+        except Exception:  # noqa: BLE001  (not parquet, unreadable: the data set's own check says why)
+            return None
 
     def _built_config(self, gpus_per_node: int | None) -> Config:
         """The session's defaults (synthetic data file and checkpoint dir in the session's temp dir, the
         cluster's GPUs per node), the options and the --rl-config overrides; then the
         pytest_rlbench_update_config hook, whose changes are checked too. Names held in registries are
-        checked by ``trainer_config`` (reading a registry imports torch: plain test runs skip it)."""
+        checked by ``trainer_config`` (reading a registry imports torch: plain test runs skip it), the
+        batch sizes by ``build_config`` and ``check_sizes``, with the data set's size."""
         from trainer.config import validate
 
-        cfg = build_trainer_config(self.opts, gpus_per_node=gpus_per_node, workdir=self.workdir(), check_names=False)
+        cfg = build_trainer_config(
+            self.opts,
+            gpus_per_node=gpus_per_node,
+            workdir=self.workdir(),
+            check_names=False,
+            check_sizes=False,
+        )
         self.config.hook.pytest_rlbench_update_config(config=self.config, rl_config=cfg)
-        return validate(cfg, check_names=False)
+        return validate(cfg, check_names=False, check_sizes=False)
 
     def trainer_config(self) -> Config:
         """The session's trainer config (built at configure, or here once the cluster gives the GPU
@@ -195,7 +273,11 @@ class RLBenchSession:
         self.replay_notes = session_replay_notes(self.opts, cfg)
         self.config_notes = [f"rlbench: {line}" for line in settings_without_effect(cfg)]
         if self.rounds()[1] == 0:
-            why = "--benchmark-disable" if self.opts.warmup_rounds else f"{self.opts.source_of('rl_warmup_rounds')} 0"
+            why = (
+                "--benchmark-disable"
+                if self.opts.warmup_rounds
+                else f"{self.opts.source_of('rl_warmup_rounds')} 0"
+            )
             self.config_notes.append(f"rlbench: {first_call_note(why)}")
         self._names_checked = True
         return cfg
@@ -260,11 +342,7 @@ class RLBenchSession:
             prompts = load_train_dataset(cfg.data, tokenizer, self.workdir())
         except (OSError, ValueError) as exc:  # DatasetError and PromptTooLongError are ValueErrors
             raise SetupError(f"{source}: {exc}") from exc
-        if len(prompts) < cfg.data.train_batch_size:  # a step could never fill its batch
-            raise SetupError(
-                f"data.train_batch_size ({cfg.data.train_batch_size}) is larger than {source} at "
-                f"{str(path)!r}, which has {len(prompts)} usable prompt(s)"
-            )
+        self.check_sizes(cfg, len(prompts), usable=True)  # a step must fill its batch from what loaded
         self._dataset = RLDataset(path, synthetic=self.opts.dataset is None, prompts=prompts)
         return self._dataset
 
@@ -278,7 +356,9 @@ class RLBenchSession:
             for entry in added or []:
                 try:
                     if isinstance(entry, dict):
-                        records.append(record_from_dict(entry, source="a baseline from pytest_rlbench_baselines"))
+                        records.append(
+                            record_from_dict(entry, source="a baseline from pytest_rlbench_baselines")
+                        )
                     else:
                         records.append(load_baseline(entry))
                 except BaselineError as exc:
@@ -323,13 +403,23 @@ def get_session(config: pytest.Config) -> RLBenchSession:
         ) from None
 
 
+class SessionUsageError(pytest.exit.Exception):  # type: ignore[name-defined,misc]
+    """A usage error found once tests run (a resource a test asks for by name, which the start-up check
+    could not see): it ends the session as ``pytest.exit`` does, and the plugin's fault handling turns
+    it into the one ``ERROR: pytest-rlbench: ...`` line of a start-up error, exit 4
+    (``session.faults.FaultHandling.pytest_runtestloop``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"pytest-rlbench: {message}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+
 def _built(config: pytest.Config, what: str) -> Any:
     """A resource for a fixture; a failure here (the start-up check did not cover it) ends the session."""
     session = get_session(config)
     try:
         return getattr(session, what)()
     except SetupError as exc:
-        pytest.exit(f"pytest-rlbench: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+        raise SessionUsageError(str(exc)) from None
 
 
 # ----------------------------------------------------------------------------- fixtures

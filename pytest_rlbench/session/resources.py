@@ -13,19 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_rlbench.options.checks import model_dir_problem
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
     from trainer.data.loader import PromptDataset
     from trainer.models.presets import ModelSpec
-
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 
 
 class SetupError(RuntimeError):
@@ -93,10 +88,8 @@ class RLDataset:
 
 
 def check_model_weights(path: Path) -> None:
-    """A model directory must hold weights that from_pretrained can read; raise naming the path."""
-    if not any((path / name).is_file() for name in WEIGHT_FILES):
-        found = ", ".join(sorted(p.name for p in path.iterdir())[:8]) or "nothing"
-        raise SetupError(
-            f"{str(path)!r} has a config.json but no weights: expected one of {', '.join(WEIGHT_FILES)}, "
-            f"found {found}"
-        )
+    """A model directory must hold a config.json and weights (a model a replayed workload names, which
+    no option check saw); raise naming the path."""
+    problem = model_dir_problem(path)
+    if problem:
+        raise SetupError(problem)

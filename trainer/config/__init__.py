@@ -48,8 +48,12 @@ from trainer.config.validation import (
     LOGGERS,
     MEMORY_FRACTION_KEY,
     ROLLOUT_KEY,
+    SizeProblems,
+    batch_size_problems,
     check_choice,
+    check_names_of,
     choices,
+    names_set,
     registry_of,
     settings_without_effect,
     supported_choices,
@@ -58,14 +62,17 @@ from trainer.config.validation import (
 
 
 def build_config(
-    overrides: Iterable[str | Override] = (), base: Config | None = None, check_names: bool = True
+    overrides: Iterable[str | Override] = (),
+    base: Config | None = None,
+    check_names: bool = True,
+    check_sizes: bool = True,
 ) -> Config:
     """Defaults, then each override (``key=value`` text or an Override) in order, then validation
-    (``check_names``: see ``validate``)."""
+    (``check_names``, ``check_sizes``: see ``validate``)."""
     cfg = copy.deepcopy(base) if base is not None else Config()
     for item in overrides:
         apply_override(cfg, item)
-    return validate(resolve_interpolations(cfg), check_names=check_names)
+    return validate(resolve_interpolations(cfg), check_names=check_names, check_sizes=check_sizes)
 
 
 __all__ = [
@@ -76,6 +83,7 @@ __all__ = [
     "LOGGERS",
     "MEMORY_FRACTION_KEY",
     "ROLLOUT_KEY",
+    "SizeProblems",
     "ActorConfig",
     "ActorRolloutRefConfig",
     "AlgorithmConfig",
@@ -95,13 +103,16 @@ __all__ = [
     "UnsupportedConfigError",
     "apply_override",
     "as_override",
+    "batch_size_problems",
     "build_config",
     "check_choice",
+    "check_names_of",
     "choices",
     "clip_ratios",
     "closest_keys",
     "get_value",
     "known_keys",
+    "names_set",
     "parse_literal",
     "registry_of",
     "resolve_interpolations",

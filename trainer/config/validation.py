@@ -13,7 +13,9 @@ tables below.
 
 from __future__ import annotations
 
+import importlib
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainer.config.schema import KEY_TYPES, Config, ConfigError, UnsupportedConfigError, get_value
@@ -83,28 +85,45 @@ def settings_without_effect(cfg: Config) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- registries
+# Where each registry lives (module, attribute): ``registry_of`` imports only the one asked for, so a
+# check of the estimator does not pay for the rollout engines' transformers import.
+REGISTRIES: dict[str, tuple[str, str]] = {
+    ROLLOUT_KEY: ("trainer.rollout.registry", "ENGINES"),
+    TARGET_LENGTHS_KEY: ("trainer.rollout.target_lengths", "DISTRIBUTIONS"),
+    CHECKPOINT_POLICY_KEY: ("trainer.models.checkpointing", "POLICIES"),
+    "algorithm.adv_estimator": ("trainer.algorithms.advantages", "ADV_ESTIMATORS"),
+    "actor_rollout_ref.actor.loss_agg_mode": ("trainer.algorithms.aggregation", "LOSS_AGG_MODES"),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": ("trainer.algorithms.policy_loss", "POLICY_LOSSES"),
+    "actor_rollout_ref.actor.kl_loss_type": ("trainer.algorithms.kl", "KL_ESTIMATORS"),
+    "algorithm.kl_penalty": ("trainer.algorithms.kl", "KL_ESTIMATORS"),
+    "algorithm.kl_ctrl.type": ("trainer.algorithms.kl", "KL_CONTROLLERS"),
+}
+
+
 def registry_of(key: str) -> Registry[Any]:
     """The registry that lists the valid values of ``key`` (KeyError for a key without one)."""
-    from trainer.algorithms.advantages import ADV_ESTIMATORS
-    from trainer.algorithms.aggregation import LOSS_AGG_MODES
-    from trainer.algorithms.kl import KL_CONTROLLERS, KL_ESTIMATORS
-    from trainer.algorithms.policy_loss import POLICY_LOSSES
-    from trainer.models.checkpointing import POLICIES
-    from trainer.rollout.registry import ENGINES
-    from trainer.rollout.target_lengths import DISTRIBUTIONS
+    module, attribute = REGISTRIES[key]
+    registry: Registry[Any] = getattr(importlib.import_module(module), attribute)
+    return registry
 
-    registries: dict[str, Registry[Any]] = {
-        ROLLOUT_KEY: ENGINES,
-        TARGET_LENGTHS_KEY: DISTRIBUTIONS,
-        CHECKPOINT_POLICY_KEY: POLICIES,
-        "algorithm.adv_estimator": ADV_ESTIMATORS,
-        "actor_rollout_ref.actor.loss_agg_mode": LOSS_AGG_MODES,
-        "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSSES,
-        "actor_rollout_ref.actor.kl_loss_type": KL_ESTIMATORS,
-        "algorithm.kl_penalty": KL_ESTIMATORS,
-        "algorithm.kl_ctrl.type": KL_CONTROLLERS,
-    }
-    return registries[key]
+
+def names_set(cfg: Config) -> list[str]:
+    """The registry-held keys that ``cfg`` sets away from the trainer's defaults, in CHOICE_KEYS order:
+    the names a session checks at once (``check_names_of``; reading a registry imports torch), while
+    the defaults, valid by construction, cost nothing."""
+    default = Config()
+    return [
+        key for key in CHOICE_KEYS if key in REGISTRIES and get_value(cfg, key) != get_value(default, key)
+    ]
+
+
+def check_names_of(cfg: Config, keys: list[str]) -> None:
+    """Check the registry-held ``keys`` of ``cfg`` (each registry imported alone), and with the rollout
+    engine among them that engine's own start-up checks."""
+    for key in keys:
+        check_choice(key, get_value(cfg, key))
+    if ROLLOUT_KEY in keys:
+        _check_rollout_engine(cfg)
 
 
 # The order in which validate checks the choice keys (the first bad one is reported).
@@ -166,10 +185,117 @@ def _check_rollout_engine(cfg: Config) -> None:
     registry_of(ROLLOUT_KEY)[cfg.actor_rollout_ref.rollout.name].check_config(cfg)
 
 
-def _positive(cfg: Config, *keys: str) -> None:
-    for key in keys:
-        if get_value(cfg, key) < 1:
-            raise ConfigError(f"{key} must be at least 1, got {get_value(cfg, key)}")
+# ----------------------------------------------------------------------------- sizes
+BATCH_KEY = "data.train_batch_size"
+MINI_KEY = "actor_rollout_ref.actor.ppo_mini_batch_size"
+N_KEY = "actor_rollout_ref.rollout.n"
+# Sizes and counts that must be at least 1. The micro-batch sizes have no relation to the others: a
+# worker's last micro-batch may be smaller than the rest.
+POSITIVE_KEYS: tuple[str, ...] = (
+    BATCH_KEY,
+    "data.max_prompt_length",
+    "data.max_response_length",
+    N_KEY,
+    MINI_KEY,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.actor.ppo_epochs",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "trainer.nnodes",
+    "trainer.n_gpus_per_node",
+    "trainer.total_epochs",
+)
+
+
+def positive_problems(cfg: Config) -> list[str]:
+    """One line per key of POSITIVE_KEYS below 1."""
+    return [
+        f"{key} must be at least 1, got {get_value(cfg, key)}"
+        for key in POSITIVE_KEYS
+        if get_value(cfg, key) < 1
+    ]
+
+
+@dataclass(frozen=True)
+class SizeProblems:
+    """The violated relations between the batch sizes, each saying what would fix it, and ``fix``:
+    values that fix them all together (or why none exist). Empty (false) when none is violated."""
+
+    problems: tuple[str, ...] = ()
+    fix: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.problems)
+
+    def message(self) -> str:
+        """One message: the fix first (what to do), then each problem on a line of its own."""
+        return f"the batch sizes do not fit ({self.fix}):\n  - " + "\n  - ".join(self.problems)
+
+
+def batch_size_problems(
+    cfg: Config,
+    prompts: int | None = None,
+    source: str = "the data set",
+    workers: int | None = -1,
+    unit: str = "usable prompt(s)",
+) -> SizeProblems:
+    """Every violated relation between the batch sizes, checked together. The sizes must be at least 1
+    (``positive_problems``).
+
+    prompts: the data set's usable prompts (``source`` names the set, ``unit`` what was counted: its rows
+    are an upper bound), None where they are not known;
+    workers: the data-parallel workers the responses split over (by default the config's world size),
+    None where the GPU count is not known yet (the cluster tells it)."""
+    batch, mini = cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    n = cfg.actor_rollout_ref.rollout.n
+    workers = cfg.world_size if workers == -1 else workers
+    most = batch if prompts is None else min(batch, prompts)
+    fit = fitting_sizes(most, mini, n, workers or 1)
+    mini_fix = f"e.g. set {MINI_KEY} to {fit[1]}" if fit else "no mini-batch size fits"
+    problems = []
+    if prompts is not None and batch > prompts:
+        problems.append(
+            f"{BATCH_KEY} ({batch}) is larger than {source}, which has {prompts} {unit}: a step could "
+            f"never fill its batch; set {BATCH_KEY} to at most {prompts}"
+        )
+    if mini > batch:
+        problems.append(f"{MINI_KEY} ({mini}) must not exceed {BATCH_KEY} ({batch}); {mini_fix}")
+    elif batch % mini:
+        problems.append(f"{BATCH_KEY} ({batch}) must be a multiple of {MINI_KEY} ({mini}); {mini_fix}")
+    if workers and mini * n % workers:
+        problems.append(
+            f"ppo_mini_batch_size x rollout.n = {mini} x {n} = {mini * n} responses must split evenly over "
+            f"{workers} workers (trainer.nnodes x trainer.n_gpus_per_node): {MINI_KEY} must be a multiple of "
+            f"{workers // math.gcd(n, workers)}"
+        )
+    if not problems:
+        return SizeProblems()
+    if fit is None:
+        fix = (
+            f"no {BATCH_KEY} up to {most} has a mini-batch size whose {n} responses per prompt split evenly "
+            f"over {workers} workers: raise {N_KEY}, or use fewer workers"
+        )
+    else:
+        changed = ((BATCH_KEY, fit[0], batch), (MINI_KEY, fit[1], mini))
+        fix = "values that work together: " + " ".join(
+            f"{key}={new}" for key, new, old in changed if new != old
+        )
+    return SizeProblems(tuple(problems), fix)
+
+
+def fitting_sizes(most: int, mini: int, n: int, workers: int) -> tuple[int, int] | None:
+    """(train batch size, mini-batch size) that fit together: the largest batch size up to ``most``
+    that has a fitting mini-batch size, and of those the one nearest ``mini`` (the largest not above
+    it, else the smallest). A mini-batch size fits when it divides the batch size and its ``n``
+    responses per prompt split evenly over ``workers``. None when no batch size up to ``most`` has one."""
+    step = workers // math.gcd(n, workers)  # mini-batch sizes whose responses split evenly: its multiples
+    for batch in range(most, 0, -1):
+        fitting = [m for m in range(step, batch + 1, step) if batch % m == 0]
+        if fitting:
+            below = [m for m in fitting if m <= mini]
+            return batch, below[-1] if below else fitting[0]
+    return None
 
 
 def _check_target_lengths(cfg: Config) -> None:
@@ -216,7 +342,9 @@ def _check_liger(cfg: Config) -> None:
             f"Triton GPU kernels); got trainer.device={cfg.trainer.device}"
         )
     if not liger_installed():
-        raise UnsupportedConfigError(f"actor_rollout_ref.model.use_liger=True needs liger-kernel: {LIGER_EXTRA}")
+        raise UnsupportedConfigError(
+            f"actor_rollout_ref.model.use_liger=True needs liger-kernel: {LIGER_EXTRA}"
+        )
 
 
 def _check_checkpoint_policy(cfg: Config) -> None:
@@ -254,14 +382,22 @@ def _check_checkpoint_policy(cfg: Config) -> None:
             )
 
 
-def validate(cfg: Config, check_names: bool = True) -> Config:
+def validate(cfg: Config, check_names: bool = True, check_sizes: bool = True) -> Config:
     """Cross-field checks VERL makes at start-up, with messages that say what would be valid.
 
     check_names False leaves out the keys whose valid names come from a registry (reading one imports
-    torch): a cheap first pass, for a caller that checks the names later, before any work starts."""
+    torch), but for the names known and refused (KNOWN_BUT_UNSUPPORTED, a plain table): a cheap first
+    pass, for a caller that checks the names later, before any work starts. check_sizes False leaves
+    out the batch sizes' relations (``batch_size_problems``), for a caller that checks them with the
+    data set's size, as the session does."""
     for key in CHOICE_KEYS:
         if check_names or key in FIXED_CHOICES:
             check_choice(key, get_value(cfg, key))
+        elif (value := get_value(cfg, key)) in KNOWN_BUT_UNSUPPORTED.get(key, {}):
+            # refused from the table alone: listing the supported names would read the registry (torch)
+            raise UnsupportedConfigError(
+                f"{key}={value} is not supported yet: {KNOWN_BUT_UNSUPPORTED[key][value]}"
+            )
     _finite(cfg)
     if check_names:
         _check_rollout_engine(cfg)
@@ -270,39 +406,13 @@ def validate(cfg: Config, check_names: bool = True) -> Config:
             raise UnsupportedConfigError(
                 f"trainer.logger {name!r} is not supported; available: {', '.join(LOGGERS)}"
             )
-    _positive(
-        cfg,
-        "data.train_batch_size",
-        "data.max_prompt_length",
-        "data.max_response_length",
-        "actor_rollout_ref.rollout.n",
-        "actor_rollout_ref.actor.ppo_mini_batch_size",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-        "actor_rollout_ref.actor.ppo_epochs",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-        "trainer.nnodes",
-        "trainer.n_gpus_per_node",
-        "trainer.total_epochs",
-    )
+    problems = positive_problems(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    sizes = batch_size_problems(cfg) if check_sizes else SizeProblems()
+    if sizes:
+        raise ConfigError(sizes.message())
     actor = cfg.actor_rollout_ref.actor
-    if actor.ppo_mini_batch_size > cfg.data.train_batch_size:
-        raise ConfigError(
-            f"actor_rollout_ref.actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size}) must not exceed "
-            f"data.train_batch_size ({cfg.data.train_batch_size})"
-        )
-    if cfg.data.train_batch_size % actor.ppo_mini_batch_size:
-        raise ConfigError(
-            f"data.train_batch_size ({cfg.data.train_batch_size}) must be a multiple of "
-            f"actor_rollout_ref.actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size})"
-        )
-    responses_per_mini = actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
-    if responses_per_mini % cfg.world_size:
-        raise ConfigError(
-            f"ppo_mini_batch_size x rollout.n = {responses_per_mini} responses must split evenly over "
-            f"{cfg.world_size} workers (trainer.nnodes x trainer.n_gpus_per_node)"
-        )
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.temperature <= 0:
         raise ConfigError(f"actor_rollout_ref.rollout.temperature must be > 0, got {rollout.temperature}")
