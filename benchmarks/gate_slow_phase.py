@@ -1,17 +1,21 @@
-"""Test-only pytest plugin: one trainer phase made deliberately slower, to measure whether the gate
-catches it (``benchmarks/gate_error_rates.py``). Never loaded unless named: ``-p gate_slow_phase``
-with ``benchmarks/`` on ``PYTHONPATH``.
+"""Test-only pytest plugin: trainer phases made deliberately slower, to measure whether the gate
+catches it (``benchmarks/gate_error_rates.py``, ``benchmarks/gpu_suites.sh gate16x8``). Never loaded
+unless named: ``-p gate_slow_phase`` with ``benchmarks/`` on ``PYTHONPATH``.
 
-The phase method ``GATE_SLOW_METHOD`` of ``GRPOTrainer`` (default ``compute_old_log_prob``) is
-wrapped at configure time: each call runs the real method, then sleeps ``GATE_SLOWDOWN`` (default
-0.25) times the duration that call took, so the phase becomes that fraction slower wherever it is
-called from (its own benchmark and the whole step's). The class attribute is restored at unconfigure.
+The phase methods ``GATE_SLOW_METHOD`` of ``GRPOTrainer`` (comma-separated; default
+``compute_old_log_prob``) are wrapped at configure time: each call runs the real method, then adds
+``GATE_SLOWDOWN`` (default 0.25) times the duration that call took, so the phase becomes that fraction
+slower wherever it is called from (its own benchmark and the whole step's). The added time is a sleep
+on the driver, or with ``GATE_SLOW_GPU=1`` real GPU work on every worker (bf16 matmuls on its GPU for
+that long, run inside the worker process through Ray's ``__ray_call__``): a regression that draws
+power and holds the GPU as a slower kernel would. The class attributes are restored at unconfigure.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,19 +24,43 @@ import pytest
 
 METHOD_ENV = "GATE_SLOW_METHOD"
 FRACTION_ENV = "GATE_SLOWDOWN"
+GPU_ENV = "GATE_SLOW_GPU"
 DEFAULT_METHOD = "compute_old_log_prob"
 DEFAULT_FRACTION = 0.25
-ORIGINAL_KEY = pytest.StashKey[tuple[str, Callable[..., Any]]]()
+ORIGINAL_KEY = pytest.StashKey[list[tuple[str, Callable[..., Any]]]]()
 
 
-def slowed(method: Callable[..., Any], fraction: float) -> Callable[..., Any]:
-    """``method``, followed by a sleep of ``fraction`` of the time the call took."""
+def burn_gpu(worker: Any, seconds: float) -> float:
+    """Runs in a worker: bf16 matmuls on its GPU until ``seconds`` have passed; the seconds spent."""
+    import torch
+
+    operand = getattr(worker, "_gate_burn_operand", None)
+    if operand is None:
+        operand = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        worker._gate_burn_operand = operand
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(2):  # ~0.2 ms each on an H100: the added time overshoots by under 1 ms
+            operand @ operand
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def slowed(method: Callable[..., Any], fraction: float, on_gpu: bool) -> Callable[..., Any]:
+    """``method``, followed by ``fraction`` of the time the call took: asleep, or busy on the GPUs."""
 
     @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        result = method(*args, **kwargs)
-        time.sleep(fraction * (time.perf_counter() - start))
+        result = method(self, *args, **kwargs)
+        extra = fraction * (time.perf_counter() - start)
+        if on_gpu:
+            import ray
+
+            ray.get([w.__ray_call__.remote(burn_gpu, extra) for w in self.workers.workers])
+        else:
+            time.sleep(extra)
         return result
 
     return wrapper
@@ -41,20 +69,28 @@ def slowed(method: Callable[..., Any], fraction: float) -> Callable[..., Any]:
 def pytest_configure(config: pytest.Config) -> None:
     from trainer.driver.grpo_trainer import GRPOTrainer
 
-    name = os.environ.get(METHOD_ENV, DEFAULT_METHOD)
+    names = [n.strip() for n in os.environ.get(METHOD_ENV, DEFAULT_METHOD).split(",") if n.strip()]
     fraction = float(os.environ.get(FRACTION_ENV, DEFAULT_FRACTION))
-    method = getattr(GRPOTrainer, name, None)
-    if not callable(method):
-        raise pytest.UsageError(f"{METHOD_ENV}={name!r}: GRPOTrainer has no such method")
+    on_gpu = os.environ.get(GPU_ENV, "") == "1"
     if not 0 < fraction < 10:
         raise pytest.UsageError(f"{FRACTION_ENV}={fraction!r}: expected a fraction of the phase's time in (0, 10)")
-    config.stash[ORIGINAL_KEY] = (name, method)
-    setattr(GRPOTrainer, name, slowed(method, fraction))
+    saved = []
+    for name in names:
+        method = getattr(GRPOTrainer, name, None)
+        if not callable(method):
+            raise pytest.UsageError(f"{METHOD_ENV}={name!r}: GRPOTrainer has no such method")
+        saved.append((name, method))
+    if on_gpu:  # the workers cannot import this module: ship burn_gpu by value
+        import ray.cloudpickle
+
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    config.stash[ORIGINAL_KEY] = saved
+    for name, method in saved:
+        setattr(GRPOTrainer, name, slowed(method, fraction, on_gpu))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     from trainer.driver.grpo_trainer import GRPOTrainer
 
-    saved = config.stash.get(ORIGINAL_KEY, None)
-    if saved is not None:
-        setattr(GRPOTrainer, saved[0], saved[1])
+    for name, method in config.stash.get(ORIGINAL_KEY, []):
+        setattr(GRPOTrainer, name, method)

@@ -28,6 +28,8 @@
 #                                                      # and/or -liger (use_liger), and -mlp or -mlpN (the mlp
 #                                                      # checkpointing policy, on the first N layers), e.g.
 #                                                      # replay-step-packed-liger, replay-step-uniform-liger-mlp20
+#   RL_GATE_PLAN="same update_actor:0.05" bash benchmarks/gpu_suites.sh OUT_DIR gate16x8  # sessions
+#                                                      # for the GPU gate's error rates (see the shape)
 #   bash benchmarks/gpu_suites.sh OUT_DIR gate16x4     # the gate on one GPU: a baseline, 3 same-code reruns gated
 #                                                      # against it, and one with old_log_prob 25% slower
 #                                                      # (benchmarks/gate_slow_phase.py); one report each
@@ -175,6 +177,25 @@ for shape in "$@"; do
         done
         PYTHONPATH="$PWD/benchmarks:${PYTHONPATH:-}" python3 -m pytest -p gate_slow_phase "${g[@]}" \
             --rl-baseline "$out/gate16x4-base.json" --rl-report "$out/gate16x4-slow.json" || true ;;
+    gate16x8)  # issue 29's error rates: step16x8-all-liger sessions, one per RL_GATE_PLAN entry, each
+        # report kept (every round, the GPU telemetry) to be judged against the others afterwards
+        # (benchmarks/gate_gpu_rates.py). Entries: same (unchanged code), or METHOD:FRACTION, that
+        # GRPOTrainer method made FRACTION slower by real GPU work (benchmarks/gate_slow_phase.py).
+        g=("${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024
+           --rl-config actor_rollout_ref.model.use_liger=True suites/test_phases.py suites/test_step.py
+           -k "not save_checkpoint" --rl-rollout fast --rl-rounds 5 --rl-warmup-rounds 1)
+        i=0
+        for entry in ${RL_GATE_PLAN:-same}; do
+            i=$((i + 1)); name="gate16x8-$(printf %02d $i)-${entry//[:,]/_}"
+            if [ "$entry" = same ]; then
+                python3 -m pytest "${g[@]}" --rl-report "$out/$name.json" > "$out/$name.log" 2>&1 || true
+            else
+                GATE_SLOW_METHOD="${entry%%:*}" GATE_SLOWDOWN="${entry##*:}" GATE_SLOW_GPU=1 \
+                PYTHONPATH="$PWD/benchmarks:${PYTHONPATH:-}" python3 -m pytest -p gate_slow_phase "${g[@]}" \
+                    --rl-report "$out/$name.json" > "$out/$name.log" 2>&1 || true
+            fi
+            tail -n 3 "$out/$name.log"
+        done ;;
     *) echo "unknown shape $shape" >&2; exit 2 ;;
     esac
 done

@@ -12,6 +12,7 @@ from pytest_rlbench.records.baselines import load_baseline
 from pytest_rlbench.records.record import RunRecord, record_from_dict
 from pytest_rlbench.verdict.compare import compare, gate_mismatches, tolerance_for
 from pytest_rlbench.verdict.judge import time_gap_s
+from pytest_rlbench.verdict.noise import DEFAULT_TOLERANCE, GPU_PHASE_TOLERANCES, default_tolerance
 
 BASE: dict[str, Any] = {
     "format_version": 1,
@@ -187,13 +188,13 @@ def test_a_difference_below_the_noise_floor_cannot_fail_and_the_verdict_says_the
     row = update_actor([0.0003, 0.00031, 0.00032, 0.00033, 0.00034], [0.0005, 0.00051, 0.00052, 0.00053, 0.00054], **CPU)
     assert (row.verdict, row.reason) == ("pass", "below the noise floor")
     assert "(a difference of 0.2 ms in time, at most the 10 ms floor on CPU)" in row.message
-    # 20 ms slower is past the CPU floor; on a GPU the floor is 1 ms
+    # 20 ms slower is past the CPU floor and the GPU's (10 ms); 5 ms slower is past neither
     slow = [0.05, 0.051, 0.052, 0.053, 0.054]
     assert update_actor([0.03, 0.031, 0.032, 0.033, 0.034], slow, **CPU).verdict == "fail"
-    assert update_actor([0.0030, 0.0031, 0.0032, 0.0033, 0.0034], [0.0045, 0.0046, 0.0047, 0.0048, 0.005]).verdict == "fail"
-    assert update_actor([0.0003, 0.00031, 0.00032, 0.00033, 0.00034], [0.001, 0.00101, 0.00102, 0.00103, 0.00104]).reason == (
-        "below the noise floor"
-    )
+    assert update_actor([0.03, 0.031, 0.032, 0.033, 0.034], slow).verdict == "fail"
+    row = update_actor([0.0030, 0.0031, 0.0032, 0.0033, 0.0034], [0.008, 0.0081, 0.0082, 0.0083, 0.0084])
+    assert row.reason == "below the noise floor", row.message
+    assert "at most the 10 ms floor on GPU" in row.message
 
 
 def test_time_gap_of_a_figure() -> None:
@@ -246,3 +247,22 @@ def test_cpu_runs_gate_on_cpu_model_and_count() -> None:
     other = {**cpu, "cpus_per_node": 32}
     result = compare(record(hardware=cpu), record("local-ci", hardware=other))
     assert result.mismatches == ("hardware.cpus_per_node: run 16, baseline 32",)
+
+
+def gpu_row(phase: str, base: list[float], run: list[float], tolerance: float) -> Any:
+    """The time row of ``phase`` judged on a GPU at ``tolerance`` (a DefaultTolerance: nobody chose it)."""
+    baseline = record("local-ci", phases={phase: {"seconds": base}})
+    return by_metric(compare(record(phases={phase: {"seconds": run}}), baseline, tolerance))[f"timing_s/{phase}"]
+
+
+def test_a_gpu_phase_nobody_chose_a_tolerance_for_is_judged_at_its_measured_one() -> None:
+    base = [3.00, 3.01, 3.02, 3.03, 3.04]
+    slower = [t * 1.05 for t in base]  # 5% slower, every round
+    gen = gpu_row("gen", base, slower, default_tolerance(gpu=True))
+    assert (gen.verdict, gen.tolerance) == ("fail", GPU_PHASE_TOLERANCES["gen"]), gen.message
+    assert "tolerance 0.03, gen's measured GPU default" in gen.message
+    update = gpu_row("update_actor", base, slower, default_tolerance(gpu=True))
+    assert (update.verdict, update.tolerance) == ("pass", GPU_PHASE_TOLERANCES["update_actor"]), update.message
+    # a tolerance someone chose wins, and a phase without a measured one keeps the default
+    assert gpu_row("gen", base, slower, 0.10).verdict == "pass"
+    assert gpu_row("reshard", base, slower, default_tolerance(gpu=True)).tolerance == DEFAULT_TOLERANCE

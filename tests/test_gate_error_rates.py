@@ -21,7 +21,7 @@ def test_the_slowdown_sleeps_a_fraction_of_each_calls_own_time() -> None:
         return "done"
 
     start = time.perf_counter()
-    assert slowed(phase, 0.5)(0.2) == "done"
+    assert slowed(phase, 0.5, on_gpu=False)(0.2) == "done"
     assert time.perf_counter() - start == pytest.approx(0.3, abs=0.08)
 
 

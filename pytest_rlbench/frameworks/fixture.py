@@ -71,6 +71,7 @@ def rl_trainer(
     context.differences = list(traits.differences)
     context.absent_phases = absent_phases(trainer)
     context.hardware = describe_hardware(rl_cluster, cfg, list(traits.workers))
+    context.gpus = [(w["gpu_uuid"], int(w["pid"])) for w in traits.workers if w.get("gpu_uuid") and w.get("pid")]
     context.model = describe_model(rl_model, cfg)
     context.config = describe_config(cfg, *session.rounds())
     context.workload = describe_workload(cfg, context.model)

@@ -26,11 +26,18 @@ from pytest_rlbench.records.workload import run_workload
 from pytest_rlbench.records.workload_format import Workload
 from pytest_rlbench.session.cluster import ClusterInfo
 from pytest_rlbench.session.fixtures import RLBenchSession, get_session
+from pytest_rlbench.session.gpu_watch import GpuWatch
 from pytest_rlbench.session.progress import Progress, round_label
 from pytest_rlbench.session.recorder import BenchRecorder, get_recorder, local_hardware, mismatch_failure
 from pytest_rlbench.session.resources import RLModel
 from pytest_rlbench.session.round_timer import time_rounds
-from pytest_rlbench.verdict.machine_load import MachineWatch, machine_metric
+from pytest_rlbench.verdict.machine_load import (
+    GPU_UNITS,
+    MachineWatch,
+    gpu_metric,
+    machine_metric,
+    per_round_figures,
+)
 
 if TYPE_CHECKING:
     from trainer.batch import Batch
@@ -216,10 +223,12 @@ class PhaseBench:
         progress: Progress | None = None,
         watch_machine: bool = False,
         keep_retimer: bool = False,
+        watch_gpus: bool = False,
     ) -> None:
         self.max_mismatch = max_mismatch
         self.watch_machine = watch_machine  # record the CPU used beside the rounds
         self.keep_retimer = keep_retimer
+        self.watch_gpus = watch_gpus  # read the workers' GPUs' clocks each round (NVML)
         self.benchmark = benchmark
         self.progress = progress or Progress(enabled=False, terminal=False)
         self.recorder = recorder
@@ -247,6 +256,8 @@ class PhaseBench:
         phase = self.phase
         warmup, rounds = (0, 1) if self.benchmark.disabled else (self.warmup, self.rounds)
         watch = MachineWatch() if self.watch_machine else None
+        gpus = self.recorder.context.gpus if self.watch_gpus else []  # set where the trainer was made
+        gpu_watch = GpuWatch([u for u, _ in gpus], {p for _, p in gpus}) if gpus else None
         results: list[Any] = []
 
         def prepare() -> None:
@@ -254,24 +265,35 @@ class PhaseBench:
             if setup is not None:
                 setup()
             device_clock()  # drain what setup queued before the round's clock starts
+            if gpu_watch is not None:
+                gpu_watch.mark_start()
 
         def round_() -> Any:
             results.append(fn())
             return results[-1]
 
+        def finish_round() -> None:
+            if gpu_watch is not None:
+                gpu_watch.mark_end()
+            stage.done()
+
         with self.progress.stage(phase, warmup + rounds) as stage:
             if watch is not None:
                 watch.start()
+            if gpu_watch is not None:
+                gpu_watch.start()
             if self.benchmark.disabled:  # --benchmark-disable: pytest-benchmark times nothing; time it here
                 self.samples, results = time_rounds(fn, 0, 1, stage, setup)
             else:
                 self.benchmark._timer = device_clock  # pytest-benchmark reads the clock around each call
                 self.benchmark.pedantic(
-                    round_, setup=prepare, teardown=stage.done, rounds=self.rounds, warmup_rounds=self.warmup
+                    round_, setup=prepare, teardown=finish_round, rounds=self.rounds, warmup_rounds=self.warmup
                 )
                 self.samples = list(self.benchmark.stats.stats.data)
             if watch is not None:
                 watch.stop()
+            if gpu_watch is not None:
+                gpu_watch.stop()
         result = results[-1]
         timed = results[-len(self.samples) :]  # warm-up rounds come first
         if callable(tokens):  # each round's own work: a generation's responses, a step's new batch
@@ -286,6 +308,10 @@ class PhaseBench:
         if watch is not None:
             for figure, values in watch.figures().items():
                 self.recorder.add_metric(machine_metric(figure, phase), values, "cores", higher_is_better=False)
+        if gpu_watch is not None:
+            for figure, values in per_round_figures(gpu_watch.rounds(skip=warmup)).items():
+                unit = GPU_UNITS.get(figure, "")
+                self.recorder.add_metric(gpu_metric(figure, phase), values, unit, higher_is_better=False)
         if self.keep_retimer:
             self._keep_retimer(phase, fn, setup, warmup, rounds)
         step_figures = [r.metrics for r in timed if isinstance(getattr(r, "metrics", None), dict)]
@@ -325,5 +351,6 @@ def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytes
     return PhaseBench(
         benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, opts.max_mismatch,
         state.progress(), watch_machine=opts.embedded and not opts.gpu, keep_retimer=not opts.gpu,
+        watch_gpus=opts.gpu,
     )
 

@@ -65,6 +65,7 @@ class RunContext:
     framework: str = OURS_LABEL  # whose trainer ran: "pytest-rlbench", "trl 1.16.0"
     differences: list[str] = field(default_factory=list)  # settings its adapter could not make equal
     absent_phases: dict[str, str] = field(default_factory=dict)  # phase -> why the trainer cannot time it
+    gpus: list[tuple[str, int]] = field(default_factory=list)  # (GPU UUID, worker PID) per GPU worker
 
 
 @dataclass

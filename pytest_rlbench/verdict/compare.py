@@ -49,8 +49,16 @@ from pytest_rlbench.verdict.gate_basis import (
 from pytest_rlbench.verdict.judge import ALPHA as ALPHA  # the rank test's level, for the reports
 from pytest_rlbench.verdict.judge import Comparison, MachineEvidence, Mode, judge, tolerance_for
 from pytest_rlbench.verdict.judge import Verdict as Verdict
-from pytest_rlbench.verdict.machine_load import MACHINE, OTHER_CORES, STEAL_CORES, machine_metric
-from pytest_rlbench.verdict.noise import DEFAULT_TOLERANCE
+from pytest_rlbench.verdict.machine_load import (
+    GPU,
+    MACHINE,
+    OTHER_CORES,
+    STEAL_CORES,
+    GpuEvidence,
+    evidence,
+    machine_metric,
+)
+from pytest_rlbench.verdict.noise import DEFAULT_TOLERANCE, phase_tolerance
 from pytest_rlbench.verdict.retiming import faster_block, retimed_rounds, retimed_view
 from pytest_rlbench.verdict.session_pace import session_paces
 from trainer.phases import PHASE_KEYS
@@ -158,7 +166,27 @@ def _beside_text(rows: list[Comparison]) -> dict[str | None, str]:
 def custom_metrics(run: RunRecord, baseline: RunRecord) -> set[str]:
     """The records' own metrics that are compared like figures (the machine's figures and re-timed
     rounds are evidence for the verdicts of phase times, never judged themselves)."""
-    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in (MACHINE, RETIMED)}
+    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in (MACHINE, RETIMED, GPU)}
+
+
+def _tolerance(
+    metric: str, baseline: RunRecord, tolerance: float, base_fig: Figure, basis: str, run: RunRecord
+) -> float:
+    """The tolerance a gated figure is judged at: the baseline's or the option's, or where nobody chose
+    one and the same work ran on the same kind of GPU, its phase's measured default."""
+    applied = tolerance_for(metric, baseline, tolerance)
+    if basis != SAME_MACHINE:
+        return applied
+    return phase_tolerance(applied, base_fig.phase, run.hardware.device)
+
+
+def gpu_evidence(run: RunRecord, baseline: RunRecord, phase: str) -> GpuEvidence | None:
+    """The GPU telemetry of ``phase``'s rounds in both sessions (None: the run recorded none)."""
+
+    def values(record: RunRecord) -> dict[str, list[float]]:
+        return {name: list(m.value) for name, m in record.metrics.items() if family_of(name) == GPU and m.value}
+
+    return evidence(values(run), values(baseline), phase)
 
 
 def machine_evidence(run: RunRecord, baseline: RunRecord, phase: str) -> MachineEvidence | None:
@@ -198,12 +226,13 @@ def _gate_rows(
             base_fig = faster_block(base_fig, retimed_rounds(baseline, base_fig.phase))
         rows.append(
             judge(
-                ours.get(metric), base_fig, baseline.name, tolerance_for(metric, baseline, tolerance), "gate",
+                ours.get(metric), base_fig, baseline.name, _tolerance(metric, baseline, tolerance, base_fig, basis, run), "gate",
                 judged=metric in custom or family in gated,
                 phase_ran=base_fig.phase is None or metric in custom or base_fig.phase in run.phases,
                 run_time=timed.value if timed is not None else None,
                 device=run.hardware.device,
                 machine=machine_evidence(run, baseline, base_fig.phase) if same_machine else None,
+                gpu=gpu_evidence(run, baseline, base_fig.phase) if same_machine else None,
                 pace=paces.get(base_fig.phase) if same_machine else None,
                 retimed=retimed_rounds(run, base_fig.phase) if same_machine and on_cpu else None,
                 pace_again=paces_again.get(base_fig.phase) if same_machine else None,

@@ -110,6 +110,8 @@ class TrainWorker:
             "pid": os.getpid(),
             "device": str(self.device),
             "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            # which physical GPU: what the session's NVML telemetry reads (pytest_rlbench.session.gpu_watch)
+            "gpu_uuid": str(torch.cuda.get_device_properties(self.device).uuid) if self.device.type == "cuda" else None,
             "threads": torch.get_num_threads(),
             "strategy": self.strategy,
             "attention": lm.config._attn_implementation,  # the actor's: sdpa, or packed rows (use_remove_padding)
