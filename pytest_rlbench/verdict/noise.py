@@ -36,7 +36,7 @@ def default_tolerance(gpu: bool) -> float:
 
 
 # The GPU gate's tolerance per phase, where nobody chose one, from unchanged-code sessions at step16x8
-# (16 prompts x 8, 256 + 1024 tokens, 5 rounds) on four H100 machines, 9 sessions, every ordered pair
+# (16 prompts x 8, 256 + 1024 tokens, 5 rounds) on four H100 machines, 8 sessions, every ordered pair
 # judged (docs/benchmarks.md, "The GPU gate's error rates"). Medians moved by at most: generation 0.9%,
 # old_log_prob 2.8%, step 2.9%, ref 6.6% (no pair failed at 4%: the rank test); update_actor, at the
 # 700 W power cap, 6.5%: pairs failed at 6% and none at 7%. Other phases keep DEFAULT_TOLERANCE.
