@@ -3,6 +3,8 @@ are written as the session records them)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pytest_rlbench.verdict.derived import Figure
@@ -112,3 +114,19 @@ def test_without_nvml_nothing_is_watched() -> None:
     watch.mark_end()
     watch.stop()
     assert not watch.available and watch.rounds() == []
+
+
+def test_a_run_names_its_machine_by_a_hash_of_its_gpus_and_the_label_round_trips() -> None:
+    from pytest_rlbench.records.baselines import load_baseline
+    from pytest_rlbench.records.record import record_from_dict, record_to_dict
+    from pytest_rlbench.session.gpu_watch import machine_label
+
+    one = machine_label(["084c3210-a6ff-0598-62dc-b5a3ec73326e"])
+    assert one is not None and one.startswith("gpus ")
+    assert machine_label(["GPU-084c3210-a6ff-0598-62dc-b5a3ec73326e"]) == one  # NVML's spelling, same GPU
+    assert machine_label(["9e3b21ec-0254-d5ac-2a62-e2980c4d8272"]) != one
+    assert machine_label([]) is None
+    baseline = load_baseline("verl-v0.5.0-1.5b")  # any record: its hardware gets a machine, then a round trip
+    named = dataclasses.replace(baseline, hardware=dataclasses.replace(baseline.hardware, machine=one))
+    assert record_from_dict(record_to_dict(named)).hardware.machine == one
+    assert "machine" not in record_to_dict(baseline)["hardware"]  # left out while unknown: old files unchanged

@@ -26,7 +26,7 @@ from pytest_rlbench.records.workload import run_workload
 from pytest_rlbench.records.workload_format import Workload
 from pytest_rlbench.session.cluster import ClusterInfo
 from pytest_rlbench.session.fixtures import RLBenchSession, get_session
-from pytest_rlbench.session.gpu_watch import GpuWatch
+from pytest_rlbench.session.gpu_watch import GpuWatch, machine_label
 from pytest_rlbench.session.progress import Progress, round_label
 from pytest_rlbench.session.recorder import BenchRecorder, get_recorder, local_hardware, mismatch_failure
 from pytest_rlbench.session.resources import RLModel
@@ -72,6 +72,7 @@ def describe_hardware(cluster: ClusterInfo, cfg: Config, workers: list[dict[str,
         gpu_model=gpu_model if on_gpu else None,
         cpu_model=cluster.cpu_model,
         cpus_per_node=int(min(n.cpus for n in cluster.nodes)) if cluster.nodes else None,
+        machine=machine_label([w["gpu_uuid"] for w in workers if w.get("gpu_uuid")]) if on_gpu else None,
     )
 
 

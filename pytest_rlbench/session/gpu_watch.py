@@ -11,6 +11,7 @@ the verdicts say so.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import statistics
 import threading
@@ -32,6 +33,24 @@ def _nvml() -> Any | None:
     except Exception:  # NVMLError_LibraryNotFound / DriverNotLoaded: a machine without a GPU driver
         return None
     return pynvml
+
+
+def machine_label(uuids: list[str]) -> str | None:
+    """Which GPUs a run used, in a few characters: "gpus <8 hex of a hash of their UUIDs>, driver
+    <version>" (the driver read through NVML where it can be); None without GPUs."""
+    if not uuids:
+        return None
+    digest = hashlib.sha256(",".join(sorted(nvml_uuid(u) for u in uuids)).encode()).hexdigest()[:8]
+    nvml = _nvml()
+    driver = None
+    if nvml is not None:
+        try:
+            driver = nvml.nvmlSystemGetDriverVersion()
+        except Exception:
+            driver = None
+        finally:
+            nvml.nvmlShutdown()
+    return f"gpus {digest}, driver {driver}" if driver else f"gpus {digest}"
 
 
 def nvml_uuid(torch_uuid: str) -> str:
