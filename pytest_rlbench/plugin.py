@@ -310,6 +310,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         invocation=invocation,
         notes=notes,
         table_hint=BENCHMARK_TABLE_HINT if config.stash.get(TABLE_OFF_KEY, False) else "",
+        report=str(session.opts.report) if session is not None and session.opts.report is not None else None,
     )
     for line in lines:  # the answer in colour: a FAIL red, a PASS green, NO GATE yellow
         colour = ANSWER_COLOURS.get(line.split(" ", 1)[0])

@@ -23,6 +23,7 @@ def steady_machine(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(machine_load, "cores_used", lambda before, after, ticks_per_s: (0.0, 0.0))
 
+
 SUITE = """
 import time
 import pytest
@@ -37,6 +38,13 @@ def test_old_log_prob(rl_bench):
 def test_update_actor(rl_bench):
     rl_bench(lambda: time.sleep(DELAY))
 """
+
+
+def summary(result: pytest.RunResult) -> list[str]:
+    """The lines of the rlbench section, its heading left out."""
+    lines = result.stdout.lines
+    start = next(i for i, line in enumerate(lines) if re.fullmatch(r"=+ rlbench =+", line))
+    return lines[start + 1 :]
 
 
 def run(pytester: pytest.Pytester, delay: float, *args: str) -> pytest.RunResult:
@@ -59,26 +67,56 @@ def test_a_run_within_tolerance_passes_and_a_slower_one_fails(pytester: pytest.P
     assert gated and gated[0]["mode"] == "gate" and gated[0]["verdict"] == "pass"
     assert (pytester.path / "r.png").stat().st_size > 10_000
 
-    slower = run(pytester, 0.10, f"--rl-baseline={saved}", "--rl-tolerance=0.10")
+    report = pytester.path / "slower.json"
+    slower = run(pytester, 0.10, f"--rl-baseline={saved}", "--rl-tolerance=0.10", f"--rl-report={report}")
     assert slower.ret == pytest.ExitCode.TESTS_FAILED
     # A regression is a failed test: each phase's gate test, run after every benchmark of the session
     # (its verdict reads the session's other phases), and pytest's summary counts it.
     slower.assert_outcomes(passed=2, failed=2)
-    assert re.search(r"=+ 2 failed, 2 passed(, \d+ warnings?)? in ", slower.stdout.lines[-1]), slower.stdout.lines[-1]
+    assert re.search(r"=+ 2 failed, 2 passed(, \d+ warnings?)? in ", slower.stdout.lines[-1]), (
+        slower.stdout.lines[-1]
+    )
     out = slower.stdout.str()
     assert "2 regression(s)" in out
     order = [line.split(" ")[0] for line in out.splitlines() if line.startswith("test_suite.py::")]
-    assert not order or order[-2:] == ["test_suite.py::test_old_log_prob[gate]", "test_suite.py::test_update_actor[gate]"]
-    # The gate's failure is the verdict's message: phase, metric, baseline, ratio and the rank test.
-    assert "FAILED test_suite.py::test_update_actor[gate] - Failed: update_actor seconds" in out
-    failed = next(x for x in out.splitlines() if x.startswith("update_actor seconds") and "'base'" in x)
-    ratio = float(re.search(r"ratio ([0-9.]+)", failed).group(1))
-    assert 1.8 < ratio < 2.3 and "slower (p = 0.004 < 0.01, 5 vs 5 rounds)" in failed, failed
+    assert not order or order[-2:] == [
+        "test_suite.py::test_old_log_prob[gate]",
+        "test_suite.py::test_update_actor[gate]",
+    ]
+    # The gate's failure opens with the verdict's short line (pytest's short summary shows it), then
+    # its whole message: phase, metric, baseline, ratio and the rank test.
+    assert "FAILED test_suite.py::test_update_actor[gate] - Failed: update_actor  0." in out, (
+        out
+    )  # cut at 80 columns
+    lines = out.splitlines()
+    failed = next(i for i, x in enumerate(lines) if x.startswith("update_actor seconds") and "'base'" in x)
+    short = re.fullmatch(
+        r"E?\s*update_actor  0\.100 vs 0\.050 s  ([0-9.]+)x > 1\.10  slower \(baseline 'base'\)",
+        lines[failed - 1],
+    )
+    ratio = float(re.search(r"ratio ([0-9.]+)", lines[failed]).group(1))
+    assert short and 1.8 < ratio < 2.3 and "slower (p = 0.004 < 0.01, 5 vs 5 rounds)" in lines[failed], lines[
+        failed - 1 : failed + 1
+    ]
+    # the summary: one short line per phase, and where the whole verdicts are; the JSON report keeps them
+    verdicts = [x for x in summary(slower) if x.startswith("  FAIL ")]
+    assert [x.split()[1] for x in verdicts] == ["old_log_prob", "update_actor"], summary(slower)
+    assert all(len(x) <= 160 and "p = " not in x and x.split()[-1] == "slower" for x in verdicts), verdicts
+    details = next(x for x in summary(slower) if "the whole verdicts" in x)
+    assert details.endswith(f"with -v and in the JSON report {report}"), details
+    messages = {
+        c["phase"]: c["message"]
+        for c in json.loads(report.read_text())["comparisons"]
+        if c["verdict"] == "fail"
+    }
+    assert "slower (p = 0.004 < 0.01, 5 vs 5 rounds)" in messages["update_actor"], messages
 
     # -x stops at the first regression: both phases timed, the first gate failed
     run(pytester, 0.10, f"--rl-baseline={saved}", "-x").assert_outcomes(passed=2, failed=1)
     # -k selects a benchmark and its gate alike
-    run(pytester, 0.05, f"--rl-baseline={saved}", "-k", "old_log_prob").assert_outcomes(passed=2, deselected=1)
+    run(pytester, 0.05, f"--rl-baseline={saved}", "-k", "old_log_prob").assert_outcomes(
+        passed=2, deselected=1
+    )
     # --lf reruns the phases whose regression was not yet fixed (update_actor: its gate never ran
     # again after -x stopped), benchmark and gate; old_log_prob, fixed, is not rerun
     last_failed = run(pytester, 0.10, f"--rl-baseline={saved}", "--lf", "-v")
@@ -86,6 +124,10 @@ def test_a_run_within_tolerance_passes_and_a_slower_one_fails(pytester: pytest.P
     out = last_failed.stdout.str()
     assert "test_suite.py::test_update_actor PASSED" in out and "old_log_prob PASSED" not in out, out
     assert "FAILED test_suite.py::test_update_actor[gate]" in out
+    # -v: each verdict's whole message under its line, in the summary too
+    at = next(i for i, x in enumerate(summary(last_failed)) if x.startswith("  FAIL "))
+    assert summary(last_failed)[at + 1].startswith("      update_actor seconds: ")
+    assert "slower (p = 0.004 < 0.01, 5 vs 5 rounds)" in summary(last_failed)[at + 1]
 
 
 def test_a_subset_gates_what_ran_and_a_metric_its_phase_lacks_fails(pytester: pytest.Pytester) -> None:
@@ -134,9 +176,13 @@ def test_the_real_suites_write_every_phase_key_and_gate_against_their_own_baseli
     small = ["--rl-rounds=2", "--rl-warmup-rounds=0", "--rl-config=data.max_response_length=8"]
     saved, report = pytester.path / "b.json", pytester.path / "r.json"
     first = pytester.runpytest_subprocess(
-        str(suites / "test_phases.py"), str(suites / "test_step.py"), *small,
-        "--rl-config=actor_rollout_ref.actor.use_kl_loss=True", f"--rl-save-baseline={saved}",
-        f"--rl-report={report}", timeout=600,
+        str(suites / "test_phases.py"),
+        str(suites / "test_step.py"),
+        *small,
+        "--rl-config=actor_rollout_ref.actor.use_kl_loss=True",
+        f"--rl-save-baseline={saved}",
+        f"--rl-report={report}",
+        timeout=600,
     )
     assert first.ret == pytest.ExitCode.OK, first.stdout.str()[-3000:]
     data = json.loads(report.read_text())
@@ -151,9 +197,14 @@ def test_the_real_suites_write_every_phase_key_and_gate_against_their_own_baseli
         assert all(len(data["metrics"][f"machine/{figure}/{k}"]["samples"]) == 1 for k in PHASE_KEYS)
 
     second = pytester.runpytest_subprocess(
-        str(suites / "test_phases.py"), str(suites / "test_step.py"), *small,
-        "--rl-config=actor_rollout_ref.actor.use_kl_loss=True", f"--rl-baseline={saved}",
-        "--rl-tolerance=0.99", f"--rl-report={report}", timeout=600,
+        str(suites / "test_phases.py"),
+        str(suites / "test_step.py"),
+        *small,
+        "--rl-config=actor_rollout_ref.actor.use_kl_loss=True",
+        f"--rl-baseline={saved}",
+        "--rl-tolerance=0.99",
+        f"--rl-report={report}",
+        timeout=600,
     )
     data = json.loads(report.read_text())
     modes = {c["mode"] for c in data["comparisons"]}
@@ -198,7 +249,12 @@ def test_a_cpu_regression_must_reproduce_when_re_timed_at_the_end(
     run(pytester, 0.05, f"--rl-save-baseline={saved}").assert_outcomes(passed=4)
     pytester.makepyfile(test_suite=PASSING_SLOWDOWN.format(first=0.10, later=later))
     result = pytester.runpytest(
-        "--rl-rounds=5", "--rl-warmup-rounds=1", "-p", "no:randomly", f"--rl-baseline={saved}", f"--rl-report={report}"
+        "--rl-rounds=5",
+        "--rl-warmup-rounds=1",
+        "-p",
+        "no:randomly",
+        f"--rl-baseline={saved}",
+        f"--rl-report={report}",
     )
     data = json.loads(report.read_text())
     assert len(data["metrics"]["retimed_s/old_log_prob"]["samples"]) == 5  # timed again: 5 rounds
@@ -208,8 +264,13 @@ def test_a_cpu_regression_must_reproduce_when_re_timed_at_the_end(
     if verdict == "inconclusive":
         assert result.ret == pytest.ExitCode.OK, result.stdout.str()
         result.assert_outcomes(passed=4)
-        assert row["reason"] == "not reproduced" and "not when re-timed at the end of the session" in row["message"]
+        assert (
+            row["reason"] == "not reproduced"
+            and "not when re-timed at the end of the session" in row["message"]
+        )
     else:
         result.assert_outcomes(passed=3, failed=1)
-        again = re.search(r"and again when re-timed at the end of the session, at ratio (\d+\.\d+)", row["message"])
+        again = re.search(
+            r"and again when re-timed at the end of the session, at ratio (\d+\.\d+)", row["message"]
+        )
         assert again and 1.8 < float(again.group(1)) < 2.3, row["message"]  # sleeps of 0.10 s vs 0.05 s

@@ -91,12 +91,14 @@ def session_lines(
     invocation: Invocation | None = None,
     notes: Sequence[str] = (),
     table_hint: str = "",
+    report: str | None = None,
 ) -> list[str]:
     """The terminal summary of a session: first its answer (each gate's PASS or FAIL, or the command
     that would gate this work, over ``baselines``, from ``invocation``), then ``notes``; with one
     framework, its own times when nothing gated them (``table_hint``: how to bring back pytest-benchmark's
     table) and ``terminal_lines``; with several, the frameworks side by side, then each framework's
-    own summary under its name. ``findings``: the consistency findings on the baselines, shown once."""
+    own summary under its name. ``findings``: the consistency findings on the baselines, shown once;
+    ``report``: the JSON report's path, which keeps each verdict's whole message."""
     lines = answer_lines([(o.run, o.results) for o in outcomes], baselines, invocation) + list(notes)
     if len(outcomes) == 1:
         o = outcomes[0]
@@ -104,13 +106,13 @@ def session_lines(
         return (
             lines
             + ([] if gated else run_lines(o.run, table_hint))
-            + terminal_lines(o.results, findings, verbose, o.run)
+            + terminal_lines(o.results, findings, verbose, o.run, report)
         )
     lines.append("frameworks side by side (same model, data, reward and batch):")
     lines += _table(framework_rows([(o.run, o.step_breakdown) for o in outcomes]))
     for o in outcomes:
         lines.append(f"{o.run.provenance.framework} (record '{o.run.name}'):")
-        own = terminal_lines(o.results, (), verbose, o.run)
+        own = terminal_lines(o.results, (), verbose, o.run, report)
         lines += ["  " + line for line in own] or ["  (no baseline)"]
     compared = [r.baseline for o in outcomes for r in o.results]
     return lines + finding_lines(findings, verbose, compared)

@@ -2,11 +2,13 @@
 
 The first lines answer the run's question (``reports/answer.py``): PASS or FAIL per gating baseline,
 or with no gate the command that would gate this work; then the run's efficiency where a peak of its
-device is known. Then one table per gate under a heading that names the baseline, its source and its
-count of verdicts: phase, metric, measured, baseline, ratio, tolerance and verdict; a gate on the same
-per-GPU work as a published baseline says what it gates (per-GPU throughput, or efficiency across GPU
-models) and lists, beside its verdicts, every assumed value it rests on. A gate's heading counts its
-judged figures (one per measurement: the rows listed beside them have no verdict of their own).
+device is known. Then each gate under a heading that names the baseline, its source and its count of
+verdicts, with one short line per judged figure (``reports/verdict_lines.py``: the verdict, the
+values, the ratio against its threshold, the reason in a few words); a gate on the same per-GPU work
+as a published baseline says what it gates (per-GPU throughput, or efficiency across GPU models) and
+lists, beside its verdicts, every assumed value it rests on. A gate's heading counts its judged
+figures (one per measurement: the rows listed beside them have no verdict of their own, and show
+with ``verbose``, as does each verdict's whole message: p-values, pace, clocks, CPU use).
 
 A reference (other work or other hardware) is no gate: one line naming the kinds of difference. With
 ``verbose``: every difference, and what carries across work: per-token cost (milliseconds of one
@@ -17,7 +19,8 @@ divide into a speed-up; of another model, the baseline's figures alone, never be
 With no gate, this run's own times (``run_lines``; pytest-benchmark's table is off unless asked for).
 Before the tables, the rollout panel's table when more than one engine ran (each engine's tokens/s and
 fidelity on the same prompts and seed). With ``verbose``, the consistency findings of the baselines
-compared, one sentence each. Last the failures and the inconclusive verdicts, one message each.
+compared, one sentence each. Last, unless ``verbose`` showed them, where the whole verdicts of the
+failures and the inconclusive ones are: ``-v`` and the JSON report (which keeps every message).
 """
 
 from __future__ import annotations
@@ -33,13 +36,13 @@ from pytest_rlbench.records.metrics import (
     THROUGHPUT,
     TIMING,
     TOKENS_PER_S,
-    family_label,
     family_of,
     format_value,
     panel_metric,
 )
 from pytest_rlbench.records.record import RunRecord
 from pytest_rlbench.reports.answer import gate_status
+from pytest_rlbench.reports.verdict_lines import block_widths, short_verdict
 from pytest_rlbench.verdict.compare import BaselineComparison, Comparison
 from pytest_rlbench.verdict.consistency import Finding, finding_sentence
 from pytest_rlbench.verdict.derived import derive
@@ -59,30 +62,6 @@ def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
         indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
-
-
-def _verdict_cell(c: Comparison) -> str:
-    if c.verdict == "fail":
-        return f"FAIL ({c.reason})"
-    if c.verdict == "pass":
-        return "pass" if c.reason == "within tolerance" else f"pass ({c.reason})"
-    if c.verdict == "not run":
-        return "not run"
-    if c.verdict == "inconclusive":
-        return f"inconclusive ({c.reason})"
-    return "missing" if c.reason == "missing" else "reference"
-
-
-def _gate_row(c: Comparison) -> list[str]:
-    ratio = f"{c.ratio:.2f}" if c.ratio is not None else "-"
-    cells = [
-        c.phase or "-",
-        family_label(c.metric),
-        format_value(c.measured, c.unit),
-        format_value(c.baseline, c.unit),
-        ratio,
-    ]
-    return cells + [f"{c.tolerance:.2f}", _verdict_cell(c)]
 
 
 def _differences_in_words(mismatches: Sequence[str], names: bool = True) -> str:
@@ -144,8 +123,28 @@ def reference_lines(result: BaselineComparison, verbose: bool = False) -> list[s
     return lines + _table([["phase", "figure (carries across work)", "this run", "baseline"], *rows])
 
 
+def verdict_block(comparisons: Sequence[Comparison], verbose: bool = False) -> list[str]:
+    """One short line per judged figure, aligned (``reports/verdict_lines.py``); a phase that did not
+    run once. With ``verbose``, the rows listed beside the judged ones too, and under each line its
+    whole message: the rank test, the pace, the clocks, the CPU used."""
+    shown: list[Comparison] = []
+    for c in comparisons:
+        if c.verdict == "reference" and not verbose:
+            continue  # listed beside its phase's gated figure: -v
+        if c.verdict == "not run" and any(s.verdict == "not run" and s.phase == c.phase for s in shown):
+            continue  # one line per phase that did not run
+        shown.append(c)
+    widths = block_widths(shown)
+    lines = []
+    for c in shown:
+        lines.append(f"  {short_verdict(c, widths)}")
+        if verbose:
+            lines.append(f"      {c.message}")
+    return lines
+
+
 def comparison_lines(result: BaselineComparison, verbose: bool = False) -> list[str]:
-    """The heading and table of one baseline."""
+    """The heading and verdict lines of one baseline."""
     if result.mode != "gate":
         return reference_lines(result, verbose)
     lines = [f"baseline '{result.baseline}' ({result.source}): gate, {gate_status(result)}"]
@@ -156,8 +155,19 @@ def comparison_lines(result: BaselineComparison, verbose: bool = False) -> list[
         lines += [f"    - {line}" for line in result.assumptions]
     if not result.comparisons:
         return lines + ["  (no metric in common)"]
-    header = ["phase", "metric", "measured", "baseline", "ratio", "tol", "verdict"]
-    return lines + _table([header] + [_gate_row(c) for c in result.comparisons])
+    return lines + verdict_block(result.comparisons, verbose)
+
+
+def details_line(results: Sequence[BaselineComparison], verbose: bool, report: str | None) -> list[str]:
+    """Where the whole verdicts of the failures and inconclusive ones are, unless shown (``verbose``)."""
+    failed = sum(len(r.failures) for r in results)
+    unsure = sum(len(r.inconclusive) for r in results)
+    if verbose or not (failed or unsure):
+        return []
+    counts = [f"{failed} regression(s)"] if failed else []
+    counts += [f"{unsure} inconclusive (not a failure)"] if unsure else []
+    where = f"in the JSON report {report}" if report else "in a JSON report with --rl-report PATH"
+    return [f"{', '.join(counts)}: the whole verdicts (p-values, pace, clocks, CPU use) with -v and {where}"]
 
 
 def finding_lines(
@@ -235,22 +245,13 @@ def terminal_lines(
     findings: Sequence[Finding] = (),
     verbose: bool = False,
     run: RunRecord | None = None,
+    report: str | None = None,
 ) -> list[str]:
     """The summary after its answer (``reports/answer.py``), as lines of text (no trailing newlines):
-    the gates' tables, a line per reference, the findings (``verbose``), failures and inconclusive
-    verdicts; ``run`` names its framework."""
+    each gate's verdict lines, a line per reference, the findings (``verbose``), and where the whole
+    verdicts are (``report``: the JSON report's path, if written); ``run`` names its framework."""
     lines = framework_lines(run) + panel_lines(run)
     for result in sorted(results, key=lambda r: r.mode != "gate"):  # the gates first
         lines += comparison_lines(result, verbose)
     lines += finding_lines(findings, verbose, [r.baseline for r in results])
-    failures = [c for r in results for c in r.failures]
-    if failures:
-        lines.append(f"{len(failures)} regression(s):")
-        lines += [f"  {c.message}" for c in failures]
-    unsure = [c for r in results for c in r.inconclusive]
-    if unsure:
-        lines.append(
-            f"{len(unsure)} inconclusive (past tolerance, but this session cannot tell whether it is real; not a failure):"
-        )
-        lines += [f"  {c.message}" for c in unsure]
-    return lines
+    return lines + details_line(results, verbose, report)

@@ -4,7 +4,8 @@ has been measured.
 A phase's verdict on CPU workers reads the session's pace from its other phases
 (``pytest_rlbench.verdict.session_pace``), so it can only be given after they ran: the benchmark test
 (``rl_bench``) times and records its phase, and a gate test made for it runs after every other test
-of the session and fails with the verdict's message on a regression. So a regression is a failed
+of the session and fails on a regression, with one short line per failed figure (the first is what
+pytest's short summary shows), then each verdict's whole message. So a regression is a failed
 test in pytest's summary, and ``-x``, ``-k``, ``--lf`` and CI annotations see it:
 
 - the gate of ``suites/test_phases.py::test_ref`` is ``suites/test_phases.py::test_ref[gate]`` (of
@@ -28,16 +29,17 @@ makes no gates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_rlbench.records.metrics import TIMING
+from pytest_rlbench.reports.verdict_lines import short_verdict
 from pytest_rlbench.session.bench import RETIMERS_KEY, complete_context
 from pytest_rlbench.session.fixtures import get_session
 from pytest_rlbench.session.recorder import RECORDERS_KEY
-from pytest_rlbench.verdict.compare import BaselineComparison, phase_comparisons
+from pytest_rlbench.verdict.compare import BaselineComparison, Comparison, phase_comparisons
 from pytest_rlbench.verdict.retiming import retimed_metric
 from pytest_rlbench.verdict.session_pace import session_paces
 
@@ -91,15 +93,19 @@ class PhaseGate(pytest.Item):
         recorder.verdicts[self.phase] = results  # the session's summary, report and chart show these
         gated = [r for r in results if r.mode == "gate"]
         if not gated:  # every baseline did other work, or ran on other hardware: nothing to pass or fail
-            why = "; ".join(f"'{r.baseline}' is a reference ({r.mismatches[0]})" for r in results if r.mismatches)
+            why = "; ".join(
+                f"'{r.baseline}' is a reference ({r.mismatches[0]})" for r in results if r.mismatches
+            )
             pytest.skip(f"no baseline gates {self.phase}: {why or 'none has it'}")
-        failures = [c for r in gated for c in r.failures]
+        failures = [(r.baseline, c) for r in gated for c in r.failures]
         if failures:
-            pytest.fail("\n".join(c.message for c in failures), pytrace=False)  # first line: pytest's summary
+            pytest.fail(failure_text(failures), pytrace=False)
 
     def _compare(self, recorder: BenchRecorder) -> list[BaselineComparison]:
         tolerance = get_session(self.config).opts.tolerance
-        return phase_comparisons(recorder.build_record(), get_session(self.config).baseline_records, self.phase, tolerance)
+        return phase_comparisons(
+            recorder.build_record(), get_session(self.config).baseline_records, self.phase, tolerance
+        )
 
     def _timing_failed(self, results: list[BaselineComparison]) -> bool:
         timing = f"{TIMING}/{self.phase}"
@@ -108,7 +114,11 @@ class PhaseGate(pytest.Item):
     def _peers(self, recorder: BenchRecorder, results: list[BaselineComparison]) -> list[str]:
         """The phases that pace this one against the baselines it is gated on in the same session."""
         record = recorder.build_record()
-        gated = [b for b, r in zip(get_session(self.config).baseline_records, results, strict=True) if r.mode == "gate"]
+        gated = [
+            b
+            for b, r in zip(get_session(self.config).baseline_records, results, strict=True)
+            if r.mode == "gate"
+        ]
         paces = [session_paces(record, b).get(self.phase) for b in gated]
         return list(dict.fromkeys(p for pace in paces if pace is not None for p, _ in pace.peers))
 
@@ -123,6 +133,13 @@ class PhaseGate(pytest.Item):
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.bench.path, None, f"{self.name}: the verdict on {self.phase}"
+
+
+def failure_text(failures: Sequence[tuple[str, Comparison]]) -> str:
+    """A failed gate's message: first one short line per failure (the first is what pytest's short
+    summary shows), then each verdict's whole message, as the JSON report keeps it."""
+    short = [f"{short_verdict(c, word=False)} (baseline '{baseline}')" for baseline, c in failures]
+    return "\n".join([*short, *(c.message for _, c in failures)])
 
 
 PhaseOf = Callable[[pytest.Item], "str | None"]  # the phase key an item's rl_phase marker names
@@ -186,7 +203,9 @@ class GatePlugin:
     # Registered in pytest_configure, after pytest's --lf plugin: this wrapper is outside its, so the
     # gates are added once --lf, -k and -m have chosen the benchmarks.
     @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> Generator[None]:
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> Generator[None]:
         result = yield
         if needs_gates(config):
             items[:] = with_gates(items, gates_for(items, self.phase_of))
