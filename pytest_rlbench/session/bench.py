@@ -31,6 +31,7 @@ from pytest_rlbench.session.progress import Progress, round_label
 from pytest_rlbench.session.recorder import BenchRecorder, get_recorder, local_hardware, mismatch_failure
 from pytest_rlbench.session.resources import RLModel
 from pytest_rlbench.session.round_timer import time_rounds
+from pytest_rlbench.verdict.judge import FLOPS, OPS, work_metric
 from pytest_rlbench.verdict.machine_load import (
     GPU_UNITS,
     MachineWatch,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from trainer.data.loader import PromptBatch
     from trainer.driver.grpo_trainer import GRPOTrainer, StepResult
     from trainer.driver.step_figures import BatchTokens
+    from trainer.work_counts import WorkCounts
 
 # Per benchmark node id, on CPU workers only: its phase's rounds timed again, as its benchmark timed
 # them (a gate asks for them, pytest_rlbench.session.gate_items).
@@ -211,7 +213,9 @@ class PhaseBench:
     hypervisor took beside the rounds is recorded too (``machine/other_cores/<phase>`` and
     ``machine/steal_cores/<phase>``, pytest_rlbench.verdict.machine_load): what tells CPU contention apart.
     With ``keep_retimer`` (CPU workers) how to time the phase again is kept for its gate
-    (``RETIMERS_KEY``); on GPUs no gate times again, so nothing a round's call holds is kept alive."""
+    (``RETIMERS_KEY``); on GPUs no gate times again, so nothing a round's call holds is kept alive.
+    With ``count_work`` (``work_counter``: the trainer's, else this process's) one more round, untimed,
+    counts the work the phase dispatched (``work/ops/<phase>``, ``work/flops/<phase>``)."""
 
     def __init__(
         self,
@@ -225,7 +229,9 @@ class PhaseBench:
         watch_machine: bool = False,
         keep_retimer: bool = False,
         watch_gpus: bool = False,
+        count_work: Callable[[Callable[[], Any]], tuple[Any, WorkCounts]] | None = None,
     ) -> None:
+        self.count_work = count_work  # counts the work of one untimed round (None: not counted)
         self.max_mismatch = max_mismatch
         self.watch_machine = watch_machine  # record the CPU used beside the rounds
         self.keep_retimer = keep_retimer
@@ -313,6 +319,8 @@ class PhaseBench:
             for figure, values in per_round_figures(gpu_watch.rounds(skip=warmup)).items():
                 unit = GPU_UNITS.get(figure, "")
                 self.recorder.add_metric(gpu_metric(figure, phase), values, unit, higher_is_better=False)
+        if self.count_work is not None:
+            self._count(phase, fn, setup)
         if self.keep_retimer:
             self._keep_retimer(phase, fn, setup, warmup, rounds)
         step_figures = [r.metrics for r in timed if isinstance(getattr(r, "metrics", None), dict)]
@@ -322,6 +330,21 @@ class PhaseBench:
             pytest.fail(problem, pytrace=False)
         self._describe(phase, counts)
         return result
+
+    def _count(self, phase: str, fn: Callable[[], Any], setup: Callable[[], Any] | None) -> None:
+        """One more round, untimed, under the work counters (``trainer.work_counts``): the ATen ops
+        and FLOPs the phase dispatched, recorded as ``work/ops/<phase>`` and ``work/flops/<phase>``
+        (evidence for its verdict: ``pytest_rlbench.verdict.judge.WorkEvidence``). A phase that
+        dispatched no op (a sleep) records nothing."""
+        assert self.count_work is not None
+        with self.progress.stage(f"{phase}: counting its work (untimed)", 1) as stage:
+            if setup is not None:
+                setup()
+            _, work = self.count_work(fn)
+            stage.done()
+        if work.ops:
+            self.recorder.add_metric(work_metric(OPS, phase), [work.ops], "ops", higher_is_better=False)
+            self.recorder.add_metric(work_metric(FLOPS, phase), [work.flops], "FLOP", higher_is_better=False)
 
     def _keep_retimer(
         self, phase: str, fn: Callable[[], Any], setup: Callable[[], Any] | None, warmup: int, rounds: int
@@ -352,6 +375,15 @@ def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytes
     return PhaseBench(
         benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, opts.max_mismatch,
         state.progress(), watch_machine=opts.embedded and not opts.gpu, keep_retimer=not opts.gpu,
-        watch_gpus=opts.gpu,
+        watch_gpus=opts.gpu, count_work=work_counter(request),
     )
+
+
+def work_counter(request: pytest.FixtureRequest) -> Callable[[Callable[[], Any]], tuple[Any, WorkCounts]]:
+    """How the test's phase counts its work: the trainer's own ``count_work`` where the test uses one
+    that has it (the bundled trainer counts its workers too), else what this process dispatches."""
+    from trainer.work_counts import count_work
+
+    trainer = request.getfixturevalue("rl_trainer") if "rl_trainer" in request.fixturenames else None
+    return getattr(trainer, "count_work", None) or count_work
 

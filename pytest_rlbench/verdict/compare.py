@@ -47,7 +47,18 @@ from pytest_rlbench.verdict.gate_basis import (
     per_gpu_gate,
 )
 from pytest_rlbench.verdict.judge import ALPHA as ALPHA  # the rank test's level, for the reports
-from pytest_rlbench.verdict.judge import Comparison, MachineEvidence, Mode, judge, tolerance_for
+from pytest_rlbench.verdict.judge import (
+    FLOPS,
+    OPS,
+    WORK,
+    Comparison,
+    MachineEvidence,
+    Mode,
+    WorkEvidence,
+    judge,
+    tolerance_for,
+    work_metric,
+)
 from pytest_rlbench.verdict.judge import Verdict as Verdict
 from pytest_rlbench.verdict.machine_load import (
     GPU,
@@ -166,7 +177,18 @@ def _beside_text(rows: list[Comparison]) -> dict[str | None, str]:
 def custom_metrics(run: RunRecord, baseline: RunRecord) -> set[str]:
     """The records' own metrics that are compared like figures (the machine's figures and re-timed
     rounds are evidence for the verdicts of phase times, never judged themselves)."""
-    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in (MACHINE, RETIMED, GPU)}
+    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in (MACHINE, RETIMED, GPU, WORK)}
+
+
+def counted_work(run: RunRecord, baseline: RunRecord, phase: str) -> WorkEvidence | None:
+    """``phase``'s counted work in both sessions (None: either did not count its ops)."""
+
+    def counts(record: RunRecord) -> dict[str, float]:
+        found = {kind: record.metrics.get(work_metric(kind, phase)) for kind in (OPS, FLOPS)}
+        return {kind: float(m.value[0]) for kind, m in found.items() if m is not None and m.value}
+
+    ours, theirs = counts(run), counts(baseline)
+    return WorkEvidence(ours, theirs) if OPS in ours and OPS in theirs else None
 
 
 def _tolerance(
@@ -236,6 +258,7 @@ def _gate_rows(
                 pace=paces.get(base_fig.phase) if same_machine else None,
                 retimed=retimed_rounds(run, base_fig.phase) if same_machine and on_cpu else None,
                 pace_again=paces_again.get(base_fig.phase) if same_machine else None,
+                work=counted_work(run, baseline, base_fig.phase) if same_machine else None,
             )
         )
     beside = _beside_text(rows)

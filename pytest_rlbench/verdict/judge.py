@@ -47,6 +47,16 @@ A GPU phase's time is read beside the GPU telemetry of both sessions' rounds (``
 ``pytest_rlbench.verdict.machine_load``): a failure that the run's lower SM clock accounts for is
 "inconclusive" (reason "GPU clocks"), other processes on the GPU are named as contention, and any other
 failure lists the clocks it ran at.
+
+Last, a phase's time is read beside its counted work (``WorkEvidence``): the ATen ops and FLOPs it
+dispatched in one untimed round after its timed ones (``trainer.work_counts``,
+``pytest_rlbench.session.bench``), kept as the run's metrics ``work/ops/<phase>`` and
+``work/flops/<phase>``, evidence never judged on their own. They repeat exactly across rounds and
+sessions on the default CPU workload, so a count that moved is the code's doing. A time slower in
+seconds that the session's pace, the re-timing or the GPU clocks left "inconclusive" fails (reason
+"more work") where the phase dispatched more than ``WORK_ALLOWANCE`` more than its baseline; with the
+same counts (within that allowance) it stays inconclusive and says so. The counters cannot see a slower
+kernel doing the same work: that is left to the time.
 """
 
 from __future__ import annotations
@@ -70,6 +80,18 @@ CONTENTION_CORES = 0.25
 # A phase slower than this in plain seconds fails even where every phase of the session slowed alike
 # (``SessionPace``): past the largest whole-session drift measured on a quiet host (docs/benchmarks.md, "Where the gate's constants come from").
 HOST_DRIFT_LIMIT = 1.7
+
+# How far counted work may move and still count as the same. On the default workload the counts
+# repeat exactly (step's FLOPs move 0.5% from batch to batch; under fsdp2, update_actor's ops 2 in
+# 1,401 from call to call), but a change of a few ops need not explain a slower time: turning on
+# gradient checkpointing added 1.1-1.2% ops (no FLOPs) to gen and old_log_prob, whose 1.2-1.3x
+# were the host's (not reproduced when re-timed); at 1% both failed as "more work".
+WORK_ALLOWANCE = 0.05
+WORK = "work"  # the metric family of counted work: evidence, never judged on its own
+OPS = "ops"
+FLOPS = "flops"
+# The inconclusive reasons of a phase slower in seconds that more counted work makes a regression.
+SLOWER_YET_EXCUSED = ("session slower", "not reproduced", "GPU clocks")
 
 Verdict = Literal["pass", "fail", "inconclusive", "reference", "not run"]
 Mode = Literal["gate", "reference"]
@@ -124,6 +146,69 @@ class MachineEvidence:
         return text
 
 
+def work_metric(kind: str, phase: str) -> str:
+    """The run metric id of one count of a phase: work/<kind>/<phase> (kind: OPS or FLOPS)."""
+    return f"{WORK}/{kind}/{phase}"
+
+
+@dataclass(frozen=True)
+class WorkEvidence:
+    """One phase's counted work in the run and in the baseline's session, by kind (OPS, FLOPS)."""
+
+    run: dict[str, float]
+    base: dict[str, float]
+
+    def grew(self, kind: str) -> bool:
+        """Whether the run dispatched more of ``kind`` than its baseline, past ``WORK_ALLOWANCE``."""
+        ours, theirs = self.run.get(kind), self.base.get(kind)
+        return ours is not None and theirs is not None and ours > theirs * (1 + WORK_ALLOWANCE)
+
+    @property
+    def more(self) -> bool:
+        return any(self.grew(kind) for kind in self.run)
+
+    @property
+    def identical(self) -> bool:
+        shared = [kind for kind in self.run if kind in self.base]
+        return bool(shared) and all(self.run[kind] == self.base[kind] for kind in shared)
+
+    @property
+    def same(self) -> bool:
+        """Every count both sides have is within ``WORK_ALLOWANCE`` of the other (and there is one)."""
+        shared = [kind for kind in self.run if kind in self.base]
+        return bool(shared) and all(
+            abs(self.run[kind] - self.base[kind]) <= self.base[kind] * WORK_ALLOWANCE for kind in shared
+        )
+
+    def describe(self) -> str:
+        """ "ops 2,310 -> 4,620, FLOPs 1.2e+09 -> 2.4e+09": the baseline's count, then the run's."""
+        parts = []
+        for kind in (OPS, FLOPS):
+            if kind in self.run and kind in self.base:
+                counts = (f"{v:,.0f}" if v < 1e9 else f"{v:.3g}" for v in (self.base[kind], self.run[kind]))
+                parts.append(f"{'FLOPs' if kind == FLOPS else kind} {' -> '.join(counts)}")
+        return ", ".join(parts)
+
+
+def with_work(
+    verdict: Verdict, reason: str, why: str, work: WorkEvidence | None
+) -> tuple[Verdict, str, str]:
+    """A phase time's (verdict, reason, detail) read beside its counted work (the module docstring)."""
+    if work is None:
+        return verdict, reason, why
+    counts = work.describe()
+    excused = verdict == "inconclusive" and reason in SLOWER_YET_EXCUSED
+    if excused and work.more:
+        why += f"; but it dispatched more work than its baseline ({counts}): a change in the code, whatever the pace"
+        return "fail", "more work", why
+    if excused and work.same:
+        same = "the same" if work.identical else f"within {WORK_ALLOWANCE:.0%} of the baseline's"
+        return verdict, reason, f"{why}; the work was {same} ({counts}): the machine ran slower, not the code"
+    if verdict == "fail" or not work.same:
+        return verdict, reason, f"{why}; {counts}"
+    return verdict, reason, why
+
+
 def tolerance_for(metric: str, baseline: RunRecord, default: float) -> float:
     """The baseline's tolerance for the metric id, else for its family, else ``default``."""
     return baseline.tolerances.get(metric, baseline.tolerances.get(family_of(metric), default))
@@ -158,6 +243,7 @@ def gate_verdict(
     retimed: tuple[float, ...] | None = None,
     pace_again: SessionPace | None = None,
     gpu: GpuEvidence | None = None,
+    work: WorkEvidence | None = None,
 ) -> tuple[Verdict, str, str]:
     """(verdict, reason, detail) for two present values by the rules of the module docstring.
     ``run_time``: the run's median seconds of the figure's phase (None: no floor applies); ``machine``:
@@ -165,7 +251,20 @@ def gate_verdict(
     ``pace``: the session's pace around the phase (None: plain seconds decide); ``retimed``: the phase's
     rounds timed again at the end of the session (None: none were); ``pace_again``: the pace of its
     peers timed again beside them (None: plain seconds decide on the re-timed rounds); ``gpu``: the
-    GPU telemetry of the phase's rounds in both sessions (None: not recorded)."""
+    GPU telemetry of the phase's rounds in both sessions (None: not recorded); ``work``: the phase's
+    counted work in both sessions (None: not counted), read last (``with_work``)."""
+    verdict, reason, why = _time_verdict(
+        run_fig, base_fig, tolerance, run_time, device, machine, pace, retimed, pace_again, gpu
+    )
+    return with_work(verdict, reason, why, work if base_fig.family == TIMING else None)
+
+
+def _time_verdict(
+    run_fig: Figure, base_fig: Figure, tolerance: float, run_time: float | None, device: str,
+    machine: MachineEvidence | None, pace: SessionPace | None, retimed: tuple[float, ...] | None,
+    pace_again: SessionPace | None, gpu: GpuEvidence | None,
+) -> tuple[Verdict, str, str]:
+    """``gate_verdict`` on the time alone."""
     verdict, reason, why = _judged_once(run_fig, base_fig, tolerance, run_time, device, machine, pace)
     if gpu is not None and base_fig.family == TIMING:
         return against_gpu(run_fig, base_fig, tolerance, gpu, verdict, reason, why)
@@ -305,7 +404,7 @@ def judge(
     judged: bool = True, phase_ran: bool = True, run_time: float | None = None, device: str = "cpu",
     machine: MachineEvidence | None = None, pace: SessionPace | None = None,
     retimed: tuple[float, ...] | None = None, pace_again: SessionPace | None = None,
-    gpu: GpuEvidence | None = None,
+    gpu: GpuEvidence | None = None, work: WorkEvidence | None = None,
 ) -> Comparison:
     """Compare one figure of the run with the baseline's (see the module docstring for the rules).
 
@@ -333,7 +432,7 @@ def judge(
     else:
         assert run_fig is not None
         verdict, reason, why = gate_verdict(
-            run_fig, base_fig, applied, run_time, device, machine, pace, retimed, pace_again, gpu
+            run_fig, base_fig, applied, run_time, device, machine, pace, retimed, pace_again, gpu, work
         )
         detail = f"{numbers} ({ratio_text}, tolerance {applied:.2f}{_default_text(tolerance)}): {reason}{why}"
     message = f"{metric_label(base_fig.metric)}: {detail}"

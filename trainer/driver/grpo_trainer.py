@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -35,6 +37,9 @@ from trainer.driver.tracking import Tracking
 from trainer.driver.worker_group import WorkerGroup
 from trainer.models.presets import load_tokenizer, model_spec
 from trainer.timing import PhaseTimer
+from trainer.work_counts import WorkCounts, count_work
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -215,6 +220,13 @@ class GRPOTrainer:
         shards = mini_batch_shards(batch.size, mini_rows, self.workers.world_size)
         metrics = self.workers.each("update_actor", [(batch.select(rows), batch.size // mini_rows) for rows in shards])
         return metrics[0]  # every worker reports the same global figures
+
+    def count_work(self, fn: Callable[[], T]) -> tuple[T, WorkCounts]:
+        """``fn()`` (a phase, or several) and the work it dispatched, here and in every worker it called
+        (trainer/work_counts.py): deterministic where the phase is, whatever the machine's speed."""
+        with self.workers.counting() as shares:
+            result, here = count_work(fn)
+        return result, sum(shares, here)
 
     # ------------------------------------------------------------------ loop and state
     def total_steps(self) -> int:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import ray
@@ -23,6 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainer.config import Config, ConfigError
 from trainer.driver.ray_processes import pid_state
+from trainer.work_counts import WorkCounts
 from trainer.workers.train_worker import TrainWorker
 
 PLACEMENT_TIMEOUT_S = 120.0
@@ -49,6 +52,7 @@ class WorkerGroup:
         self.timeout_s = phase_timeout(cfg)
         self.failure: str | None = None
         self.info: list[dict[str, Any]] = []
+        self.counted: list[WorkCounts] | None = None  # while counting: the workers' counted work
         on_gpu = cfg.trainer.device == "cuda"
         bundle = {"CPU": 1.0, "GPU": 1.0} if on_gpu else {"CPU": 1.0}
         strategy = "SPREAD" if cfg.trainer.nnodes > 1 else "PACK"
@@ -77,15 +81,31 @@ class WorkerGroup:
         """Call ``method`` with the same arguments on every worker; wait for all results.
 
         phase: what a failure names (the phase's timing key); ``method`` by default."""
-        return self.wait([getattr(w, method).remote(*args) for w in self.workers], phase or method)
+        return self.wait([self._remote(w, method, *args) for w in self.workers], phase or method)
 
     def each(self, method: str, per_worker_args: list[tuple[Any, ...]], phase: str | None = None) -> list:
         """Call ``method`` on worker i with ``per_worker_args[i]``; wait for all results."""
-        refs = [getattr(w, method).remote(*a) for w, a in zip(self.workers, per_worker_args, strict=True)]
+        refs = [self._remote(w, method, *a) for w, a in zip(self.workers, per_worker_args, strict=True)]
         return self.wait(refs, phase or method)
 
     def rank0(self, method: str, *args: Any, phase: str | None = None) -> Any:
-        return self.wait([getattr(self.workers[0], method).remote(*args)], phase or method, ranks=[0])[0]
+        return self.wait([self._remote(self.workers[0], method, *args)], phase or method, ranks=[0])[0]
+
+    # ------------------------------------------------------------------ counted work
+    @contextmanager
+    def counting(self) -> Iterator[list[WorkCounts]]:
+        """While active, every call through ``all``, ``each`` and ``rank0`` runs under the workers'
+        counters (``TrainWorker.counted``); the yielded list gets one WorkCounts per worker call."""
+        self.counted = []
+        try:
+            yield self.counted
+        finally:
+            self.counted = None
+
+    def _remote(self, worker: Any, method: str, *args: Any) -> Any:
+        if self.counted is None:
+            return getattr(worker, method).remote(*args)
+        return worker.counted.remote(method, *args)
 
     # ------------------------------------------------------------------ waiting and failing
     def wait(self, refs: list[Any], phase: str, ranks: list[int] | None = None) -> list[Any]:
@@ -96,7 +116,11 @@ class WorkerGroup:
             raise WorkerFailure(f"phase {phase}: the workers are shut down: {self.failure}")
         ranks = list(range(len(refs))) if ranks is None else ranks
         try:
-            return ray.get(refs, timeout=self.timeout_s)
+            results = ray.get(refs, timeout=self.timeout_s)
+            if self.counted is None:
+                return results
+            self.counted.extend(work for _, work in results)
+            return [result for result, _ in results]
         except GetTimeoutError:
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             late = [rank for rank, ref in zip(ranks, refs, strict=True) if ref not in ready]

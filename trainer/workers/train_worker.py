@@ -28,6 +28,7 @@ from trainer.models.liger import apply_liger
 from trainer.models.presets import build_model, load_tokenizer, resolve_dtype
 from trainer.rollout import engine_class, make_engine
 from trainer.rollout.requests import SamplingParams
+from trainer.work_counts import WorkCounts, count_work
 from trainer.workers.actor import UpdateSettings, compute_log_probs, update_policy
 from trainer.workers.distributed import DataParallel, Rendezvous
 from trainer.workers.fsdp import (
@@ -223,6 +224,11 @@ class TrainWorker:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return metrics
+
+    def counted(self, method: str, *args: Any) -> tuple[Any, WorkCounts]:
+        """``method(*args)`` and the work it dispatched in this worker (trainer/work_counts.py): what
+        the driver calls instead of ``method`` while it counts a phase (WorkerGroup.counting)."""
+        return count_work(lambda: getattr(self, method)(*args))
 
     # -- state --------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
