@@ -5,6 +5,10 @@ replay turns the comparison into a reference and says why."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -37,13 +41,37 @@ def session(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess("--rl-rounds=2", "--rl-warmup-rounds=0", *args, timeout=300)
 
 
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pytest.RunResult]:
+    """The baseline of the saved work, saved once for the module's replays (each session starts Ray and
+    the workers: a minute's work on a small machine), and the session that saved it."""
+    directory = tmp_path_factory.mktemp("saved")
+    (directory / "test_suite.py").write_text(SUITE)
+    path = directory / "saved.json"
+    args = ["--rl-rounds=2", "--rl-warmup-rounds=0", f"--rl-save-baseline={path}"]
+    args += [f"--rl-config={o}" for o in SAVED_WORK]
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--basetemp={directory / 'tmp'}", *args],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    result = pytest.RunResult(
+        done.returncode, done.stdout.splitlines(), done.stderr.splitlines(), time.monotonic() - start
+    )
+    return path, result
+
+
 def comparisons_with(report: dict, name: str) -> list[dict]:
     return [c for c in report["comparisons"] if c["source"] == name]
 
 
-def test_a_saved_baseline_replayed_does_the_recorded_work_and_is_a_gate(pytester: pytest.Pytester) -> None:
-    saved = pytester.path / "saved.json"
-    first = session(pytester, f"--rl-save-baseline={saved}", *(f"--rl-config={o}" for o in SAVED_WORK))
+def test_a_saved_baseline_replayed_does_the_recorded_work_and_is_a_gate(
+    pytester: pytest.Pytester, saved: tuple[Path, pytest.RunResult]
+) -> None:
+    saved, first = saved
     first.assert_outcomes(passed=2)  # the benchmark, and its gate timing the phase again for the baseline
     baseline = json.loads(saved.read_text())
     assert baseline["workload"]["response_length"]["shape"]["value"] == "lognormal"
@@ -60,18 +88,24 @@ def test_a_saved_baseline_replayed_does_the_recorded_work_and_is_a_gate(pytester
     assert "replaying the work per GPU of baseline 'saved' on 1 worker(s)" in replay.stdout.str()
 
 
-def test_work_changed_on_top_of_a_replay_makes_it_a_reference_and_says_why(pytester: pytest.Pytester) -> None:
-    saved = pytester.path / "saved.json"
-    session(pytester, f"--rl-save-baseline={saved}", *(f"--rl-config={o}" for o in SAVED_WORK)).assert_outcomes(
-        passed=2
-    )
+def test_work_changed_on_top_of_a_replay_makes_it_a_reference_and_says_why(
+    pytester: pytest.Pytester, saved: tuple[Path, pytest.RunResult]
+) -> None:
+    saved, first = saved
+    first.assert_outcomes(passed=2)
     report_path = pytester.path / "replay.json"
     replay = session(
-        pytester, f"--rl-workload={saved}", "--rl-config=actor_rollout_ref.rollout.n=4", f"--rl-report={report_path}"
+        pytester,
+        f"--rl-workload={saved}",
+        "--rl-config=actor_rollout_ref.rollout.n=4",
+        f"--rl-report={report_path}",
     )
     replay.assert_outcomes(passed=1, skipped=1)  # the gate: no baseline gates the phase
     out = replay.stdout.str()
-    assert "actor_rollout_ref.rollout.n=4 (from --rl-config actor_rollout_ref.rollout.n=4) instead of the replay's 2" in out
+    assert (
+        "actor_rollout_ref.rollout.n=4 (from --rl-config actor_rollout_ref.rollout.n=4) instead of the replay's 2"
+        in out
+    )
     report = json.loads(report_path.read_text())
     assert {c["mode"] for c in comparisons_with(report, "saved")} == {"reference"}
 
@@ -89,11 +123,11 @@ def test_a_workload_that_cannot_be_replayed_is_a_usage_error(pytester: pytest.Py
     result.stderr.fnmatch_lines(["*--rl-workload*records no workload, so its work cannot be replayed*"])
 
 
-def test_a_replay_replaces_the_ini_file_s_default_work_and_the_command_line_wins(pytester: pytest.Pytester) -> None:
-    saved = pytester.path / "saved.json"
-    session(pytester, f"--rl-save-baseline={saved}", *(f"--rl-config={o}" for o in SAVED_WORK)).assert_outcomes(
-        passed=2
-    )
+def test_a_replay_replaces_the_ini_file_s_default_work_and_the_command_line_wins(
+    pytester: pytest.Pytester, saved: tuple[Path, pytest.RunResult]
+) -> None:
+    saved, first = saved
+    first.assert_outcomes(passed=2)
     # The ini file's rl_config (like this repository's pyproject.toml) sets other work.
     pytester.makeini(
         """
@@ -113,15 +147,17 @@ def test_a_replay_replaces_the_ini_file_s_default_work_and_the_command_line_wins
     assert {c["mode"] for c in comparisons_with(report, "saved")} == {"gate"}
 
 
-def test_a_length_shape_set_on_top_of_a_replay_keeps_the_workload_s_other_values(pytester: pytest.Pytester) -> None:
+def test_a_length_shape_set_on_top_of_a_replay_keeps_the_workload_s_other_values(
+    pytester: pytest.Pytester, saved: tuple[Path, pytest.RunResult]
+) -> None:
     # The uniform-at-the-mean check of the length shape's weight: only the shape changes.
-    saved = pytester.path / "saved.json"
-    session(pytester, f"--rl-save-baseline={saved}", *(f"--rl-config={o}" for o in SAVED_WORK)).assert_outcomes(
-        passed=2
-    )
+    saved, first = saved
+    first.assert_outcomes(passed=2)
     pytester.makeini("[pytest]\nrl_config =\n    data.max_response_length=4\n")
     replay = session(
-        pytester, f"--rl-workload={saved}", "--rl-config=actor_rollout_ref.rollout.target_lengths.distribution=constant"
+        pytester,
+        f"--rl-workload={saved}",
+        "--rl-config=actor_rollout_ref.rollout.target_lengths.distribution=constant",
     )
     replay.assert_outcomes(passed=2)  # the benchmark and its gate
     assert "target_lengths.distribution='constant' (from --rl-config" in replay.stdout.str()
