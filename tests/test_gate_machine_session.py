@@ -2,8 +2,9 @@
 phase's rounds; a session that slowed as a whole is inconclusive against its pace, but the same session
 beside CPU contention fails its gates in plain seconds, naming the contention.
 
-The phases are controlled sleeps and, where said, the cores beside the session are set by the
-session's conftest, so what is under test is the gate's decision, not this shared machine's noise."""
+The phases are controlled sleeps and, where said, the cores beside the session are set for the session
+(machine_load.cores_used replaced while it runs), so what is under test is the gate's decision, not this
+shared machine's noise. The sessions run in-process: no Ray, and a subprocess's imports cost seconds."""
 
 from __future__ import annotations
 
@@ -31,19 +32,19 @@ def test_update_actor(rl_bench):
     rl_bench(lambda: time.sleep({delay}))
 """
 
-# The CPU beside the session's rounds as /proc would show it: other processes, the hypervisor.
-CONFTEST = """
-from pytest_rlbench.verdict import machine_load
 
-machine_load.cores_used = lambda before, after, ticks_per_s: ({other}, {steal})
-"""
+def run(
+    pytester: pytest.Pytester, delay: float, *args: str, cores: tuple[float, float] | None = (0.0, 0.0)
+) -> pytest.RunResult:
+    """A session of SUITE; ``cores``: the CPU beside its rounds as /proc would show it (other processes,
+    the hypervisor), None: /proc as it is."""
+    from pytest_rlbench.verdict import machine_load
 
-
-def run(pytester: pytest.Pytester, delay: float, *args: str, cores: tuple[float, float] | None = (0.0, 0.0)
-        ) -> pytest.RunResult:
     pytester.makepyfile(test_suite=SUITE.format(delay=delay))
-    pytester.makeconftest(CONFTEST.format(other=cores[0], steal=cores[1]) if cores is not None else "")
-    return pytester.runpytest_subprocess("--rl-rounds=5", "--rl-warmup-rounds=1", "-p", "no:randomly", *args)
+    with pytest.MonkeyPatch.context() as patch:
+        if cores is not None:
+            patch.setattr(machine_load, "cores_used", lambda before, after, ticks_per_s: cores)
+        return pytester.runpytest("--rl-rounds=5", "--rl-warmup-rounds=1", "-p", "no:randomly", *args)
 
 
 def test_a_session_records_the_cores_used_beside_each_phases_rounds(pytester: pytest.Pytester) -> None:
@@ -67,7 +68,9 @@ def test_contention_keeps_plain_seconds_deciding_where_the_sessions_pace_would_e
     slower = run(pytester, 0.09, f"--rl-baseline={saved}", f"--rl-report={report}")
     assert slower.ret == pytest.ExitCode.OK, slower.stdout.str()
     slower.assert_outcomes(passed=6)  # three benchmarks and their gates
-    row = next(c for c in json.loads(report.read_text())["comparisons"] if c["metric"] == "timing_s/update_actor")
+    row = next(
+        c for c in json.loads(report.read_text())["comparisons"] if c["metric"] == "timing_s/update_actor"
+    )
     assert (row["verdict"], row["reason"]) == ("inconclusive", "session slower")
 
     # the same slowdown beside CPU contention: plain seconds stand, and each gate names the contention
@@ -76,6 +79,8 @@ def test_contention_keeps_plain_seconds_deciding_where_the_sessions_pace_would_e
     out = contended.stdout.str()
     assert "other processes used 1.70 cores, the hypervisor took 0.05 cores: CPU contention" in out
     assert "tolerance 0.15, the default" in out
-    row = next(c for c in json.loads(report.read_text())["comparisons"] if c["metric"] == "timing_s/update_actor")
+    row = next(
+        c for c in json.loads(report.read_text())["comparisons"] if c["metric"] == "timing_s/update_actor"
+    )
     assert (row["verdict"], row["reason"]) == ("fail", "slower")
     assert "session's other phases" not in row["message"]
