@@ -141,6 +141,7 @@ def test_gating_docs_state_the_gates_constants() -> None:
         **gpu_floors,
         **gpu_tolerances,
         "machine_load.CLOCK_EXPLAINS_FROM": f"{machine_load.CLOCK_EXPLAINS_FROM:.0%}",
+        "judge.WORK_ALLOWANCE": f"{judge.WORK_ALLOWANCE:.0%}",
         "noise.DEFAULT_TOLERANCE": f"{noise.DEFAULT_TOLERANCE:.2f}",
         "noise.DEFAULT_CPU_TOLERANCE": f"{noise.DEFAULT_CPU_TOLERANCE:.2f}",
         "noise.PHASE_TIME_FLOOR.cpu_s": seconds_as_ms(noise.PHASE_TIME_FLOOR.cpu_s),
