@@ -266,3 +266,14 @@ def test_a_gpu_phase_nobody_chose_a_tolerance_for_is_judged_at_its_measured_one(
     # a tolerance someone chose wins, and a phase without a measured one keeps the default
     assert gpu_row("gen", base, slower, 0.10).verdict == "pass"
     assert gpu_row("reshard", base, slower, default_tolerance(gpu=True)).tolerance == DEFAULT_TOLERANCE
+
+
+def test_the_short_verdict_line_says_the_tolerance_was_the_phases_measured_one() -> None:
+    from pytest_rlbench.reports.verdict_lines import short_verdict
+
+    base = [3.00, 3.01, 3.02, 3.03, 3.04]
+    row = gpu_row("gen", base, [t * 1.05 for t in base], default_tolerance(gpu=True))
+    assert row.tolerance_source == "gen's measured GPU default"
+    assert "1.05x > 1.03 (measured)" in short_verdict(row), short_verdict(row)
+    chosen = gpu_row("gen", base, [t * 1.05 for t in base], 0.03)  # chosen: no source, no tag
+    assert chosen.tolerance_source == "" and "(measured)" not in short_verdict(chosen)

@@ -101,7 +101,7 @@ def test_a_gpu_failure_names_its_tolerance_threshold_and_keeps_the_clocks_for_th
     tolerance = DefaultTolerance(0.07, "update_actor's measured GPU default")
     c = judge(run, base, BASELINE, tolerance, run_time=3.27, device="gpu", gpu=gpu)
     assert c.verdict == "fail" and "SM clock 1890 vs 1905 MHz" in c.message, c.message
-    assert within_limit(c).split()[-4:] == ["1.08x", ">", "1.07", "slower"]
+    assert within_limit(c).split()[-5:] == ["1.08x", ">", "1.07", "(measured)", "slower"]
 
 
 @pytest.mark.parametrize(

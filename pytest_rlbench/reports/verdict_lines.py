@@ -96,7 +96,8 @@ def against_threshold(c: Comparison) -> str:
     ratio, threshold = _apart(c.ratio, bound)
     past = c.ratio < bound if higher else c.ratio > bound
     sign = ("<" if higher else ">") if past else (">=" if higher else "<=")
-    return f"{ratio}x {sign} {threshold}"
+    measured = " (measured)" if "measured" in c.tolerance_source else ""  # a phase's own GPU tolerance
+    return f"{ratio}x {sign} {threshold}{measured}"
 
 
 def reason(c: Comparison) -> str:

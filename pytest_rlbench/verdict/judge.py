@@ -115,6 +115,7 @@ class Comparison:
     message: str
     unit: str = ""
     assumptions: tuple[str, ...] = ()  # the assumed values the verdict rests on, one line each
+    tolerance_source: str = ""  # where a tolerance nobody chose came from ("gen's measured GPU default")
 
 
 @dataclass(frozen=True)
@@ -437,7 +438,8 @@ def judge(
         detail = f"{numbers} ({ratio_text}, tolerance {applied:.2f}{_default_text(tolerance)}): {reason}{why}"
     message = f"{metric_label(base_fig.metric)}: {detail}"
     return Comparison(
-        base_fig.metric, base_fig.phase, measured, base, baseline_name, ratio, applied, verdict, reason, message, unit
+        base_fig.metric, base_fig.phase, measured, base, baseline_name, ratio, applied, verdict, reason, message, unit,
+        tolerance_source=getattr(tolerance, "source", ""),
     )
 
 
