@@ -30,23 +30,48 @@ COMMON = [
 ]
 
 
-def one_step(overrides: list[str], workdir) -> tuple[dict, dict, torch.Tensor]:
-    """Metrics, updated state (model and optimizer) and sampled responses of one training step."""
+def one_step(overrides: list[str], workdir) -> tuple[dict, dict, torch.Tensor, list[str]]:
+    """Metrics, updated state (model and optimizer), sampled responses of one training step, and the
+    Ray node each worker ran on."""
     cfg = build_config(COMMON + overrides)
     trainer = build_trainer(cfg, workdir)
     try:
         result = trainer.train_step(next(trainer.loader))
         state = trainer.workers.rank0("state")
-        return result.metrics, state, trainer.last_batch.response_ids
+        nodes = ray.get(
+            [
+                w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
+                for w in trainer.workers.workers
+            ]
+        )
+        return result.metrics, state, trainer.last_batch.response_ids, nodes
     finally:
         trainer.shutdown()
 
 
+@pytest.fixture(scope="module")
+def step_of(two_node_cluster, tmp_path_factory: pytest.TempPathFactory):
+    """``step_of(nodes, agg)``: one_step of ``nodes`` workers (one per node) with that loss_agg_mode, each
+    run once for the module: a trainer's start costs seconds on a small machine."""
+    done: dict[tuple[int, str], tuple[dict, dict, torch.Tensor, list[str]]] = {}
+
+    def step(nodes: int, agg: str) -> tuple[dict, dict, torch.Tensor, list[str]]:
+        if (nodes, agg) not in done:
+            overrides = [
+                f"trainer.nnodes={nodes}",
+                "trainer.n_gpus_per_node=1",
+                f"actor_rollout_ref.actor.loss_agg_mode={agg}",
+            ]
+            done[nodes, agg] = one_step(overrides, tmp_path_factory.mktemp("step"))
+        return done[nodes, agg]
+
+    return step
+
+
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
-def test_two_workers_take_the_same_step_as_one(two_node_cluster, tmp_path, agg):
-    mode = f"actor_rollout_ref.actor.loss_agg_mode={agg}"
-    m1, s1, r1 = one_step(["trainer.nnodes=1", "trainer.n_gpus_per_node=1", mode], tmp_path)
-    m2, s2, r2 = one_step(["trainer.nnodes=2", "trainer.n_gpus_per_node=1", mode], tmp_path)
+def test_two_workers_take_the_same_step_as_one(step_of, agg):
+    m1, s1, r1, _ = step_of(1, agg)
+    m2, s2, r2, _ = step_of(2, agg)
     assert torch.equal(r1, r2), "the two layouts sampled different responses"
     assert m1["actor/pg_loss"] == pytest.approx(m2["actor/pg_loss"], rel=1e-4, abs=1e-6)
     assert m1["actor/grad_norm"] == pytest.approx(m2["actor/grad_norm"], rel=1e-4)
@@ -55,19 +80,20 @@ def test_two_workers_take_the_same_step_as_one(two_node_cluster, tmp_path, agg):
     # explain: where a gradient is ~0 its rounding noise decides Adam's step (tests/adam_steps.py)
     named = PolicyModel(build_model("tiny", seed=0))  # names the workers' optimizer state, by parameter order
     assert_same_adam_steps(
-        s2["model"], s1["model"], moments_from_state_dict(s2["optimizer"], named),
-        moments_from_state_dict(s1["optimizer"], named), lr=1e-2, moment_rtol=1e-4, weight_atol=1e-6, label="2 workers",
+        s2["model"],
+        s1["model"],
+        moments_from_state_dict(s2["optimizer"], named),
+        moments_from_state_dict(s1["optimizer"], named),
+        lr=1e-2,
+        moment_rtol=1e-4,
+        weight_atol=1e-6,
+        label="2 workers",
     )
     start = build_model("tiny", seed=build_config(COMMON).trainer.seed).state_dict()
     changed = sum(not torch.equal(start[k], value) for k, value in s1["model"].items())
     assert changed > 0, "the step did not change the weights: the comparison would be vacuous"
 
 
-def test_workers_spread_over_both_nodes(two_node_cluster, tmp_path):
-    cfg = build_config(COMMON + ["trainer.nnodes=2", "trainer.n_gpus_per_node=1"])
-    trainer = build_trainer(cfg, tmp_path)
-    try:
-        node_ids = ray.get([w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for w in trainer.workers.workers])
-    finally:
-        trainer.shutdown()
-    assert len(set(node_ids)) == 2
+def test_workers_spread_over_both_nodes(step_of):
+    *_, node_ids = step_of(2, "token-mean")  # the default loss_agg_mode: the same run as the test above
+    assert len(node_ids) == 2 and len(set(node_ids)) == 2, node_ids
