@@ -173,7 +173,11 @@ def test_the_real_suites_write_every_phase_key_and_gate_against_their_own_baseli
 ) -> None:
     """pytest suites/ on the embedded default, twice: save a baseline, then gate against it."""
     suites = request.config.rootpath / "suites"
+    # The repository's ini work (16 prompts x 4 responses) cut to 4 x 2: what is tested is that every
+    # phase is written and gated, not at what size.
     small = ["--rl-rounds=2", "--rl-warmup-rounds=0", "--rl-config=data.max_response_length=8"]
+    small += ["--rl-config=data.train_batch_size=4", "--rl-config=actor_rollout_ref.rollout.n=2"]
+    small += ["--rl-config=actor_rollout_ref.actor.ppo_mini_batch_size=2"]
     saved, report = pytester.path / "b.json", pytester.path / "r.json"
     first = pytester.runpytest_subprocess(
         str(suites / "test_phases.py"),
