@@ -97,7 +97,10 @@ def test_the_suite_times_each_engine_on_the_same_prompts_and_the_gen_phase_stays
     result = pytester.runpytest_subprocess(
         f"{suites / 'test_phases.py'}::test_gen", str(suites / "test_rollout_panel.py"),
         "--rl-rollout", "static", "--rl-rollout", "hf", "--rl-rounds=2", "--rl-warmup-rounds=0",
-        "--rl-config=data.max_response_length=8", f"--rl-report={report}", "-p", "no:randomly", timeout=300,
+        "--rl-config=data.max_response_length=8", f"--rl-report={report}", "-p", "no:randomly",
+        # the repository's ini work (16 prompts x 4 responses) cut to 4 x 2: the size is not under test
+        "--rl-config=data.train_batch_size=4", "--rl-config=actor_rollout_ref.rollout.n=2",
+        "--rl-config=actor_rollout_ref.actor.ppo_mini_batch_size=2", timeout=300,
     )
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out[-3000:]
