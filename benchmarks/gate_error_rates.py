@@ -8,6 +8,9 @@
    test-only plugin ``benchmarks/gate_slow_phase.py`` (loaded with ``-p gate_slow_phase``; it sleeps
    that fraction of each call's own duration after the phase method ``--slow-method``); each run
    should fail.
+5. Scenario ``slowwork``: the same, ``--slow-work`` (default 10%) slower by real CPU work instead of
+   a sleep (fp32 matmuls in the driver, ``GATE_SLOW_CPU_WORK=1``), which the phase's counted work
+   sees; each run should fail.
 
 A run counts as "failed" when any figure failed the gate, else "inconclusive" when any was
 inconclusive, else "passed"; a session that ended otherwise (a crash, ``--timeout``) is an "error".
@@ -57,7 +60,7 @@ from pytest_rlbench.verdict.machine_load import OTHER_CORES, STEAL_CORES, cpu_sn
 from pytest_rlbench.verdict.noise import DefaultTolerance, default_tolerance  # noqa: E402
 from pytest_rlbench.verdict.session_pace import session_paces  # noqa: E402
 
-SCENARIOS = ("unchanged", "contention", "slowdown")
+SCENARIOS = ("unchanged", "contention", "slowdown", "slowwork")
 BUSY_LOOP = "while True:\n    pass\n"
 RUN_MARK = "GATE_ERROR_RATES_RUN"  # in every session's environment: finds what a session left behind
 TICKS_PER_S = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
@@ -212,17 +215,22 @@ def cpu_contention(processes: int) -> Iterator[list[int]]:
                 p.wait()
 
 
-def scenario_env(scenario: str, slow_method: str, slowdown: float) -> tuple[dict[str, str], list[str]]:
+def scenario_env(
+    scenario: str, slow_method: str, slowdown: float, slow_work: float = 0.10
+) -> tuple[dict[str, str], list[str]]:
     env = dict(os.environ)
-    if scenario != "slowdown":
+    if scenario not in ("slowdown", "slowwork"):
         return env, []
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCHMARKS), env.get("PYTHONPATH", "")) if p)
-    env["GATE_SLOW_METHOD"], env["GATE_SLOWDOWN"] = slow_method, str(slowdown)
+    fraction = slowdown if scenario == "slowdown" else slow_work
+    env["GATE_SLOW_METHOD"], env["GATE_SLOWDOWN"] = slow_method, str(fraction)
+    if scenario == "slowwork":
+        env["GATE_SLOW_CPU_WORK"] = "1"
     return env, ["-p", "gate_slow_phase"]
 
 
 def run_scenario(scenario: str, args: argparse.Namespace, baseline: Path, work: Path) -> ScenarioResult:
-    env, plugin = scenario_env(scenario, args.slow_method, args.slowdown)
+    env, plugin = scenario_env(scenario, args.slow_method, args.slowdown, args.slow_work)
     command = pytest_command([*args.pytest_arg, *plugin, f"--rl-baseline={baseline}"])
     result = ScenarioResult(scenario)
     for i in range(1, args.runs + 1):
@@ -282,7 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20, help="reruns per scenario (default 20)")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--slow-method", default="compute_old_log_prob", help="the GRPOTrainer method slowed")
-    parser.add_argument("--slowdown", type=float, default=0.25, help="fraction of the phase's time added")
+    parser.add_argument("--slowdown", type=float, default=0.25, help="fraction of the phase's time added (asleep)")
+    parser.add_argument("--slow-work", type=float, default=0.10,
+                        help="fraction of the phase's time added as real CPU work (scenario slowwork)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds one pytest session may take")
     parser.add_argument("--pytest-arg", action="append", default=[], help="passed to every pytest session")
     parser.add_argument("--out", type=Path, default=Path("gate_error_rates.json"), help="the JSON table")

@@ -8,7 +8,10 @@ The phase methods ``GATE_SLOW_METHOD`` of ``GRPOTrainer`` (comma-separated; defa
 slower wherever it is called from (its own benchmark and the whole step's). The added time is a sleep
 on the driver, or with ``GATE_SLOW_GPU=1`` real GPU work on every worker (bf16 matmuls on its GPU for
 that long, run inside the worker process through Ray's ``__ray_call__``): a regression that draws
-power and holds the GPU as a slower kernel would. The class attributes are restored at unconfigure.
+power and holds the GPU as a slower kernel would. With ``GATE_SLOW_CPU_WORK=1`` it is real CPU work in
+the driver instead (fp32 matmuls for that long): a regression of more work, which the counted work
+(``trainer/work_counts.py``) sees as it would see a phase that computes something twice, where a
+sleep adds time and no work. The class attributes are restored at unconfigure.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import pytest
 METHOD_ENV = "GATE_SLOW_METHOD"
 FRACTION_ENV = "GATE_SLOWDOWN"
 GPU_ENV = "GATE_SLOW_GPU"
+CPU_WORK_ENV = "GATE_SLOW_CPU_WORK"
 DEFAULT_METHOD = "compute_old_log_prob"
 DEFAULT_FRACTION = 0.25
 ORIGINAL_KEY = pytest.StashKey[list[tuple[str, Callable[..., Any]]]]()
@@ -47,8 +51,20 @@ def burn_gpu(worker: Any, seconds: float) -> float:
     return time.perf_counter() - start
 
 
-def slowed(method: Callable[..., Any], fraction: float, on_gpu: bool) -> Callable[..., Any]:
-    """``method``, followed by ``fraction`` of the time the call took: asleep, or busy on the GPUs."""
+def burn_cpu(seconds: float) -> float:
+    """In this process: fp32 matmuls until ``seconds`` have passed; the seconds spent."""
+    import torch
+
+    operand = torch.ones(192, 192)  # ~0.3 ms a product on one core: the added time overshoots by under 1 ms
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        operand @ operand
+    return time.perf_counter() - start
+
+
+def slowed(method: Callable[..., Any], fraction: float, on_gpu: bool, cpu_work: bool = False) -> Callable[..., Any]:
+    """``method``, followed by ``fraction`` of the time the call took: asleep, busy on the GPUs, or
+    (``cpu_work``) busy in this process."""
 
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -59,6 +75,8 @@ def slowed(method: Callable[..., Any], fraction: float, on_gpu: bool) -> Callabl
             import ray
 
             ray.get([w.__ray_call__.remote(burn_gpu, extra) for w in self.workers.workers])
+        elif cpu_work:
+            burn_cpu(extra)
         else:
             time.sleep(extra)
         return result
@@ -72,6 +90,7 @@ def pytest_configure(config: pytest.Config) -> None:
     names = [n.strip() for n in os.environ.get(METHOD_ENV, DEFAULT_METHOD).split(",") if n.strip()]
     fraction = float(os.environ.get(FRACTION_ENV, DEFAULT_FRACTION))
     on_gpu = os.environ.get(GPU_ENV, "") == "1"
+    cpu_work = os.environ.get(CPU_WORK_ENV, "") == "1"
     if not 0 < fraction < 10:
         raise pytest.UsageError(f"{FRACTION_ENV}={fraction!r}: expected a fraction of the phase's time in (0, 10)")
     saved = []
@@ -86,7 +105,7 @@ def pytest_configure(config: pytest.Config) -> None:
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     config.stash[ORIGINAL_KEY] = saved
     for name, method in saved:
-        setattr(GRPOTrainer, name, slowed(method, fraction, on_gpu))
+        setattr(GRPOTrainer, name, slowed(method, fraction, on_gpu, cpu_work))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -1,6 +1,7 @@
 """Counted work beside a phase's time (``WorkEvidence`` in pytest_rlbench/verdict/judge.py, trainer/work_counts.py):
-a session slower alike with more work in a phase fails that phase; with the same work it stays
-inconclusive and says so; the counts are evidence, never judged rows; and what the counters count."""
+a session slower alike with more work in a phase fails that phase; with the same work it passes and
+says why; a phase within the tolerance that dispatched more and ran slower fails; the counts are
+evidence, never judged rows; and what the counters count."""
 
 from __future__ import annotations
 
@@ -42,10 +43,11 @@ def test_a_session_slower_alike_with_more_work_in_a_phase_fails_that_phase() -> 
     assert "ops 3,540 -> 7,080" in update.message and "FLOPs 7.1e+09 -> 1.42e+10" in update.message
     # the pace that excused the time is still named
     assert "session's other phases ran at 1.30x" in update.message
-    # the phases whose work did not change stay inconclusive, and say the work was the same
+    # the phases whose work did not change pass: the same work ran slower alike, the machine's doing
     ref = judged["ref"]
-    assert (ref.verdict, ref.reason) == ("inconclusive", "session slower"), ref.message
-    assert "the work was the same (ops 1,019 -> 1,019" in ref.message
+    assert (ref.verdict, ref.reason) == ("pass", "same work"), ref.message
+    assert "the time alone: session slower" in ref.message and "the work was the same (ops 1,019 -> 1,019" in ref.message
+    assert "cannot see a slower kernel doing the same work" in ref.message
     # without the counts the same session abstains on update_actor
     assert timings(session("run", everything=1.3), session("base"))["update_actor"].verdict == "inconclusive"
 
@@ -57,6 +59,23 @@ def test_more_work_alone_fails_nothing_and_is_shown_beside_the_time() -> None:
     assert update.verdict == "pass" and update.message.endswith(
         "; ops 3,540 -> 7,080, FLOPs 7.1e+09 -> 1.42e+10"
     )
+
+
+def test_more_work_with_rounds_slower_within_the_tolerance_fails() -> None:
+    base = with_counts(session("base"), BASE_WORK)
+    # update_actor 10% slower (every round past every baseline round), the tolerance 20%
+    slower = session("run", {"update_actor": 1.10})
+    update = timings(with_counts(slower, {**BASE_WORK, "update_actor": (3560, 7.9e9)}), base)["update_actor"]
+    assert (update.verdict, update.reason) == ("fail", "more work"), update.message
+    assert "within tolerance, but its rounds were slower than the baseline's (p = 0.004 < 0.01" in update.message
+    assert "FLOPs 7.1e+09 -> 7.9e+09" in update.message
+    # the same rounds with the same work pass: the time alone is within the tolerance
+    same = timings(with_counts(slower, BASE_WORK), base)["update_actor"]
+    assert (same.verdict, same.reason) == ("pass", "within tolerance"), same.message
+    # more work whose rounds are slower only as fast as the whole session is: the session's pace
+    alike = with_counts(session("run", everything=1.10), {**BASE_WORK, "update_actor": (3560, 7.9e9)})
+    update = timings(alike, base)["update_actor"]
+    assert (update.verdict, update.reason) == ("pass", "within tolerance"), update.message
 
 
 def test_the_counts_are_evidence_never_judged_rows() -> None:
@@ -91,11 +110,12 @@ def test_the_rule_on_each_verdict() -> None:
     for excused in ("session slower", "not reproduced", "GPU clocks"):
         assert with_work("inconclusive", excused, "", more)[:2] == ("fail", "more work")
         assert with_work("inconclusive", excused, "", fewer)[:2] == ("inconclusive", excused)
-        assert "the work was the same" in with_work("inconclusive", excused, "", same)[2]
+        passed = with_work("inconclusive", excused, "", same)
+        assert passed[:2] == ("pass", "same work") and "the work was the same" in passed[2]
         # a few more ops (gradient checkpointing's wrappers in gen: 16,917 -> 17,109) explain no slower time
         few_more = with_work("inconclusive", excused, "", WorkEvidence({OPS: 17109}, {OPS: 16917}))
         assert (
-            few_more[:2] == ("inconclusive", excused)
+            few_more[:2] == ("pass", "same work")
             and "the work was within 5% of the baseline's" in few_more[2]
         )
     # an inconclusive that did not find the time slower stays as it was: more work is not a slower time
@@ -108,6 +128,11 @@ def test_the_rule_on_each_verdict() -> None:
     )
     assert with_work("pass", "within tolerance", "", same) == ("pass", "within tolerance", "")
     assert with_work("pass", "within tolerance", "", None) == ("pass", "within tolerance", "")
+    # a pass with more work fails only where its rounds were slower by the rank test
+    assert with_work("pass", "within tolerance", "", more, slower_p=0.004)[:2] == ("fail", "more work")
+    assert with_work("pass", "within tolerance", "", more, slower_p=0.02)[:2] == ("pass", "within tolerance")
+    assert with_work("pass", "within tolerance", "", more, slower_p=None)[:2] == ("pass", "within tolerance")
+    assert with_work("pass", "within tolerance", "", same, slower_p=0.004)[:2] == ("pass", "within tolerance")
 
 
 def test_count_work_counts_dispatched_ops_and_flops() -> None:

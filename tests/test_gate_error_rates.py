@@ -25,6 +25,21 @@ def test_the_slowdown_sleeps_a_fraction_of_each_calls_own_time() -> None:
     assert time.perf_counter() - start == pytest.approx(0.3, abs=0.08)
 
 
+def test_the_work_slowdown_is_real_work_that_the_counters_see() -> None:
+    from trainer.work_counts import count_work
+
+    def phase(seconds: float) -> str:
+        time.sleep(seconds)
+        return "done"
+
+    result, work = count_work(lambda: slowed(phase, 0.5, on_gpu=False, cpu_work=True)(0.2))
+    assert result == "done"
+    # the sleep dispatched nothing: every op counted is the operand's fill or an added matmul
+    assert work.ops >= 2 and work.flops == (work.ops - 1) * 2 * 192**3, work
+    _, asleep = count_work(lambda: slowed(phase, 0.5, on_gpu=False)(0.05))
+    assert asleep.ops == 0 and asleep.flops == 0, asleep
+
+
 def row(verdict: str, message: str, source: str = "base", mode: str = "gate") -> dict:
     return {"verdict": verdict, "message": message, "source": source, "mode": mode}
 

@@ -41,6 +41,8 @@ REASON_WORDS = {
     "session slower": "session slower: every phase slowed alike (rerun)",
     "not reproduced": "not reproduced when timed again",
     "GPU clocks": "GPU clocks: the SM clock ran lower",
+    "same work": "same counted work: the machine ran slower",
+    "more work": "more work: its counted ops or FLOPs grew",
     "missing": "missing from this run",
     "not run": "",  # the verdict says it
 }

@@ -52,11 +52,17 @@ Last, a phase's time is read beside its counted work (``WorkEvidence``): the ATe
 dispatched in one untimed round after its timed ones (``trainer.work_counts``,
 ``pytest_rlbench.session.bench``), kept as the run's metrics ``work/ops/<phase>`` and
 ``work/flops/<phase>``, evidence never judged on their own. They repeat exactly across rounds and
-sessions on the default CPU workload, so a count that moved is the code's doing. A time slower in
-seconds that the session's pace, the re-timing or the GPU clocks left "inconclusive" fails (reason
-"more work") where the phase dispatched more than ``WORK_ALLOWANCE`` more than its baseline; with the
-same counts (within that allowance) it stays inconclusive and says so. The counters cannot see a slower
-kernel doing the same work: that is left to the time.
+sessions on the default CPU workload, so a count that moved is the code's doing. They decide what
+the time alone cannot:
+- a time slower in seconds that the session's pace, the re-timing or the GPU clocks left
+  "inconclusive" fails (reason "more work") where the phase dispatched more than ``WORK_ALLOWANCE``
+  more than its baseline, and passes (reason "same work") where its counts are within that allowance:
+  the same work ran slower with every phase alike, or for a few seconds only, which is the machine;
+- a time within the tolerance fails as "more work" where the phase dispatched more and its rounds,
+  divided by the session's pace, are still slower than the baseline's by the rank test (p < ``ALPHA``):
+  a regression too small for the tolerance that the counts show is the code's.
+The counters cannot see a slower kernel doing the same work: that is left to the time, and a change
+that slows every kernel alike (fewer threads, a slower build) passes as the machine's.
 """
 
 from __future__ import annotations
@@ -110,7 +116,8 @@ class Comparison:
     tolerance: float
     verdict: Verdict
     # "within tolerance", "below the noise floor", "not significant", "too few rounds",
-    # "session slower", "slower", "lower", "higher", "missing", "not run", "reference"
+    # "session slower", "not reproduced", "GPU clocks", "same work", "more work", "slower", "lower",
+    # "higher", "missing", "not run", "reference"
     reason: str
     message: str
     unit: str = ""
@@ -192,9 +199,11 @@ class WorkEvidence:
 
 
 def with_work(
-    verdict: Verdict, reason: str, why: str, work: WorkEvidence | None
+    verdict: Verdict, reason: str, why: str, work: WorkEvidence | None, slower_p: float | None = None
 ) -> tuple[Verdict, str, str]:
-    """A phase time's (verdict, reason, detail) read beside its counted work (the module docstring)."""
+    """A phase time's (verdict, reason, detail) read beside its counted work (the module docstring).
+    ``slower_p``: the rank test's p that the run's rounds, paced, were slower than the baseline's
+    (``slower_rounds_p``; None: not testable)."""
     if work is None:
         return verdict, reason, why
     counts = work.describe()
@@ -204,10 +213,28 @@ def with_work(
         return "fail", "more work", why
     if excused and work.same:
         same = "the same" if work.identical else f"within {WORK_ALLOWANCE:.0%} of the baseline's"
-        return verdict, reason, f"{why}; the work was {same} ({counts}): the machine ran slower, not the code"
+        return "pass", "same work", (
+            f" (the time alone: {reason}{why}); the work was {same} ({counts}): the machine ran slower, not the "
+            "code (the counters cannot see a slower kernel doing the same work)"
+        )
+    if verdict == "pass" and work.more and slower_p is not None and slower_p < ALPHA:
+        return "fail", "more work", (
+            f": {reason}{why}, but its rounds were slower than the baseline's (p = {slower_p:.2g} < {ALPHA:g}"
+            f", against the session's pace) and it dispatched more work ({counts}): a change in the code"
+        )
     if verdict == "fail" or not work.same:
         return verdict, reason, f"{why}; {counts}"
     return verdict, reason, why
+
+
+def slower_rounds_p(run_fig: Figure, base_fig: Figure, pace: SessionPace | None) -> float | None:
+    """The one-sided rank test's p that the run's rounds, divided by the session's pace where there is
+    one, were slower than the baseline's; None where the round counts cannot reach ``ALPHA``."""
+    run_s, base_s = run_fig.samples, base_fig.samples
+    if base_fig.family != TIMING or not run_s or not base_s or smallest_p(len(run_s), len(base_s)) >= ALPHA:
+        return None
+    factor = pace.factor if pace is not None else 1.0
+    return p_greater(tuple(t / factor for t in run_s), base_s)
 
 
 def tolerance_for(metric: str, baseline: RunRecord, default: float) -> float:
@@ -257,7 +284,11 @@ def gate_verdict(
     verdict, reason, why = _time_verdict(
         run_fig, base_fig, tolerance, run_time, device, machine, pace, retimed, pace_again, gpu
     )
-    return with_work(verdict, reason, why, work if base_fig.family == TIMING else None)
+    if work is None or base_fig.family != TIMING:
+        return verdict, reason, why
+    contended = machine is not None and machine.contended  # plain seconds decide under contention
+    slower_p = slower_rounds_p(run_fig, base_fig, None if contended else pace)
+    return with_work(verdict, reason, why, work, slower_p)
 
 
 def _time_verdict(
