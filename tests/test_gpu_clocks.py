@@ -105,6 +105,29 @@ def test_the_watch_summarises_each_marked_round_and_leaves_out_the_warm_up() -> 
     assert only.power_w == pytest.approx((700 + 690 + 700) / 3)
 
 
+def test_each_watch_gives_its_figures_as_run_metrics_of_the_phase() -> None:
+    from pytest_rlbench.session.gpu_watch import GpuWatch, _Sample
+    from pytest_rlbench.verdict.machine_load import MachineWatch
+
+    watch = GpuWatch(["GPU-x"])
+    watch._handles = ["handle"]
+    watch._cap_w = 700.0
+    watch._samples = [_Sample(0.5, [1980.0], [2619.0], [300.0], [50.0], 0), _Sample(2.5, [1650.0], [2619.0], [700.0], [66.0], 0x4)]
+    watch._marks, watch._others = [(0.0, 1.0), (2.0, 3.0)], [set(), set()]
+    metrics = {metric: (values, unit) for metric, values, unit in watch.metrics("ref", warmup=1)}
+    assert metrics["gpu/sm_clock_mhz/ref"] == ([1650.0], "MHz")  # the timed round's alone
+    assert metrics["gpu/power_capped/ref"] == ([1.0], "")
+    machine = MachineWatch()
+    machine.mark_start()  # rounds are not told apart: the load is read over all of them
+    machine.mark_end()
+    assert machine.metrics("ref", warmup=1) == []  # never started: nothing read
+    machine._load = (0.5, 0.01)
+    assert machine.metrics("ref", warmup=1) == [
+        ("machine/other_cores/ref", [0.5], "cores"),
+        ("machine/steal_cores/ref", [0.01], "cores"),
+    ]
+
+
 def test_without_nvml_nothing_is_watched() -> None:
     from pytest_rlbench.session.gpu_watch import GpuWatch
 

@@ -16,7 +16,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
@@ -32,13 +32,7 @@ from pytest_rlbench.session.recorder import BenchRecorder, get_recorder, local_h
 from pytest_rlbench.session.resources import RLModel
 from pytest_rlbench.session.round_timer import time_rounds
 from pytest_rlbench.verdict.judge import FLOPS, OPS, work_metric
-from pytest_rlbench.verdict.machine_load import (
-    GPU_UNITS,
-    MachineWatch,
-    gpu_metric,
-    machine_metric,
-    per_round_figures,
-)
+from pytest_rlbench.verdict.machine_load import MachineWatch
 
 if TYPE_CHECKING:
     from trainer.batch import Batch
@@ -51,6 +45,18 @@ if TYPE_CHECKING:
 # Per benchmark node id, on CPU workers only: its phase's rounds timed again, as its benchmark timed
 # them (a gate asks for them, pytest_rlbench.session.gate_items).
 RETIMERS_KEY = pytest.StashKey[dict[str, Callable[[], list[float]]]]()
+
+
+class RoundWatch(Protocol):
+    """What the machine did beside a phase's rounds, for its verdict: started before the first round,
+    told where each round begins and ends, stopped after the last; its run metrics then
+    (``MachineWatch``: the CPU others used; ``GpuWatch``: the GPUs' clocks, power and processes)."""
+
+    def start(self) -> None: ...
+    def mark_start(self) -> None: ...
+    def mark_end(self) -> None: ...
+    def stop(self) -> None: ...
+    def metrics(self, phase: str, warmup: int) -> list[tuple[str, list[float], str]]: ...
 
 
 
@@ -244,6 +250,14 @@ class PhaseBench:
         self.warmup = warmup
         self.samples: list[float] = []
 
+    def _watches(self) -> list[RoundWatch]:
+        """The watches of this phase's rounds: the CPU beside them, the GPUs the workers run on."""
+        watches: list[RoundWatch] = [MachineWatch()] if self.watch_machine else []
+        gpus = self.recorder.context.gpus if self.watch_gpus else []  # set where the trainer was made
+        if gpus:
+            watches.append(GpuWatch([u for u, _ in gpus], {p for _, p in gpus}))
+        return watches
+
     @property
     def phase(self) -> str:
         phase = phase_of(self.item)  # its key was checked at collection (pytest_rlbench.markers)
@@ -262,9 +276,7 @@ class PhaseBench:
 
         phase = self.phase
         warmup, rounds = (0, 1) if self.benchmark.disabled else (self.warmup, self.rounds)
-        watch = MachineWatch() if self.watch_machine else None
-        gpus = self.recorder.context.gpus if self.watch_gpus else []  # set where the trainer was made
-        gpu_watch = GpuWatch([u for u, _ in gpus], {p for _, p in gpus}) if gpus else None
+        watches = self._watches()
         results: list[Any] = []
 
         def prepare() -> None:
@@ -272,23 +284,21 @@ class PhaseBench:
             if setup is not None:
                 setup()
             device_clock()  # drain what setup queued before the round's clock starts
-            if gpu_watch is not None:
-                gpu_watch.mark_start()
+            for watch in watches:
+                watch.mark_start()
 
         def round_() -> Any:
             results.append(fn())
             return results[-1]
 
         def finish_round() -> None:
-            if gpu_watch is not None:
-                gpu_watch.mark_end()
+            for watch in watches:
+                watch.mark_end()
             stage.done()
 
         with self.progress.stage(phase, warmup + rounds) as stage:
-            if watch is not None:
+            for watch in watches:
                 watch.start()
-            if gpu_watch is not None:
-                gpu_watch.start()
             if self.benchmark.disabled:  # --benchmark-disable: pytest-benchmark times nothing; time it here
                 self.samples, results = time_rounds(fn, 0, 1, stage, setup)
             else:
@@ -297,10 +307,8 @@ class PhaseBench:
                     round_, setup=prepare, teardown=finish_round, rounds=self.rounds, warmup_rounds=self.warmup
                 )
                 self.samples = list(self.benchmark.stats.stats.data)
-            if watch is not None:
+            for watch in watches:
                 watch.stop()
-            if gpu_watch is not None:
-                gpu_watch.stop()
         result = results[-1]
         timed = results[-len(self.samples) :]  # warm-up rounds come first
         if callable(tokens):  # each round's own work: a generation's responses, a step's new batch
@@ -312,13 +320,9 @@ class PhaseBench:
             self.recorder.record(phase, self.samples, self.item.nodeid, counts)
         if breakdown is not None:
             self.recorder.add_step_breakdown([breakdown(r) for r in timed])
-        if watch is not None:
-            for figure, values in watch.figures().items():
-                self.recorder.add_metric(machine_metric(figure, phase), values, "cores", higher_is_better=False)
-        if gpu_watch is not None:
-            for figure, values in per_round_figures(gpu_watch.rounds(skip=warmup)).items():
-                unit = GPU_UNITS.get(figure, "")
-                self.recorder.add_metric(gpu_metric(figure, phase), values, unit, higher_is_better=False)
+        for watch in watches:
+            for metric, values, unit in watch.metrics(phase, warmup):
+                self.recorder.add_metric(metric, values, unit, higher_is_better=False)
         if self.count_work is not None:
             self._count(phase, fn, setup)
         if self.keep_retimer:

@@ -19,7 +19,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_rlbench.verdict.machine_load import RoundTelemetry, throttle_names
+from pytest_rlbench.verdict.machine_load import (
+    GPU_UNITS,
+    RoundTelemetry,
+    gpu_metric,
+    per_round_figures,
+    throttle_names,
+)
 
 
 def _nvml() -> Any | None:
@@ -160,6 +166,12 @@ class GpuWatch:
             pids |= {int(p.pid) for p in procs}
         own = self.session_pids | {os.getpid()}
         return {p for p in pids if p not in own}
+
+    def metrics(self, phase: str, warmup: int) -> list[tuple[str, list[float], str]]:
+        """(metric id, one value per timed round, unit) of each figure (a round watch,
+        ``pytest_rlbench.session.bench.RoundWatch``)."""
+        figures = per_round_figures(self.rounds(skip=warmup))
+        return [(gpu_metric(figure, phase), values, GPU_UNITS.get(figure, "")) for figure, values in figures.items()]
 
     def rounds(self, skip: int = 0) -> list[RoundTelemetry]:
         """One summary per marked round, the first ``skip`` (warm-up) rounds left out; a round

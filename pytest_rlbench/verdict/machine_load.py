@@ -111,7 +111,8 @@ def cores_used(before: CpuSnapshot, after: CpuSnapshot, ticks_per_s: float) -> t
 
 class MachineWatch:
     """The machine figures of one phase: ``start()`` and ``stop()`` around its rounds; ``figures()`` then
-    gives the metric values, keyed by figure name (none where /proc could not be read)."""
+    gives the metric values, keyed by figure name (none where /proc could not be read), and ``metrics``
+    the run metrics (a round watch, ``pytest_rlbench.session.bench.RoundWatch``)."""
 
     def __init__(self) -> None:
         self._start: CpuSnapshot | None = None
@@ -125,10 +126,20 @@ class MachineWatch:
         if self._start is not None and end is not None:
             self._load = cores_used(self._start, end, float(os.sysconf("SC_CLK_TCK")))
 
+    def mark_start(self) -> None:
+        """Rounds are not told apart: the load is read over all of them."""
+
+    def mark_end(self) -> None:
+        """Rounds are not told apart: the load is read over all of them."""
+
     def figures(self) -> dict[str, list[float]]:
         if self._load is None:
             return {}
         return {OTHER_CORES: [self._load[0]], STEAL_CORES: [self._load[1]]}
+
+    def metrics(self, phase: str, warmup: int) -> list[tuple[str, list[float], str]]:
+        """(metric id, values, unit) of each figure, over all rounds (warm-up ones too)."""
+        return [(machine_metric(figure, phase), values, "cores") for figure, values in self.figures().items()]
 
 
 # ----------------------------------------------------------------------------- GPU telemetry
