@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from shared_parts import tiny_record
 
 from pytest_rlbench.records.baselines import BUILTIN_BASELINES, baseline_dirs, load_baseline, resolve_baseline
 from pytest_rlbench.records.record import (
@@ -23,25 +24,12 @@ from pytest_rlbench.records.record import (
 
 REPO_BASELINES = Path(__file__).resolve().parent.parent / "baselines"
 
-VALID = {
-    "format_version": 1,
-    "name": "local-ci",
-    "provenance": {"source": "pytest-rlbench run", "date": "2026-11-21"},
-    "hardware": {"device": "gpu", "nodes": 1, "gpus_per_node": 2, "world_size": 2, "gpu_model": "NVIDIA H100 80GB HBM3"},
-    "model": {
-        "name": "tiny",
-        "num_layers": 2,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_heads": 4,
-        "num_kv_heads": 2,
-        "head_dim": 16,
-        "vocab_size": 100,
-    },
-    "config": {"train_batch_size": 2, "rollout_n": 2, "max_prompt_length": 8, "max_response_length": 16},
-    "tokens": {"prompt_lengths": [3, 4, 5, 6], "response_lengths": [10, 12, 14, 16], "decode_steps": 16},
-    "phases": {"gen": {"seconds": [1.5, 1.25, 1.75]}, "step": {"seconds": 4.0}},
-}
+VALID = tiny_record(
+    "local-ci",
+    {"device": "gpu", "nodes": 1, "gpus_per_node": 2, "world_size": 2, "gpu_model": "NVIDIA H100 80GB HBM3"},
+    {"gen": {"seconds": [1.5, 1.25, 1.75]}, "step": {"seconds": 4.0}},
+    tokens={"prompt_lengths": [3, 4, 5, 6], "response_lengths": [10, 12, 14, 16], "decode_steps": 16},
+)
 
 
 def test_builtin_baselines_load_and_hold_the_published_numbers() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import matplotlib.image
 import pytest
 from replay_records import replay_record
+from shared_parts import CPU_HARDWARE, tiny_record
 
 from pytest_rlbench.records.baselines import load_baseline
 from pytest_rlbench.records.record import RunRecord, record_from_dict
@@ -34,24 +35,11 @@ from trainer.phases import PHASE_KEYS
 
 # A run of the bundled trainer on CPU, its phases timed apart (the numbers of the gated run:
 # the phases timed apart add up to more than one measured step).
-RUN: dict[str, Any] = {
-    "format_version": 1,
-    "name": "cpu-run",
-    "provenance": {"source": "pytest-rlbench run", "framework": "pytest-rlbench", "date": "2026-11-21"},
-    "hardware": {"device": "cpu", "nodes": 1, "world_size": 2, "cpu_model": "x86_64", "cpus_per_node": 16},
-    "model": {
-        "name": "tiny",
-        "num_layers": 2,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_heads": 4,
-        "num_kv_heads": 2,
-        "head_dim": 16,
-        "vocab_size": 100,
-    },
-    "config": {"train_batch_size": 2, "rollout_n": 2, "max_prompt_length": 8, "max_response_length": 16},
-    "tokens": {"prompt_lengths": [4, 4, 4, 4], "response_lengths": [10, 12, 14, 16]},
-    "phases": {
+RUN: dict[str, Any] = tiny_record(
+    "cpu-run",
+    CPU_HARDWARE,
+    provenance={"source": "pytest-rlbench run", "framework": "pytest-rlbench", "date": "2026-11-21"},
+    phases={
         "generate_sequences": {"seconds": [0.60, 0.61, 0.62, 0.63, 0.64]},
         "reshard": {"seconds": [0.01, 0.01, 0.01, 0.01, 0.01]},
         "gen": {"seconds": [0.61, 0.62, 0.63, 0.64, 0.65]},
@@ -62,7 +50,7 @@ RUN: dict[str, Any] = {
         "update_actor": {"seconds": [0.48, 0.49, 0.50, 0.51, 0.52]},
         "step": {"seconds": [1.31, 1.32, 1.33, 1.34, 1.35]},
     },
-}
+)
 # The run's whole-step rounds, split by their own phases (what rl_bench records under breakdown=).
 ROUNDS = [
     {

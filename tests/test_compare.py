@@ -7,6 +7,7 @@ import copy
 from typing import Any
 
 import pytest
+from shared_parts import tiny_record
 
 from pytest_rlbench.records.baselines import load_baseline
 from pytest_rlbench.records.record import RunRecord, record_from_dict
@@ -14,25 +15,13 @@ from pytest_rlbench.verdict.compare import compare, gate_mismatches, tolerance_f
 from pytest_rlbench.verdict.judge import time_gap_s
 from pytest_rlbench.verdict.noise import DEFAULT_TOLERANCE, GPU_PHASE_TOLERANCES, default_tolerance
 
-BASE: dict[str, Any] = {
-    "format_version": 1,
-    "name": "local-ci",
-    "provenance": {"source": "pytest-rlbench run"},
-    "hardware": {"device": "gpu", "nodes": 1, "gpus_per_node": 1, "world_size": 1, "gpu_model": "NVIDIA H100 80GB HBM3"},
-    "model": {
-        "name": "tiny",
-        "num_layers": 2,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_heads": 4,
-        "num_kv_heads": 2,
-        "head_dim": 16,
-        "vocab_size": 100,
-    },
-    "config": {"train_batch_size": 2, "rollout_n": 2, "max_prompt_length": 8, "max_response_length": 16},
-    "tokens": {"prompt_lengths": [4, 4, 4, 4], "response_lengths": [16, 16, 16, 16], "decode_steps": 16},
-    "phases": {"gen": {"seconds": 2.0}, "update_actor": {"seconds": 1.0}, "step": {"seconds": 4.0}},
-}
+BASE: dict[str, Any] = tiny_record(
+    "local-ci",
+    {"device": "gpu", "nodes": 1, "gpus_per_node": 1, "world_size": 1, "gpu_model": "NVIDIA H100 80GB HBM3"},
+    {"gen": {"seconds": 2.0}, "update_actor": {"seconds": 1.0}, "step": {"seconds": 4.0}},
+    provenance={"source": "pytest-rlbench run"},
+    tokens={"prompt_lengths": [4, 4, 4, 4], "response_lengths": [16, 16, 16, 16], "decode_steps": 16},
+)
 
 
 def record(name: str = "run", **changes: Any) -> RunRecord:
@@ -277,3 +266,17 @@ def test_the_short_verdict_line_says_the_tolerance_was_the_phases_measured_one()
     assert "1.05x > 1.03 (measured)" in short_verdict(row), short_verdict(row)
     chosen = gpu_row("gen", base, [t * 1.05 for t in base], 0.03)  # chosen: no source, no tag
     assert chosen.tolerance_source == "" and "(measured)" not in short_verdict(chosen)
+
+
+def test_a_gpu_gate_says_which_machine_each_side_ran_on() -> None:
+    from pytest_rlbench.reports.terminal import comparison_lines
+
+    a, b = "gpus 1a2b3c4d5e6f, driver 580.82.07", "gpus 9f8e7d6c5b4a, driver 580.82.07"
+    other = compare(record(hardware={"machine": a}), record("base", hardware={"machine": b}))
+    assert other.mode == "gate", other.mismatches  # a machine of the same kind gates: never a mismatch
+    assert other.machines == f"another machine of this kind: this run {a}; the baseline {b}"
+    assert comparison_lines(other)[1] == f"  on {other.machines}"
+    same = compare(record(hardware={"machine": a}), record("base", hardware={"machine": a}))
+    assert same.machines == f"the same machine as the baseline ({a})"
+    # a record without it (a CPU run, an older baseline) says nothing of machines
+    assert compare(record(hardware={"machine": a}), record("base")).machines == ""

@@ -14,22 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from shared_parts import TWO_PHASE_SUITE
 
 from pytest_rlbench.records.files import write_text_atomic
 
 pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
 
-SUITE = """
-import pytest
-
-@pytest.mark.rl_phase("old_log_prob")
-def test_old_log_prob(rl_bench):
-    rl_bench(lambda: None)
-
-@pytest.mark.rl_phase("update_actor")
-def test_update_actor(rl_bench):
-    rl_bench(lambda: None)
-"""
+SUITE = TWO_PHASE_SUITE
 
 
 @pytest.fixture

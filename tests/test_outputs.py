@@ -13,22 +13,13 @@ import math
 from pathlib import Path
 
 import pytest
+from shared_parts import TWO_PHASE_SUITE
 
 from pytest_rlbench.records.files import clashing_outputs, dumps_report, write_atomic, write_problem
 
 pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
 
-SUITE = """
-import pytest
-
-@pytest.mark.rl_phase("old_log_prob")
-def test_old_log_prob(rl_bench):
-    rl_bench(lambda: None)
-
-@pytest.mark.rl_phase("update_actor")
-def test_update_actor(rl_bench):
-    rl_bench(lambda: None)
-
+SUITE = TWO_PHASE_SUITE + """
 def test_last():
     {last}
 """

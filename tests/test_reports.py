@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_parts import CPU_HARDWARE, tiny_record
 
 from pytest_rlbench.records.baselines import load_baseline
 from pytest_rlbench.records.files import dumps_report
@@ -18,24 +19,10 @@ from pytest_rlbench.verdict.compare import compare, compare_all
 from pytest_rlbench.verdict.consistency import check_record
 from trainer.phases import PHASE_KEYS
 
-RUN: dict[str, Any] = {
-    "format_version": 1,
-    "name": "cpu-run",
-    "provenance": {"source": "pytest-rlbench run", "date": "2026-11-21"},
-    "hardware": {"device": "cpu", "nodes": 1, "world_size": 2, "cpu_model": "x86_64", "cpus_per_node": 16},
-    "model": {
-        "name": "tiny",
-        "num_layers": 2,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_heads": 4,
-        "num_kv_heads": 2,
-        "head_dim": 16,
-        "vocab_size": 100,
-    },
-    "config": {"train_batch_size": 2, "rollout_n": 2, "max_prompt_length": 8, "max_response_length": 16},
-    "tokens": {"prompt_lengths": [4, 4, 4, 4], "response_lengths": [10, 12, 14, 16]},
-    "phases": {
+RUN: dict[str, Any] = tiny_record(
+    "cpu-run",
+    CPU_HARDWARE,
+    phases={
         "generate_sequences": {"seconds": [1.6, 1.7, 1.8]},
         "reshard": {"seconds": [0.1, 0.1, 0.1]},
         "gen": {"seconds": [1.8, 1.9, 2.0]},
@@ -46,7 +33,7 @@ RUN: dict[str, Any] = {
         "update_actor": {"seconds": [0.9, 0.95, 1.0, 1.05, 1.1]},
         "step": {"seconds": [3.9, 4.0, 4.1]},
     },
-}
+)
 
 
 def run_record(**phases: Any) -> RunRecord:

@@ -6,7 +6,7 @@ with each baseline, and the consistency findings.
      "phases": {"gen": {"seconds": {"median", "min", "max", "samples"} | null,
                         "figures": {"tokens_per_s_per_gpu": {"value", "unit", "basis", "reason"}, ...}}, ...},
      "metrics": {name: {"value" (median), "unit", "samples"}},
-     "baselines": [{"name", "source", "mode", "basis", "mismatches", "assumptions", "passed"}],
+     "baselines": [{"name", "source", "mode", "basis", "mismatches", "assumptions", "machines", "passed"}],
      "comparisons": [{"metric", "phase", "measured", "baseline", "source", "ratio", "tolerance",
                       "verdict", "reason", "message", "unit", "mode", "assumptions"}],
      "consistency": [{"record", "figure", "label", "published", "unit", "verdict", "detail",
@@ -80,6 +80,7 @@ def build_report(
                 "basis": r.basis,
                 "mismatches": list(r.mismatches),
                 "assumptions": list(r.assumptions),
+                "machines": r.machines,
                 "passed": r.passed,
             }
             for r in results

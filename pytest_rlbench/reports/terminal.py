@@ -150,6 +150,8 @@ def comparison_lines(result: BaselineComparison, verbose: bool = False) -> list[
     lines = [f"baseline '{result.baseline}' ({result.source}): gate, {gate_status(result)}"]
     if result.basis and result.basis != SAME_MACHINE:
         lines.append(f"  gated on {result.basis}")
+    if result.machines:
+        lines.append(f"  on {result.machines}")
     if result.assumptions:
         lines.append(f"  rests on {len(result.assumptions)} assumed value(s):")
         lines += [f"    - {line}" for line in result.assumptions]

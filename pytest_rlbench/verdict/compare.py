@@ -89,6 +89,7 @@ class BaselineComparison:
     comparisons: tuple[Comparison, ...] = field(default_factory=tuple)
     basis: str = ""  # for a gate: SAME_MACHINE, PER_GPU or EFFICIENCY
     assumptions: tuple[str, ...] = ()  # the assumed values a per-GPU gate rests on
+    machines: str = ""  # for a gate on GPUs: which machine each side ran on (``machines_text``)
 
     @property
     def failures(self) -> list[Comparison]:
@@ -178,6 +179,17 @@ def custom_metrics(run: RunRecord, baseline: RunRecord) -> set[str]:
     """The records' own metrics that are compared like figures (the machine's figures and re-timed
     rounds are evidence for the verdicts of phase times, never judged themselves)."""
     return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in (MACHINE, RETIMED, GPU, WORK)}
+
+
+def machines_text(run_machine: str | None, base_machine: str | None) -> str:
+    """Which machine of the kind each side ran on (``Hardware.machine``: a hash of the GPU UUIDs and
+    the driver), in words; empty where either record lacks it (CPU runs, older baselines). Never a
+    mismatch: a baseline gates any machine of its kind, and this says where each figure came from."""
+    if not run_machine or not base_machine:
+        return ""
+    if run_machine == base_machine:
+        return f"the same machine as the baseline ({run_machine})"
+    return f"another machine of this kind: this run {run_machine}; the baseline {base_machine}"
 
 
 def counted_work(run: RunRecord, baseline: RunRecord, phase: str) -> WorkEvidence | None:
@@ -302,7 +314,8 @@ def compare(
     source = baseline.provenance.source
     if not mismatches:
         rows = _gate_rows(run, baseline, SAME_MACHINE, tolerance, wanted)
-        return BaselineComparison(baseline.name, source, "gate", (), tuple(rows), SAME_MACHINE)
+        machines = machines_text(run.hardware.machine, baseline.hardware.machine)
+        return BaselineComparison(baseline.name, source, "gate", (), tuple(rows), SAME_MACHINE, machines=machines)
     ours, theirs = derive(run), derive(baseline)
     custom = custom_metrics(run, baseline)
     # side by side: what the baseline has, and the run's efficiency figures, which carry across
