@@ -8,10 +8,12 @@ The phase methods ``GATE_SLOW_METHOD`` of ``GRPOTrainer`` (comma-separated; defa
 slower wherever it is called from (its own benchmark and the whole step's). The added time is a sleep
 on the driver, or with ``GATE_SLOW_GPU=1`` real GPU work on every worker (bf16 matmuls on its GPU for
 that long, run inside the worker process through Ray's ``__ray_call__``): a regression that draws
-power and holds the GPU as a slower kernel would. With ``GATE_SLOW_CPU_WORK=1`` it is real CPU work in
-the driver instead (fp32 matmuls for that long): a regression of more work, which the counted work
-(``trainer/work_counts.py``) sees as it would see a phase that computes something twice, where a
-sleep adds time and no work. The class attributes are restored at unconfigure.
+power and holds the GPU as a slower kernel would. With ``GATE_SLOW_CPU_WORK=1`` it is real CPU work
+on every worker instead (fp32 matmuls on one thread for that long, the same way): a regression of
+more work, which the counted work (``trainer/work_counts.py``) sees as it would see a phase that
+computes something twice (in a counted round the workers count the added matmuls and hand them to
+the trainer's count), where a sleep in the driver adds time and no work. The class attributes are
+restored at unconfigure.
 """
 
 from __future__ import annotations
@@ -53,8 +55,7 @@ def burn_gpu(worker: Any, seconds: float) -> float:
 
 def burn_cpu(seconds: float) -> float:
     """In this process: fp32 matmuls on one thread until ``seconds`` have passed; the seconds spent.
-    One thread: a multi-threaded product leaves torch's pool spinning after it, on the cores the
-    workers need next, and the phase ends up far more than the fraction slower (1.1-1.56x for 10%)."""
+    One thread: each worker adds its share on its own core, as it runs the phase's own work."""
     import torch
 
     threads = torch.get_num_threads()
@@ -69,21 +70,42 @@ def burn_cpu(seconds: float) -> float:
         torch.set_num_threads(threads)
 
 
+def burn_worker_cpu(worker: Any, seconds: float, count: bool) -> Any:
+    """Runs in a worker: ``burn_cpu``; with ``count``, the work it dispatched (a WorkCounts), as the
+    worker's share of a counted round."""
+    if not count:
+        burn_cpu(seconds)
+        return None
+    from trainer.work_counts import count_work
+
+    return count_work(lambda: burn_cpu(seconds))[1]
+
+
+def burn_on_workers(group: Any, seconds: float, on_gpu: bool) -> None:
+    """``seconds`` of real work on every worker of the trainer's WorkerGroup: on its GPU, or on its CPU
+    (counted with the phase where the group counts a round's work)."""
+    import ray
+
+    if on_gpu:
+        ray.get([w.__ray_call__.remote(burn_gpu, seconds) for w in group.workers])
+        return
+    counting = group.counted is not None
+    shares = ray.get([w.__ray_call__.remote(burn_worker_cpu, seconds, counting) for w in group.workers])
+    if counting:
+        group.counted.extend(shares)
+
+
 def slowed(method: Callable[..., Any], fraction: float, on_gpu: bool, cpu_work: bool = False) -> Callable[..., Any]:
-    """``method``, followed by ``fraction`` of the time the call took: asleep, busy on the GPUs, or
-    (``cpu_work``) busy in this process."""
+    """``method``, followed by ``fraction`` of the time the call took: asleep, or busy on the workers'
+    GPUs (``on_gpu``) or CPUs (``cpu_work``)."""
 
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         result = method(self, *args, **kwargs)
         extra = fraction * (time.perf_counter() - start)
-        if on_gpu:
-            import ray
-
-            ray.get([w.__ray_call__.remote(burn_gpu, extra) for w in self.workers.workers])
-        elif cpu_work:
-            burn_cpu(extra)
+        if on_gpu or cpu_work:
+            burn_on_workers(self.workers, extra, on_gpu)
         else:
             time.sleep(extra)
         return result
@@ -106,7 +128,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if not callable(method):
             raise pytest.UsageError(f"{METHOD_ENV}={name!r}: GRPOTrainer has no such method")
         saved.append((name, method))
-    if on_gpu:  # the workers cannot import this module: ship burn_gpu by value
+    if on_gpu or cpu_work:  # the workers cannot import this module: ship the burn by value
         import ray.cloudpickle
 
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

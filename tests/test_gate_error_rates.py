@@ -26,17 +26,20 @@ def test_the_slowdown_sleeps_a_fraction_of_each_calls_own_time() -> None:
 
 
 def test_the_work_slowdown_is_real_work_that_the_counters_see() -> None:
+    from gate_slow_phase import burn_worker_cpu
+
     from trainer.work_counts import count_work
+
+    # what a worker hands back in a counted round: the operand's fill and each added matmul
+    work = burn_worker_cpu(None, 0.05, count=True)
+    assert work.ops >= 2 and work.flops == (work.ops - 1) * 2 * 192**3, work
+    assert burn_worker_cpu(None, 0.01, count=False) is None
 
     def phase(seconds: float) -> str:
         time.sleep(seconds)
         return "done"
 
-    result, work = count_work(lambda: slowed(phase, 0.5, on_gpu=False, cpu_work=True)(0.2))
-    assert result == "done"
-    # the sleep dispatched nothing: every op counted is the operand's fill or an added matmul
-    assert work.ops >= 2 and work.flops == (work.ops - 1) * 2 * 192**3, work
-    _, asleep = count_work(lambda: slowed(phase, 0.5, on_gpu=False)(0.05))
+    _, asleep = count_work(lambda: slowed(phase, 0.5, on_gpu=False)(0.05))  # the sleep adds no work
     assert asleep.ops == 0 and asleep.flops == 0, asleep
 
 
