@@ -145,3 +145,17 @@ def test_the_recount_judges_as_the_gate_does_pace_and_contention(tmp_path: Path)
     assert lines[1].split() == ["unchanged", "1", "0", "0", "1", "0"]
     assert lines[2].split() == ["contention", "1", "0", "1", "0", "0"]
     assert lines[3].split() == ["slowdown", "1", "0", "1", "0", "0"]
+
+
+def test_the_gpu_rates_read_each_sessions_slowed_methods_and_fraction_from_its_name() -> None:
+    import argparse
+
+    from gate_gpu_rates import parse_name, parse_phase_tolerance
+
+    assert parse_name("same") == ((), None)
+    assert parse_name("update_actor_0.05") == (("update_actor",), "0.05")
+    assert parse_name("update_actor_generate_sequences_0.25") == (("update_actor", "generate_sequences"), "0.25")
+    assert parse_name("compute_old_log_prob_0.25") == (("compute_old_log_prob",), "0.25")
+    assert parse_phase_tolerance("update_actor=0.06") == ("update_actor", 0.06)
+    with pytest.raises(argparse.ArgumentTypeError, match="expected PHASE=VALUE"):
+        parse_phase_tolerance("update_actor")

@@ -36,17 +36,19 @@ def default_tolerance(gpu: bool) -> float:
 
 
 # The GPU gate's tolerance per phase, where nobody chose one, from unchanged-code sessions at step16x8
-# (16 prompts x 8, 256 + 1024 tokens, 5 rounds) on four H100 machines, 8 sessions, every ordered pair
-# judged (docs/benchmarks.md, "The GPU gate's error rates"). Medians moved by at most: generation 0.9%,
-# old_log_prob 2.8%, step 2.9%, ref 6.6% (no pair failed at 4%: the rank test); update_actor, at the
-# 700 W power cap, 6.5%: pairs failed at 6% and none at 7%. Other phases keep DEFAULT_TOLERANCE.
+# (16 prompts x 8, 256 + 1024 tokens, 5 rounds): 10 sessions on five H100 machines, every ordered pair
+# judged (docs/benchmarks.md, "The GPU gate's error rates"). Each is the largest spread of the phase's
+# median between those sessions, rounded up to a whole percent, plus one point, and at least 3%:
+# generation 0.9% (generate_sequences 0.7%), step 3.6%, old_log_prob 5.3%, update_actor 6.5%, ref 8.9%.
+# At 4% (old_log_prob) and 5% (ref), set from the first 8 sessions, a later fast session's baseline
+# failed 3 of 78 pairs across machines. Other phases keep DEFAULT_TOLERANCE.
 GPU_PHASE_TOLERANCES: dict[str, float] = {
     "gen": 0.03,
     "generate_sequences": 0.03,
-    "old_log_prob": 0.04,
-    "step": 0.04,
-    "ref": 0.05,
-    "update_actor": 0.07,
+    "step": 0.05,
+    "old_log_prob": 0.07,
+    "update_actor": 0.08,
+    "ref": 0.10,
 }
 
 
