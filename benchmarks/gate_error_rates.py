@@ -9,7 +9,7 @@
    that fraction of each call's own duration after the phase method ``--slow-method``); each run
    should fail.
 5. Scenario ``slowwork``: the same, ``--slow-work`` (default 10%) slower by real CPU work instead of
-   a sleep (fp32 matmuls in the driver, ``GATE_SLOW_CPU_WORK=1``), which the phase's counted work
+   a sleep (fp32 matmuls on every worker, ``GATE_SLOW_CPU_WORK=1``), which the phase's counted work
    sees; each run should fail.
 
 A run counts as "failed" when any figure failed the gate, else "inconclusive" when any was

@@ -59,7 +59,6 @@ class RoundWatch(Protocol):
     def metrics(self, phase: str, warmup: int) -> list[tuple[str, list[float], str]]: ...
 
 
-
 def token_counts(tokens: BatchTokens | TokenCounts | None) -> TokenCounts | None:
     """The record's TokenCounts of what the trainer counted (trainer.driver.step_figures.BatchTokens)."""
     if tokens is None or isinstance(tokens, TokenCounts):
