@@ -254,10 +254,35 @@ def full_tensor(t: torch.Tensor, device: torch.device | None = None) -> torch.Te
 
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> float:
     """clip_grad_norm_ over plain tensors or DTensors (the total norm of a sharded model is gathered)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if grads and _is_dtensor(grads[0]):
+        return _clip_sharded_grad_norm(grads, max_norm)
     total = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-    if _is_dtensor(total):
-        total = total.full_tensor()
     return float(total)
+
+
+def _clip_sharded_grad_norm(grads: list[Any], max_norm: float) -> float:
+    """The global L2 norm of FSDP2's gradient shards, and the clip, each rank on its own shards.
+
+    Each rank sums the squares of its shards and one number is all-reduced. Why not clip_grad_norm_:
+    with param_offload the shards are CPU tensors and its all-reduce would run on them, which NCCL
+    cannot (only the sum, moved to the GPU, is reduced here)."""
+    from torch.distributed.tensor import Shard
+
+    mesh = grads[0].device_mesh
+    if any(g.device_mesh != mesh or not all(isinstance(p, Shard) for p in g.placements) for g in grads):
+        raise ValueError("clip_grad_norm: every gradient must be sharded (Shard placements) on one device mesh")
+    local = [g.to_local() for g in grads]
+    squares = torch.stack([t.detach().float().pow(2).sum() for t in local]).sum()  # [] on the shards' device
+    if "nccl" in str(dist.get_backend(mesh.get_group())):
+        squares = squares.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(squares, group=mesh.get_group())
+    total = float(squares.sqrt())
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:  # as clip_grad_norm_: scale only when over the limit
+        for t in local:
+            t.mul_(coef)
+    return total
 
 
 # ----------------------------------------------------------------------------- state
