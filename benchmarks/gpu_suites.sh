@@ -28,6 +28,12 @@
 #                                                      # and/or -liger (use_liger), and -mlp or -mlpN (the mlp
 #                                                      # checkpointing policy, on the first N layers), e.g.
 #                                                      # replay-step-packed-liger, replay-step-uniform-liger-mlp20
+#   bash benchmarks/gpu_suites.sh OUT_DIR replay7b-step  # VERL f252da3's 7B work per GPU (--rl-workload
+#                                                      # verl-7b) on the node's 4 GPUs: one step, every phase
+#                                                      # gated from inside it, save_checkpoint after it
+#                                                      # (trainer.save_freq=1); the actor's parameters stay on
+#                                                      # the GPUs (param_offload=False: memory placement, not
+#                                                      # work); fits one 10-minute command on 4 H200s
 #   RL_GATE_PLAN="same update_actor:0.05" bash benchmarks/gpu_suites.sh OUT_DIR gate16x8  # sessions
 #                                                      # for the GPU gate's error rates (see the shape)
 #   bash benchmarks/gpu_suites.sh OUT_DIR gate16x4     # the gate on one GPU: a baseline, 3 same-code reruns gated
@@ -131,6 +137,12 @@ for shape in "$@"; do
                 --rl-config "$opt" suites/test_step.py --rl-rollout fast --rl-rounds 1 --rl-warmup-rounds 0 \
                 --rl-report "$out/$name.json"
         done ;;
+    replay7b-step)  # one round: gen alone is ~195 s on 4 H200s, the whole step ~330 s with its save
+        python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" --gpu --rl-workload verl-7b --rl-rollout fast \
+            --rl-gpus-per-node "${RL_GPUS:-4}" --rl-config actor_rollout_ref.rollout.free_cache_engine=True \
+            --rl-config actor_rollout_ref.model.use_remove_padding=True --rl-config actor_rollout_ref.model.use_liger=True \
+            --rl-config actor_rollout_ref.actor.fsdp_config.param_offload=False --rl-config trainer.save_freq=1 \
+            suites/test_step.py --rl-rounds 1 --rl-warmup-rounds 0 --rl-report "$out/$shape.json" ;;
     replay-*)
         # free_cache_engine (VERL's key): the engine's KV cache for 64 x 27k tokens (~51 GB) is released
         # after generation, as VERL releases vLLM's, so the update fits beside the optimizer state.

@@ -313,3 +313,17 @@ def test_a_chart_with_no_bar_draws_without_a_legend_and_says_why() -> None:
     assert nothing_to_draw(record()) is None
     fig = draw_chart(run)  # matplotlib refuses a legend of 0 columns: none is drawn
     assert fig.legends == []
+
+
+def test_a_session_of_whole_steps_alone_draws_one_bar_with_its_save_last() -> None:
+    # its phases were timed inside the step (recorded for their gates): no second bar of phases apart;
+    # a round that saved (trainer.save_freq) holds the save after the step's span: drawn last, named
+    saves = [dict(r, save_checkpoint=0.2, step=r["step"]) for r in ROUNDS]
+    inside = {k: {"seconds": [r[k] for r in saves], "inside_step": True} for k in saves[0] if k != "step"}
+    run = record(**inside, step={"seconds": [r["step"] + 0.2 for r in saves]})
+    assert run.phases["gen"].inside_step and not run.phases["step"].inside_step
+    ax = draw_chart(run, step_breakdown=saves).axes[0]
+    assert kinds(ax) == [MEASURED_STEP]
+    (row,) = bars(ax)
+    assert row[-1] == (matplotlib.colors.to_hex("#975a16"), pytest.approx(0.2))  # save_checkpoint, last
+    assert totals(ax)[0] == pytest.approx(median_step_round(saves)["step"] + 0.2)  # the benchmark's round

@@ -71,6 +71,35 @@ def test_step_breakdown_rounds_are_kept_as_seconds(tmp_path: Path) -> None:
     assert all(isinstance(v, float) for r in recorder.step_breakdown for v in r.values())
 
 
+def test_a_session_of_whole_steps_alone_records_each_phase_of_their_breakdown(tmp_path: Path) -> None:
+    # VERL times its phases inside the step: a session that runs only the step (a 7B replay's is one
+    # round in 10 minutes) must still record, and so gate, every phase its rounds timed
+    recorder = described(tmp_path)
+    work = [TokenCounts(prompt_lengths=[2, 2], response_lengths=r) for r in ([1, 3], [5, 3])]
+    recorder.record("step", [3.0, 4.0], "t::step", work[-1], round_tokens=work)
+    rounds = [
+        {"gen": 1.0, "update_actor": 1.5, "step": 2.9, "save_checkpoint": 0.1},
+        {"gen": 2.0, "update_actor": 1.5, "step": 3.8, "save_checkpoint": 0.2},
+    ]
+    recorder.add_step_breakdown(rounds, "t::step", work)
+    recorder.record("update_actor", [1.25], "t::update_actor")  # a benchmark of its own wins
+    record = recorder.build_record()
+    assert set(record.phases) == {"step", "gen", "update_actor", "save_checkpoint"}
+    gen = record.phases["gen"]
+    assert (gen.seconds, gen.inside_step, gen.round_tokens) == ([1.0, 2.0], True, work)
+    assert record.phases["save_checkpoint"].seconds == [0.1, 0.2]  # saved after the step's span (save_freq)
+    assert (record.phases["update_actor"].seconds, record.phases["update_actor"].inside_step) == ([1.25], False)
+    assert "gen: inside the steps of t::step" in record.provenance.notes
+    assert recorder.phase_figures("gen")["timing_s/gen"] == pytest.approx(1.5)  # the rounds' median
+
+
+def test_a_step_breakdown_without_each_rounds_work_records_no_phase(tmp_path: Path) -> None:
+    recorder = described(tmp_path)
+    recorder.record("step", [3.0], "t::step")
+    recorder.add_step_breakdown([{"gen": 1.0, "step": 2.9}])  # no work per round: no throughput to gate
+    assert set(recorder.build_record().phases) == {"step"}
+
+
 def test_a_session_of_metrics_alone_writes_its_report_without_a_chart(tmp_path: Path) -> None:
     # the rollout panel records metrics and times no phase: its figures must still be reported
     recorder = described(tmp_path)

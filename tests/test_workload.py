@@ -8,6 +8,7 @@ import math
 import pytest
 from replay_records import replay_config, replay_record
 
+from pytest_rlbench.options.replay import replay_notes
 from pytest_rlbench.records.baselines import load_baseline
 from pytest_rlbench.records.length_shapes import expected_lengths, lognormal_mu, truncated_lognormal_mean
 from pytest_rlbench.records.record import BaselineError, record_from_dict, record_to_dict
@@ -15,7 +16,7 @@ from pytest_rlbench.records.workload import run_workload, workload_matches, work
 from pytest_rlbench.records.workload_format import ASSUMED, INFERRED, PUBLISHED, assumptions, sourced_items
 from pytest_rlbench.records.workload_replay import TARGET_LENGTHS, WorkloadError, workload_overrides
 from pytest_rlbench.verdict.consistency import check_published
-from trainer.config import Config, known_keys
+from trainer.config import Config, Override, known_keys
 
 NAMES = ("verl-v0.5.0-1.5b", "rlinf-1.5b", "verl-7b")
 # The smallest GPU count each baseline's per-GPU work divides into (7B: 32 sequences / 16 = 2 prompts,
@@ -119,6 +120,21 @@ def test_overrides_do_the_baselines_work_per_gpu() -> None:
     assert seven["actor_rollout_ref.model.path"] == "r1-distill-qwen-7b"
     assert seven["actor_rollout_ref.actor.fsdp_config.optimizer_offload"] is True
     assert settings("rlinf-1.5b", 1)[f"{TARGET_LENGTHS}.mean"] == 13975.0
+
+
+def test_a_replay_note_tells_memory_placement_from_work() -> None:
+    seven = load_baseline("verl-7b")
+    cfg = replay_config(seven, 4)
+    offload, n = "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.rollout.n"
+    cfg.actor_rollout_ref.actor.fsdp_config.param_offload = False
+    cfg.actor_rollout_ref.rollout.n = 8
+    given = [Override(offload, False, "--rl-config A"), Override(n, 8, "--rl-config B")]
+    notes = replay_notes(cfg, workload_overrides(seven, 4), given)
+    assert notes == [
+        f"{n}=8 (from --rl-config B) instead of the replay's 16: comparisons with the replayed baseline are references",
+        f"{offload}=False (from --rl-config A) instead of the replay's True: memory placement, not work: "
+        "the replayed baseline still gates, naming it",
+    ]
 
 
 @pytest.mark.parametrize("name", NAMES)

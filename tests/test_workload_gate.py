@@ -125,7 +125,6 @@ def _changed(run, path: str, value):
         ("prompt_length.mean", 256.0),
         ("use_kl_loss", False),
         ("gradient_checkpointing", False),
-        ("param_offload", True),
         ("ppo_epochs", 2),
     ],
 )
@@ -139,11 +138,31 @@ def test_never_a_gate_on_other_work(path: str, value, gpu: str) -> None:
     assert any(m.startswith(f"workload.{path}") for m in result.mismatches)
 
 
-def test_never_a_gate_on_another_model_cpu_or_an_unnamed_gpu() -> None:
-    seven = load_baseline("verl-7b")
-    result = compare(replay_record(seven, H100, world_size=2, speedup=10.0), seven)
+@pytest.mark.parametrize(("path", "value"), [("param_offload", True), ("optimizer_offload", True)])
+def test_memory_placed_otherwise_still_gates_and_says_so(path: str, value) -> None:
+    # where parameters or optimizer state wait between phases is how a framework fits the work, not work
+    run = _changed(replay_record(VERL, H100, speedup=0.5), path, value)
+    result = compare(run, VERL)
+    assert (result.mode, result.basis) == ("gate", PER_GPU) and not result.passed
+    failed = rows(result)["tokens_per_s_per_gpu/gen"]
+    assert f"memory placed otherwise ({path}: run True, baseline False (memory placement, not work))" in failed.message
+
+
+def test_a_baseline_that_names_no_gpu_gates_on_its_assumed_one_and_lists_it() -> None:
+    seven = load_baseline("verl-7b")  # "8 nodes x 8 GPUs": the model is assumed (workload.gpu_model)
+    assert seven.hardware.gpu_model is None and seven.workload.gpu_model.source == "assumed"
+    result = compare(replay_record(seven, H100, world_size=4, speedup=0.5), seven)
+    assert (result.mode, result.basis) == ("gate", PER_GPU) and not result.passed
+    assert any(a.startswith("gpu_model = 'H100' (not stated") for a in result.assumptions)
+    assert all("gpu_model" in c.message for c in result.comparisons)
+    unnamed = dataclasses.replace(seven, workload=dataclasses.replace(seven.workload, gpu_model=None))
+    result = compare(replay_record(seven, H100, world_size=4, speedup=10.0), unnamed)
     assert result.mode == "reference"
     assert result.mismatches == ("hardware.gpu_model: not stated in the baseline",)
+
+
+def test_never_a_gate_on_another_model_cpu_or_an_unnamed_gpu() -> None:
+    seven = load_baseline("verl-7b")
     result = compare(replay_record(seven, H100, world_size=2, speedup=10.0), VERL)
     assert result.mode == "reference" and any(m.startswith("model: ") for m in result.mismatches)
     cpu = compare(replay_record(VERL, None, speedup=10.0), VERL)
@@ -185,3 +204,12 @@ def test_a_workload_gate_is_no_gate_once_the_baseline_loses_its_workload() -> No
         result.mode == "reference"
         and "config.train_batch_size: not stated in the baseline" in result.mismatches
     )
+
+
+def test_a_phase_timed_inside_the_step_is_gated_and_says_where_it_was_timed() -> None:
+    run = replay_record(VERL, H100, speedup=0.5)
+    inside = {k: dataclasses.replace(p, inside_step=True) if k != "step" else p for k, p in run.phases.items()}
+    result = compare(dataclasses.replace(run, phases=inside), VERL)
+    gen, step = rows(result)["tokens_per_s_per_gpu/gen"], rows(result)["tokens_per_s_per_gpu/step"]
+    assert gen.verdict == "fail" and "; timed inside the step, as VERL times it" in gen.message
+    assert step.verdict == "fail" and "timed inside the step" not in step.message  # its own benchmark

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_rlbench.records.record import RunRecord
+from pytest_rlbench.records.workload_format import MEMORY_PLACEMENT
 from pytest_rlbench.records.workload_replay import WorkloadError, WorkloadSetting, workload_overrides
 from trainer.config import Config, ConfigError, Override, get_value
 
@@ -42,10 +43,13 @@ def replay_notes(cfg: Config, settings: Sequence[WorkloadSetting], given: Sequen
         if value == setting.value:
             continue
         by = next((o.source for o in reversed(given) if o.key == setting.key), "a pytest_rlbench_update_config hook")
-        notes.append(
-            f"{setting.key}={value!r} (from {by}) instead of the replay's {setting.value!r}: "
-            "comparisons with the replayed baseline are references"
+        placement = setting.key.rsplit(".", 1)[-1] in MEMORY_PLACEMENT
+        effect = (
+            "memory placement, not work: the replayed baseline still gates, naming it"
+            if placement
+            else "comparisons with the replayed baseline are references"
         )
+        notes.append(f"{setting.key}={value!r} (from {by}) instead of the replay's {setting.value!r}: {effect}")
     return notes
 
 

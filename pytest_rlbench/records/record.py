@@ -157,6 +157,9 @@ class PhaseRecord:
     # Each timed round's own work, when the rounds worked on different batches (whole steps, each on
     # the next prompts): one per entry of ``seconds``; derived figures then take each round over its own.
     round_tokens: list[TokenCounts] | None = field(default=None, metadata={"omit_default": True})
+    # Timed inside whole steps (their breakdown, as VERL times its phases), not by a benchmark of its own:
+    # what a session that runs only the step records for each phase it has no benchmark of.
+    inside_step: bool = field(default=False, metadata={"omit_default": True})
 
 
 @dataclass

@@ -16,7 +16,13 @@ from typing import Any
 
 from pytest_rlbench.records.length_shapes import CONSTANT, LOGNORMAL, NATURAL, expected_lengths
 from pytest_rlbench.records.record import ModelArch, RunRecord, TokenCounts
-from pytest_rlbench.records.workload_format import PUBLISHED, LengthDistribution, Sourced, Workload
+from pytest_rlbench.records.workload_format import (
+    MEMORY_PLACEMENT,
+    PUBLISHED,
+    LengthDistribution,
+    Sourced,
+    Workload,
+)
 from pytest_rlbench.records.workload_replay import NO_TARGET, TARGET_LENGTHS
 from trainer.models.flops import DecoderArch
 
@@ -123,8 +129,21 @@ def _length_key(dist: LengthDistribution) -> dict[str, Any]:
     }
 
 
+def placement_differences(run: RunRecord, baseline: RunRecord) -> list[str]:
+    """Each memory placement (``MEMORY_PLACEMENT``) in which the run differs from the baseline."""
+    if run.workload is None or baseline.workload is None:
+        return []
+    out = []
+    for key in MEMORY_PLACEMENT:
+        ours, theirs = getattr(run.workload, key).value, getattr(baseline.workload, key).value
+        if ours != theirs:
+            out.append(f"{key}: run {ours!r}, baseline {theirs!r} (memory placement, not work)")
+    return out
+
+
 def _work_values(w: Workload) -> dict[str, Any]:
-    """The per-GPU work of a workload, flat: what two records must share for a per-GPU gate."""
+    """The per-GPU work of a workload, flat: what two records must share for a per-GPU gate (memory
+    placement and parallelism aside)."""
     values: dict[str, Any] = {
         "sequences_per_gpu": w.sequences_per_gpu.value,
         "samples_per_prompt": w.samples_per_prompt.value,
@@ -135,8 +154,6 @@ def _work_values(w: Workload) -> dict[str, Any]:
         "ppo_mini_batches": w.ppo_mini_batches.value,
         "use_dynamic_bsz": w.use_dynamic_bsz.value,
         "gradient_checkpointing": w.gradient_checkpointing.value,
-        "param_offload": w.param_offload.value,
-        "optimizer_offload": w.optimizer_offload.value,
         "temperature": w.temperature.value,
     }
     if w.use_kl_loss.value:

@@ -71,7 +71,15 @@ class Workload:
     optimizer_offload: Sourced
     temperature: Sourced
     parallelism: Sourced  # {"dp": .., "tp": .., "sp": ..}: how the work was split
+    # The GPU model, only where the record's hardware section cannot state it (an assumed one): what a
+    # per-GPU gate reads the baseline's GPUs as, listed with the other assumptions beside its verdicts.
+    gpu_model: Sourced | None = field(default=None, metadata=_OMIT)
 
+
+# Where parameters and optimizer state live between phases: how a framework fits the work in memory
+# (as its parallelism is how it splits it), not work: the math per GPU is the same. A run that places
+# them otherwise is still gated against the baseline; the verdict names the difference.
+MEMORY_PLACEMENT: tuple[str, ...] = ("param_offload", "optimizer_offload")
 
 _NUMBER = (int, float)
 # What each value must be (bool is checked apart from int: JSON's true is not a count).
@@ -93,6 +101,7 @@ VALUE_TYPES: dict[str, tuple[type, ...]] = {
     "optimizer_offload": (bool,),
     "temperature": _NUMBER,
     "parallelism": (dict,),
+    "gpu_model": (str,),
     "mean": _NUMBER,
     "max": (int,),
     "shape": (str,),
@@ -104,6 +113,8 @@ def sourced_items(workload: Workload) -> Iterator[tuple[str, Sourced]]:
     """(dotted name, value) of every value, in declaration order ("response_length.mean")."""
     for f in fields(workload):
         item = getattr(workload, f.name)
+        if item is None:  # an optional value not given
+            continue
         if isinstance(item, LengthDistribution):
             for g in fields(item):
                 inner = getattr(item, g.name)

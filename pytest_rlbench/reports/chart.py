@@ -47,6 +47,7 @@ from pytest_rlbench.records.workload import model_differences, workload_matches,
 from pytest_rlbench.verdict.compare import BaselineComparison
 from pytest_rlbench.verdict.gate_basis import SAME_MACHINE
 from pytest_rlbench.verdict.retiming import baseline_median
+from trainer.phases import OUTSIDE_STEP
 
 GEN_PARTS: tuple[str, ...] = ("generate_sequences", "reshard")
 TOP_LEVEL: tuple[str, ...] = ("reward", "old_log_prob", "ref", "adv", "update_actor")
@@ -77,6 +78,7 @@ COLOURS: dict[str, str] = {
     "ref": "#68d391",
     "adv": "#a0aec0",
     "update_actor": "#dd6b20",
+    "save_checkpoint": "#975a16",
     OTHER: "#e2e8f0",
     WHOLE_STEP: "#4a5568",
 }
@@ -156,6 +158,8 @@ def _phases_apart(record: RunRecord, figures: Mapping[str, float], baseline: boo
     baseline's of its faster block of rounds, as a verdict reads it)."""
     seconds = {}
     for key in (*GEN_PARTS, "gen", *TOP_LEVEL):
+        if key in record.phases and record.phases[key].inside_step:
+            continue  # its time is the measured step's bar's, not a phase timed apart
         if key in figures:
             seconds[key] = figures[key]
         elif key in record.phases:
@@ -174,7 +178,11 @@ def run_bars(
     measured = median_step_round(rounds)
     if measured is not None:
         parts = {k: v for k, v in measured.items() if k != "step"}
-        bars.append(Bar(run, MEASURED_STEP, breakdown_segments({**parts, "step": step or measured["step"]})))
+        # A round that saved (trainer.save_freq) timed the save after the step's own span: drawn last.
+        saved = [(k, parts.pop(k)) for k in OUTSIDE_STEP if k in parts]
+        inside = step - sum(v for _, v in saved) if step else measured["step"]  # the benchmark's round holds the save
+        segments = breakdown_segments({**parts, "step": inside})
+        bars.append(Bar(run, MEASURED_STEP, segments + saved))
     elif step is not None:
         bars.append(Bar(run, MEASURED_STEP, [(WHOLE_STEP, step)]))
     apart = _phases_apart(run, figures, baseline=False)
@@ -244,7 +252,11 @@ def _hardware_label(record: RunRecord) -> str:
     nodes = f"{hw.nodes} node{'s' if hw.nodes != 1 else ''}"
     if hw.device == "cpu":
         return f"CPU, {nodes}, {hw.world_size} rank(s)"
-    model = hw.gpu_model.removeprefix("NVIDIA ") if hw.gpu_model else "GPUs (model unknown)"
+    assumed = record.workload.gpu_model if record.workload is not None else None
+    if hw.gpu_model:
+        model = hw.gpu_model.removeprefix("NVIDIA ")
+    else:
+        model = f"GPUs ({assumed.value} assumed)" if assumed is not None else "GPUs (model unknown)"
     return f"{nodes} x {hw.gpus_per_node} {model}"
 
 

@@ -310,6 +310,7 @@ class PhaseBench:
                 watch.stop()
         result = results[-1]
         timed = results[-len(self.samples) :]  # warm-up rounds come first
+        per_round = None
         if callable(tokens):  # each round's own work: a generation's responses, a step's new batch
             per_round = [token_counts(tokens(r)) for r in timed]
             counts = per_round[-1]
@@ -318,7 +319,7 @@ class PhaseBench:
             counts = token_counts(tokens)
             self.recorder.record(phase, self.samples, self.item.nodeid, counts)
         if breakdown is not None:
-            self.recorder.add_step_breakdown([breakdown(r) for r in timed])
+            self.recorder.add_step_breakdown([breakdown(r) for r in timed], self.item.nodeid, per_round)
         for watch in watches:
             for metric, values, unit in watch.metrics(phase, warmup):
                 self.recorder.add_metric(metric, values, unit, higher_is_better=False)

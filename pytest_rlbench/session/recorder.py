@@ -46,6 +46,7 @@ from pytest_rlbench.reports.json_report import build_report
 from pytest_rlbench.verdict.compare import BaselineComparison, compare_all
 from pytest_rlbench.verdict.consistency import Finding, check_record
 from pytest_rlbench.verdict.derived import derive
+from trainer.phases import OUTSIDE_STEP, STEP_PHASES
 
 if TYPE_CHECKING:
     from pytest_rlbench.options.parsed import RLBenchOptions
@@ -112,6 +113,8 @@ class BenchRecorder:
         self.sources: dict[str, str] = {}  # phase -> test node id that measured it
         self.metrics: dict[str, Metric] = {}
         self.step_breakdown: list[dict[str, float]] = []  # per whole-step round: seconds by key
+        self.inside_step_work: list[TokenCounts] = []  # per whole-step round: its batch's token counts
+        self.inside_step_source = ""  # the test whose whole steps they were
         # phase -> its gate test's results against every baseline (pytest_rlbench.session.gate_items):
         # the end of the session reuses them instead of judging the phase again
         self.verdicts: dict[str, list[BaselineComparison]] = {}
@@ -144,10 +147,30 @@ class BenchRecorder:
     def add_metric(self, name: str, values: list[float], unit: str, higher_is_better: bool) -> None:
         self.metrics[name] = Metric(value=[float(v) for v in values], unit=unit, higher_is_better=higher_is_better)
 
-    def add_step_breakdown(self, rounds: list[dict[str, float]]) -> None:
+    def add_step_breakdown(
+        self, rounds: list[dict[str, float]], nodeid: str = "", round_tokens: list[TokenCounts] | None = None
+    ) -> None:
         """Whole-step rounds' own phase seconds (as the trainer's StepResult.timing_s has them), for the
-        report's "extra" section."""
+        report's "extra" section; ``round_tokens`` each round's work, for the phases timed inside them."""
         self.step_breakdown.extend({key: float(seconds) for key, seconds in r.items()} for r in rounds)
+        if round_tokens is not None:
+            self.inside_step_work.extend(round_tokens)
+            self.inside_step_source = self.inside_step_source or nodeid
+
+    def _inside_step_phases(self) -> dict[str, PhaseRecord]:
+        """The phases of the step that no benchmark of their own timed, from the step's rounds: how VERL
+        times them, so a session of whole steps alone can still gate each published phase."""
+        rounds, work = self.step_breakdown, self.inside_step_work
+        if not rounds or len(work) != len(rounds):  # each round's work is needed for its throughput
+            return {}
+        out = {}
+        for phase in (*STEP_PHASES, *OUTSIDE_STEP):  # save_checkpoint: in the breakdown when save_freq saves
+            if phase in self.phases or not all(phase in r for r in rounds):
+                continue
+            out[phase] = PhaseRecord(
+                seconds=[r[phase] for r in rounds], tokens=work[-1], round_tokens=list(work), inside_step=True
+            )
+        return out
 
     def add_step_metrics(self, rounds: list[Mapping[str, float]]) -> None:
         """Whole-step rounds' own figures (StepResult.metrics) that ``STEP_METRICS`` names, one sample
@@ -187,6 +210,8 @@ class BenchRecorder:
         if missing:
             raise RuntimeError(f"the run's {', '.join(missing)} were never described: no rl_* fixture ran")
         notes = [f"{phase}: {nodeid}" for phase, nodeid in self.sources.items()]
+        inside = self._inside_step_phases()
+        notes += [f"{phase}: inside the steps of {self.inside_step_source}" for phase in inside]
         return RunRecord(
             name=self.name,
             provenance=replace(
@@ -200,7 +225,7 @@ class BenchRecorder:
             model=ctx.model,
             config=ctx.config,
             tokens=ctx.tokens or TokenCounts(),
-            phases=dict(self.phases),
+            phases={**inside, **self.phases},
             metrics=dict(self.metrics),
             workload=ctx.workload,
         )

@@ -36,7 +36,7 @@ from pytest_rlbench.records.metrics import (
     format_value,
 )
 from pytest_rlbench.records.record import RunRecord
-from pytest_rlbench.records.workload import model_differences
+from pytest_rlbench.records.workload import model_differences, placement_differences
 from pytest_rlbench.records.workload_format import assumptions
 from pytest_rlbench.verdict.derived import Figure, derive
 from pytest_rlbench.verdict.gate_basis import (
@@ -45,6 +45,7 @@ from pytest_rlbench.verdict.gate_basis import (
     hardware_assumptions,
     normalise_gpu,
     per_gpu_gate,
+    with_assumed_gpu,
 )
 from pytest_rlbench.verdict.judge import ALPHA as ALPHA  # the rank test's level, for the reports
 from pytest_rlbench.verdict.judge import (
@@ -275,9 +276,15 @@ def _gate_rows(
         )
     beside = _beside_text(rows)
     return [
-        replace(c, message=c.message + (beside.get(c.phase, "") if c.verdict in JUDGED else "") + note)
+        replace(c, message=c.message + (beside.get(c.phase, "") if c.verdict in JUDGED else "") + _where(run, c) + note)
         for c in rows
     ]
+
+
+def _where(run: RunRecord, c: Comparison) -> str:
+    """Said of a judged figure whose phase the run timed inside whole steps, not with a benchmark of its own."""
+    phase = run.phases.get(c.phase or "")
+    return "; timed inside the step, as VERL times it" if c.verdict in JUDGED and phase and phase.inside_step else ""
 
 
 def _per_gpu_compare(run: RunRecord, baseline: RunRecord, basis: str, tolerance: float, wanted: Wanted) -> BaselineComparison:
@@ -285,6 +292,8 @@ def _per_gpu_compare(run: RunRecord, baseline: RunRecord, basis: str, tolerance:
     assumed = tuple(hardware_assumptions(run, baseline, basis)[1] + assumptions(baseline.workload))
     names = ", ".join(dict.fromkeys(line.split(" ", 1)[0].rstrip(":") for line in assumed))
     note = f"; rests on {len(assumed)} assumed value(s): {names}" if assumed else ""
+    placed = placement_differences(run, baseline)
+    note += f"; memory placed otherwise ({'; '.join(placed)})" if placed else ""
     rows = [replace(c, assumptions=assumed) for c in _gate_rows(run, baseline, basis, tolerance, wanted, note)]
     source = baseline.provenance.source
     return BaselineComparison(baseline.name, source, "gate", (), tuple(rows), basis, assumed)
@@ -308,6 +317,7 @@ def compare(
     mismatches = gate_mismatches(run, baseline)
     other_framework = _framework_mismatch(run, baseline)
     if mismatches and not other_framework and run.workload is not None and baseline.workload is not None:
+        baseline = with_assumed_gpu(baseline)  # listed among the assumptions when it is read so
         basis, mismatches = per_gpu_gate(run, baseline)
         if basis is not None:
             return _per_gpu_compare(run, baseline, basis, tolerance, wanted)

@@ -49,6 +49,15 @@ def gpu_family(name: str | None) -> str | None:
     return next((key.casefold() for key, _ in PEAK_BF16_FLOPS if key.casefold() in text), text)
 
 
+def with_assumed_gpu(record: RunRecord) -> RunRecord:
+    """The record with its workload's assumed GPU model as its hardware's, where the hardware section
+    names none (a published run that does not state its GPUs); unchanged otherwise."""
+    w = record.workload
+    if record.hardware.gpu_model is not None or w is None or w.gpu_model is None:
+        return record
+    return replace(record, hardware=replace(record.hardware, gpu_model=w.gpu_model.value))
+
+
 def _gpu_problems(run: RunRecord, baseline: RunRecord) -> list[str]:
     """Why a per-GPU gate cannot judge the two records' hardware: a CPU side or an unnamed GPU."""
     out = []
