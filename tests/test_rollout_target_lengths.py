@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from trainer.config import RolloutConfig
 from trainer.config.schema import TargetLengthsConfig
 from trainer.models.presets import build_model
 from trainer.rollout import SamplingParams, make_engine
+from trainer.rollout.decode_trace import TRACE_ENV
 from trainer.rollout.target_lengths import (
     DISTRIBUTIONS,
     draw_targets,
@@ -228,3 +230,32 @@ def test_graph_replay_stops_rows_at_their_targets_and_reuses_the_graphs(tok, pro
     repeat = fast.generate(prompts, uids, [], N, cap, SamplingParams(), SEED + 1)  # the same path again
     assert fast._graphs == seen, "a repeated call should replay its graphs, not capture new ones"
     assert torch.equal(repeat.response_ids, again.response_ids)
+
+
+def test_a_decode_trace_records_each_stretch_of_rows_alive(tok, prompts, model, tmp_path, monkeypatch):
+    # RLBENCH_DECODE_TRACE: one JSON line per generate call, for benchmarks/decode_trace.py
+    monkeypatch.setenv(TRACE_ENV, str(tmp_path))
+    fast = make_engine("fast", model, tok, RolloutConfig(name="fast", target_lengths=LOGNORMAL), check_every=4)
+    uids = list(range(len(prompts)))
+    out = fast.generate(prompts, uids, [], N, CAP, SamplingParams(), SEED)
+    (path,) = tmp_path.glob("decode-*.jsonl")
+    (line,) = path.read_text().splitlines()
+    trace = json.loads(line)
+    targets = expected_targets(uids)
+    assert trace["targets"] == targets == out.response_mask.sum(dim=1).tolist()
+    assert trace["rows"] == len(targets)
+    stretches = trace["stretches"]
+    # contiguous from decode step 1 to the last token, checked every 4 steps
+    assert stretches[0]["first"] == 1 and stretches[-1]["last"] == max(targets) - 1
+    assert all(b["first"] == a["last"] + 1 for a, b in zip(stretches, stretches[1:], strict=False))
+    assert all(s["first"] == 1 or s["first"] % 4 == 0 for s in stretches)
+    # rows alive at a stretch's start: those whose target is past it (a row ends at its target)
+    assert [s["running"] for s in stretches[1:]] == [sum(t > s["first"] for t in targets) for s in stretches[1:]]
+    assert all(s["slots"] >= s["running"] and s["seconds"] >= 0 for s in stretches)
+    shape = fast.shape  # the bytes a step reads: what the architecture fixes (fp32 on CPU: 4 bytes)
+    assert trace["kv_bytes_per_token"] == 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 4
+    per_layer = shape.hidden * (shape.q_size + 2 * shape.kv_size) + shape.hidden * shape.q_size
+    per_layer += 3 * shape.hidden * shape.intermediate + 2 * shape.hidden
+    qkv_bias = shape.num_layers * (shape.q_size + 2 * shape.kv_size) if shape.qkv_bias else 0
+    expected = 4 * (shape.num_layers * per_layer + shape.vocab * shape.hidden + shape.hidden + qkv_bias)
+    assert trace["weight_bytes"] == expected

@@ -72,6 +72,7 @@ from trainer.rollout.decode_buffers import (
     shared_prompt_rows,
 )
 from trainer.rollout.decode_loop import decode_until_done
+from trainer.rollout.decode_trace import DecodeTrace, trace_dir, write_trace
 from trainer.rollout.lean_decoder import LeanWeights, decode_logits, lean_shape, prefill_logits
 from trainer.rollout.requests import GeneratedRows, RowsRequest, SamplingParams
 from trainer.rollout.sampling import (
@@ -320,6 +321,7 @@ class FastRolloutEngine(RolloutEngine):
         del logits
         bucket = self._bucket(buf.slots)
         view = buf  # the slots decoded now: all, then the running rows' after each compaction
+        trace = self._start_trace(buf, request)
 
         def step(decode_index: int) -> None:
             self._step(view, buf.attn_len(decode_index, bucket), sampling)
@@ -329,14 +331,40 @@ class FastRolloutEngine(RolloutEngine):
             size = compacted_size(running, view.batch) if self.compact_rows else view.batch
             if size < view.batch:
                 view = buf.compact(size, written_slots=buf.prompt_width + steps - 1)
+            if trace is not None:
+                trace.mark(steps, running, view.batch)
 
         steps = decode_until_done(
             step, buf.first_bad, buf.finished, request, self.check_every, self.name, on_check=compact, rows=buf.rows
         )
+        if trace is not None:
+            self._finish_trace(trace, steps)
         out = GeneratedRows(buf.tokens[:, :steps].clone(), buf.log_probs[:, :steps].clone())
         if self.free_cache:
             self.release()
         return out
+
+    # ------------------------------------------------------------------ tracing (RLBENCH_DECODE_TRACE)
+    def _start_trace(self, buf: DecodeBuffers, request: RowsRequest) -> DecodeTrace | None:
+        """A decode trace of this call when RLBENCH_DECODE_TRACE names a directory (decode_trace.py)."""
+        if trace_dir() is None:
+            return None
+        s = self.shape
+        kv_token = 2 * s.num_layers * s.num_kv_heads * s.head_dim * self.weights.lm_head.element_size()
+        targets = request.targets.tolist() if request.targets is not None else None
+        trace = DecodeTrace(buf.batch, buf.prompt_width, self.weights.step_bytes, kv_token, targets)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the prefill is not the decode's
+        trace.mark(1, buf.batch, buf.batch)
+        return trace
+
+    def _finish_trace(self, trace: DecodeTrace, steps: int) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        trace.finish(steps)
+        directory = trace_dir()
+        assert directory is not None
+        write_trace(trace, directory)
 
 
 def _is_offloaded(param: torch.Tensor) -> bool:

@@ -150,6 +150,15 @@ class LeanWeights:
         inv = 1.0 / (shape.rope_theta ** (torch.arange(0, shape.head_dim, 2, dtype=torch.int64).float() / shape.head_dim))
         self.inv_freq = inv.to(device)  # float32, as transformers' default RoPE
 
+    @property
+    def step_bytes(self) -> int:
+        """What one decode step reads of the weights: every matrix and norm, and the head (the embedding
+        only through its one row per token, unless tied to the head)."""
+        parts = [self.lm_head, self.qkv, self.o, self.gate_up, self.down, self.ln_in, self.ln_post, self.norm]
+        if self.qkv_bias is not None:
+            parts.append(self.qkv_bias)
+        return sum(t.numel() * t.element_size() for t in parts)
+
     def _targets(self) -> dict[str, torch.Tensor]:
         """Every source parameter name -> the view of our buffers it is copied into."""
         s = self.shape

@@ -1,0 +1,44 @@
+"""benchmarks/ragged_decode.py: the bandwidth bound of a traced decode, by rows alive (numbers by hand)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from ragged_decode import alive_at, analyse, table  # noqa: E402
+
+# 3 rows of targets 2, 3 and 6 tokens: decode steps 1-5 (token 0 is the prefill's). Weights 100 bytes,
+# 10 bytes per cached token, prompts of 4 slots; a bandwidth of 10 bytes/s makes seconds easy.
+TRACE = {
+    "rows": 3,
+    "prompt_slots": 4,
+    "weight_bytes": 100,
+    "kv_bytes_per_token": 10,
+    "targets": [2, 3, 6],
+    "stretches": [
+        {"first": 1, "last": 3, "running": 3, "slots": 3, "seconds": 60.0},
+        {"first": 4, "last": 5, "running": 1, "slots": 1, "seconds": 40.0},
+    ],
+}
+
+
+def test_rows_alive_at_a_step_are_those_whose_target_is_past_it() -> None:
+    assert [alive_at(TRACE["targets"], s) for s in range(1, 7)] == [3, 2, 1, 1, 1, 0]
+
+
+def test_the_bound_reads_the_weights_once_a_step_and_each_live_rows_cache() -> None:
+    result = analyse(TRACE, bandwidth=10.0)
+    # step i: 100 + alive x (4 + i) x 10 bytes -> 1: 100+150, 2: 100+120, 3: 100+70, 4: 100+80, 5: 100+90
+    per_step = [250, 220, 170, 180, 190]
+    assert result["bound_s"] == pytest.approx(sum(per_step) / 10)
+    assert result["bound_weights_s"] == pytest.approx(5 * 100 / 10)
+    assert result["measured_s"] == 100.0 and result["decode_steps"] == 5 and result["longest_target"] == 6
+    assert result["by_rows_alive"]["4"]["bound_s"] == pytest.approx(sum(per_step[:3]) / 10)  # 3 rows: bucket 4
+    assert result["by_rows_alive"]["1"]["steps"] == 2
+    assert (result["tail_steps"], result["tail_s"]) == (5, 100.0)  # every stretch had 8 rows or fewer
+    lines = table(result)
+    assert lines[0].startswith("3 rows, 5 decode steps, longest target 6: decode 100.0 s, bound 101.0 s")
