@@ -4,6 +4,7 @@ which, their values against the summary's, the axis, the labels, and the legend 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from replay_records import replay_record
 from shared_parts import CPU_HARDWARE, tiny_record
 
 from pytest_rlbench.records.baselines import load_baseline
-from pytest_rlbench.records.record import RunRecord, record_from_dict
+from pytest_rlbench.records.record import Metric, RunRecord, record_from_dict
 from pytest_rlbench.reports.chart import (
     MEASURED_STEP,
     OTHER,
@@ -230,6 +231,22 @@ def test_an_inconclusive_phase_is_outlined_dashed_and_named_in_the_legend() -> N
     # no cross: it did not fail
     assert not [line for line in ax.get_lines() if line.get_label().startswith("failed")]
     assert "inconclusive: update_actor" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def test_a_phase_that_passed_on_its_counted_work_is_outlined_dotted_and_named() -> None:
+    # every phase 1.35x slower alike, the same ops and FLOPs: the session's pace, so each passes on its
+    # counted work ("same work"); the chart must not show slower phases with nothing said
+    phases = list(RUN["phases"])
+    work = {f"work/{kind}/{p}": Metric([1000.0], kind, False) for kind in ("ops", "flops") for p in phases}
+    run, base = (dataclasses.replace(r, metrics={**r.metrics, **work}) for r in (record(scale=1.35), record("base")))
+    results = compare_all(run, [base])
+    passed = {c.phase for c in results[0].comparisons if (c.verdict, c.reason) == ("pass", "same work")}
+    assert {"gen", "update_actor", "step"} <= passed
+    fig = draw_chart(run, [base], results, ROUNDS)
+    outlines = {p.get_gid(): p.get_linestyle() for p in fig.axes[0].patches if not p.get_fill()}
+    assert outlines["same work: update_actor"] == ":" and outlines["same work: step"] == ":"
+    (label,) = [t.get_text() for t in fig.legends[0].get_texts() if t.get_text().startswith("passed on")]
+    assert label.startswith("passed on counted work (the machine ran slower): ") and "update_actor" in label
 
 
 def test_a_reference_only_baseline_is_drawn_faded_and_a_published_step_beside_the_run_step() -> None:

@@ -23,9 +23,11 @@ Left panel: seconds per step on a linear axis (stacked segments keep their true 
 panel: the same bars as fractions of their total, so runs on different hardware can be compared by
 shape. Phases nested in gen (generate_sequences, reshard) are drawn as parts of gen; time inside a
 measured step that no phase accounts for is drawn as "other". save_checkpoint runs outside the step
-and is left out. A phase that failed its gate gets a red edge and a red cross on the run's bar that
-holds the judged figure: the step's on the measured step, any other phase's on the phases timed apart
-(legend "failed gate: <phases>"); an inconclusive one a dashed amber edge; a reference-only baseline
+and is left out, unless the step's own rounds saved (drawn last on the measured step). A phase that
+failed its gate gets a red edge and a red cross on the run's bar that holds the judged figure: the
+step's on the measured step, any other phase's on the phases timed apart (legend "failed gate:
+<phases>"); an inconclusive one a dashed amber edge; one that passed on its counted work though its
+time was past the tolerance (the machine ran slower) a dotted grey edge; a reference-only baseline
 is drawn faded.
 The legend and the note under the chart are sized to fit inside the figure. Drawn on matplotlib's Agg
 canvas: no display needed.
@@ -60,6 +62,13 @@ KINDS: tuple[str, ...] = (MEASURED_STEP, PHASES_APART)  # the groups, top to bot
 OWN_SOURCE = "pytest-rlbench"  # how provenance.source of any record this plugin wrote begins (TRL's too)
 FAILED_COLOUR = "#c53030"
 INCONCLUSIVE_COLOUR = "#d69e2e"
+SAME_WORK_COLOUR = "#4a5568"
+# How a judged phase is outlined on the run's bar: (edge colour, line style).
+MARKS: dict[str, tuple[str, str]] = {
+    "failed": (FAILED_COLOUR, "-"),
+    "inconclusive": (INCONCLUSIVE_COLOUR, "--"),
+    "same work": (SAME_WORK_COLOUR, ":"),
+}
 REFERENCE_ALPHA = 0.45
 FIGURE_WIDTH = 13.0  # inches
 
@@ -247,6 +256,20 @@ def inconclusive_phases(results: Sequence[BaselineComparison]) -> list[str]:
     )
 
 
+def same_work_phases(results: Sequence[BaselineComparison]) -> list[str]:
+    """The phases that passed on their counted work (reason "same work": time past the tolerance, the
+    same ops and FLOPs) and were neither failed nor inconclusive anywhere, in the order first met."""
+    marked = set(failed_phases(results)) | set(inconclusive_phases(results))
+    return list(
+        dict.fromkeys(
+            c.phase
+            for r in results
+            for c in r.comparisons
+            if c.verdict == "pass" and c.reason == "same work" and c.phase and c.phase not in marked
+        )
+    )
+
+
 def _hardware_label(record: RunRecord) -> str:
     hw = record.hardware
     nodes = f"{hw.nodes} node{'s' if hw.nodes != 1 else ''}"
@@ -390,14 +413,15 @@ def _ratio_text(bar: Bar, run_bar: Bar | None) -> str:
 
 
 def _mark_phases(
-    ax: Axes, run: RunRecord, rows: Sequence[Bar], phases: Sequence[str], failed: bool
+    ax: Axes, run: RunRecord, rows: Sequence[Bar], phases: Sequence[str], mark: str
 ) -> list[str]:
     """Outline each of ``phases`` on the run's bar that holds the figure its gate judged: a step on the
     measured step, any other phase on the phases timed apart (its own benchmark timed it). A failed
-    phase gets a red edge and a red cross, an inconclusive one a dashed amber edge. Returns the phases
-    not drawn (a custom metric's, or a part no bar has)."""
+    phase gets a red edge and a red cross, the others their ``MARKS`` edge. Returns the phases not drawn
+    (a custom metric's, or a part no bar has)."""
     run_rows = {bar.kind: (y, bar) for y, bar in enumerate(rows) if bar.record is run}
-    colour = FAILED_COLOUR if failed else INCONCLUSIVE_COLOUR
+    colour, style = MARKS[mark]
+    failed = mark == "failed"
     missing = []
     for phase in phases:
         preferred = (MEASURED_STEP, PHASES_APART) if phase == "step" else (PHASES_APART, MEASURED_STEP)
@@ -419,9 +443,9 @@ def _mark_phases(
             fill=False,
             edgecolor=colour,
             linewidth=2.2,
-            linestyle="-" if failed else "--",
+            linestyle=style,
         )
-        outline.patches[0].set_gid(f"{'failed' if failed else 'inconclusive'}: {phase}")  # for tests to find
+        outline.patches[0].set_gid(f"{mark}: {phase}")  # for tests to find
         if failed:  # on the bar's top edge, so that the cross hides no label; a failed step at the bar's end
             x = high if phase == "step" else (low + high) / 2
             ax.plot(
@@ -501,12 +525,14 @@ def draw_chart(
             for ax in (ax_abs, ax_rel):
                 ax.axhline(y - 0.5, color="#a0aec0", linewidth=0.8, linestyle="--")
     failed, inconclusive = failed_phases(results), inconclusive_phases(results)
-    not_drawn = _mark_phases(ax_abs, run, rows, failed, failed=True) if rows else failed
+    not_drawn = _mark_phases(ax_abs, run, rows, failed, "failed") if rows else failed
     if not_drawn:
         left_off.append(f"failed, not in the run's bars: {', '.join(not_drawn)}")
     drawn_inconclusive = [
-        p for p in inconclusive if p not in _mark_phases(ax_abs, run, rows, inconclusive, False)
+        p for p in inconclusive if p not in _mark_phases(ax_abs, run, rows, inconclusive, "inconclusive")
     ]
+    same_work = same_work_phases(results)
+    drawn_same_work = [p for p in same_work if p not in _mark_phases(ax_abs, run, rows, same_work, "same work")]
     ax_abs.set_yticks(range(len(rows)), [_row_label(bar, run) for bar in rows], fontsize=8)
     for y, tick in enumerate(ax_abs.get_yticklabels()):
         if rows[y].record is run:
@@ -546,6 +572,17 @@ def draw_chart(
                 linestyle="--",
                 linewidth=2,
                 label=f"inconclusive: {names}",
+            )
+        )
+    if drawn_same_work:  # slower past the tolerance, passed: the counted work was the baseline's
+        names = ", ".join(drawn_same_work)
+        handles.append(
+            Patch(
+                fill=False,
+                edgecolor=SAME_WORK_COLOUR,
+                linestyle=":",
+                linewidth=2,
+                label=f"passed on counted work (the machine ran slower): {names}",
             )
         )
     beside = (

@@ -230,6 +230,14 @@ def with_work(
     return verdict, reason, why
 
 
+def paced_by(fig: Figure, pace: SessionPace | None) -> Figure:
+    """A time figure with its value and rounds divided by the session's pace (as it is without one)."""
+    if pace is None or fig.value is None:
+        return fig
+    f = pace.factor
+    return replace(fig, value=fig.value / f, samples=tuple(t / f for t in fig.samples))
+
+
 def paced_slowdown(
     run_fig: Figure, base_fig: Figure, pace: SessionPace | None, device: str
 ) -> float | None:
@@ -238,7 +246,7 @@ def paced_slowdown(
     floor (or the figure is not a phase's time)."""
     if base_fig.family != TIMING or not base_fig.phase or not run_fig.value or not base_fig.value:
         return None
-    paced = run_fig.value / (pace.factor if pace is not None else 1.0)
+    paced = paced_by(run_fig, pace).value
     if paced - base_fig.value <= phase_floor(base_fig.phase, device):
         return None
     return paced / base_fig.value - 1
@@ -379,9 +387,8 @@ def against_pace(
     """The verdict on a phase's time that failed in plain seconds, judged again with its rounds divided
     by the session's pace: a fail there is a regression; a pass or inconclusive there leaves the phase
     "inconclusive" (reason "session slower"), unless it is slower than any host drift measured."""
-    factor = pace.factor
-    paced = replace(run_fig, value=run_fig.value / factor, samples=tuple(t / factor for t in run_fig.samples))
-    paced_time = run_time / factor if run_time is not None else None
+    paced = paced_by(run_fig, pace)
+    paced_time = run_time / pace.factor if run_time is not None else None
     verdict, reason, paced_why = plain_verdict(paced, base_fig, tolerance, paced_time, device)
     ratio = paced.value / base_fig.value
     if verdict == "fail":
