@@ -237,3 +237,18 @@ def pytest_rlbench_make_trainer(config, rl_config, cluster, rl_framework):
     )
     assert_one_usage_error(result, result.stderr.str(), "(Partial, from pytest_rlbench_make_trainer) lacks")
     assert stage(pytester)[2] is False
+
+
+# ----------------------------------------------------------------------------- a replay with --gpu alone
+def test_a_replay_with_gpu_alone_waits_for_the_cluster_s_gpu_count(pytester: pytest.Pytester) -> None:
+    # verl-7b's 32 sequences per GPU are 2 prompts on one GPU, which do not split into its 4 PPO
+    # mini-batches: with --gpu alone one GPU must not stand in for the count the cluster gives later
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--gpu", "--rl-workload", "verl-7b", "--collect-only", timeout=300
+    )
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, result.stderr.str()
+    # a count the work does not divide over, given, is still refused at once, naming the division
+    result, err = run(pytester, "rl_trainer", "--gpu", "--rl-gpus-per-node", "1", "--rl-workload", "verl-7b")
+    assert_one_usage_error(result, err, "--rl-workload: cannot replay per GPU", "is not a multiple of 4")
+    collected, modules, ran = stage(pytester)
+    assert (collected, "ray" in modules, ran) == (False, False, False)  # at configure

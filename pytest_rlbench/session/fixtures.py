@@ -174,7 +174,7 @@ class RLBenchSession:
         provisional = self.opts.gpu and self.opts.gpus_per_node is None
         source = self.opts.source_of("rl_config")
         try:
-            cfg = self._built_config(gpus_per_node=None)
+            cfg = self._provisional_config_built() if provisional else self._built_config(gpus_per_node=None)
             check_names_of(cfg, names_set(cfg))  # the default names are valid: no registry read for them
             if self.opts.rollout_panel:
                 from pytest_rlbench.session.rollout_panel import check_panel_engines
@@ -231,6 +231,25 @@ class RLBenchSession:
             return int(pq.ParquetFile(cfg.data.train_files[0]).metadata.num_rows)
         except Exception:  # noqa: BLE001  (not parquet, unreadable: the data set's own check says why)
             return None
+
+    def _provisional_config_built(self) -> Config:
+        """The config checked at configure with --gpu alone: one GPU per node stands in for the count
+        the cluster gives later, or, for a replayed workload that does not divide over one GPU (the 7B
+        run's 32 sequences per GPU are 2 prompts, not 4 PPO mini-batches), the fewest it divides over.
+        The real count is checked once the cluster is there (``trainer_config``)."""
+        from trainer.config import ConfigError
+
+        try:
+            return self._built_config(gpus_per_node=None)
+        except ConfigError as first:
+            if self.opts.workload_record is None:
+                raise
+            for stand_in in (2, 4, 8):
+                try:
+                    return self._built_config(gpus_per_node=stand_in)
+                except ConfigError:
+                    continue
+            raise first from None
 
     def _built_config(self, gpus_per_node: int | None) -> Config:
         """The session's defaults (synthetic data file and checkpoint dir in the session's temp dir, the
