@@ -36,9 +36,12 @@ def test_the_bound_reads_the_weights_once_a_step_and_each_live_rows_cache() -> N
     per_step = [250, 220, 170, 180, 190]
     assert result["bound_s"] == pytest.approx(sum(per_step) / 10)
     assert result["bound_weights_s"] == pytest.approx(5 * 100 / 10)
+    # over the slots decoded: 3 slots in steps 1-3, 1 in 4-5 -> 100 + 3 x (4 + i) x 10 for i = 1..3
+    assert result["bound_decoded_slots_s"] == pytest.approx((250 + 280 + 310 + 180 + 190) / 10)
     assert result["measured_s"] == 100.0 and result["decode_steps"] == 5 and result["longest_target"] == 6
     assert result["by_rows_alive"]["4"]["bound_s"] == pytest.approx(sum(per_step[:3]) / 10)  # 3 rows: bucket 4
     assert result["by_rows_alive"]["1"]["steps"] == 2
     assert (result["tail_steps"], result["tail_s"]) == (5, 100.0)  # every stretch had 8 rows or fewer
     lines = table(result)
     assert lines[0].startswith("3 rows, 5 decode steps, longest target 6: decode 100.0 s, bound 101.0 s")
+    assert lines[0].endswith("over the slots decoded 121.0 s")
