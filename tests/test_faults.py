@@ -156,12 +156,6 @@ def local_ray() -> Iterator[None]:
         yield
 
 
-def test_embedded_ray_runs_its_workers_at_the_driver_s_priority(local_ray, tmp_path: Path) -> None:
-    # Ray's default nice 15 let its own background processes preempt the timed phases
-    with two_workers(tmp_path) as (_, pids):
-        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [os.getpriority(os.PRIO_PROCESS, 0)] * 2
-
-
 @contextmanager
 def two_workers(tmp_path: Path) -> Iterator[tuple[Any, list[int]]]:
     """A trainer with 2 CPU workers and their pids; every worker still running is killed after."""
@@ -224,7 +218,12 @@ def listening_sockets(pids: list[int]) -> list[tuple[str, int]]:
 
 
 def test_the_rendezvous_listens_on_loopback_and_a_killed_worker_names_rank_and_phase(local_ray, tmp_path):
+    # One trainer also for the workers' priority: a trainer's start costs seconds on a small machine.
     with two_workers(tmp_path) as (trainer, pids):
+        # the embedded Ray's workers run at the driver's priority: Ray's default nice 15 let its own
+        # background processes preempt the timed phases
+        driver = os.getpriority(os.PRIO_PROCESS, 0)
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [driver] * 2
         listening = listening_sockets(pids)
         assert listening, "the workers listen on nothing: the check would be vacuous"
         wildcard = [(ip, port) for ip, port in listening if ip in ("0.0.0.0", "::")]
