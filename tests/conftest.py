@@ -41,20 +41,34 @@ def plugin_deps_loaded() -> None:
     load_tokenizer("tiny")
 
 
-@pytest.fixture(scope="module")
-def two_node_cluster():
-    """A real two-node Ray cluster on this machine (ray.cluster_utils.Cluster: a head and a second
-    node, one CPU each, both on 127.0.0.1), connected for the module's tests and stopped after."""
-    import ray
+@pytest.fixture(scope="session")
+def two_node_cluster_address():
+    """A real two-node Ray cluster on this machine (ray.cluster_utils.Cluster: a head and a second node,
+    one CPU each, both on 127.0.0.1), started once for the whole test run (a start costs about 10 s
+    on a small machine) and stopped at its end; yields the head's address. Nothing here connects to
+    it: ``two_node_cluster`` does, per module, and the plugin's sessions do through the address."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    yield cluster
+    cluster = Cluster(
+        initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster(two_node_cluster_address):
+    """This process connected to the shared two-node cluster for the module's tests, disconnected
+    after (the cluster itself runs on: ``two_node_cluster_address``)."""
+    import ray
+
+    ray.init(address=two_node_cluster_address, log_to_driver=False)
+    yield
     ray.shutdown()
-    cluster.shutdown()
 
 
 # ----------------------------------------------------------------------------- rollout engines

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from pytest_rlbench.session.cluster import (
     precheck_embedded,
     resolve_gpus_per_node,
 )
-from trainer.driver.ray_local import LOOPBACK_ENV, use_loopback
 
 RUN_TIMEOUT = 180  # seconds for one pytest subprocess
 
@@ -130,24 +128,10 @@ def test_node_info_names_itself_by_a_short_id() -> None:
 
 # ----------------------------------------------------------------------------- real clusters
 @pytest.fixture(scope="module")
-def two_node_cluster() -> Iterator[str]:
-    """A head and one worker node (1 CPU each) on 127.0.0.1; yields the head's address."""
-    previous = os.environ.get(LOOPBACK_ENV)
-    use_loopback()  # before Ray is imported here: every process of the cluster listens on 127.0.0.1
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(
-        initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False}
-    )
-    try:
-        cluster.add_node(num_cpus=1)
-        yield cluster.address
-    finally:
-        cluster.shutdown()
-        if previous is None:
-            os.environ.pop(LOOPBACK_ENV, None)
-        else:
-            os.environ[LOOPBACK_ENV] = previous
+def two_node_cluster(two_node_cluster_address: str) -> str:
+    """A head and one worker node (1 CPU each) on 127.0.0.1 (tests/conftest.py, shared by the test run):
+    the head's address, which this module's sessions join; this process does not connect."""
+    return two_node_cluster_address
 
 
 CLUSTER_TEST = """
@@ -290,8 +274,6 @@ def test_plain_tests_never_start_ray_or_import_torch(pytester: pytest.Pytester, 
 
 def test_the_embedded_ray_runs_workers_at_the_session_s_priority() -> None:
     # Ray's default nice 15 put the timed phases below Ray's own background processes
-    import os
-
     import ray
 
     from pytest_rlbench.session.cluster import RayConnection
