@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 from pytest_rlbench.verdict.peaks import peak_memory_bandwidth
@@ -39,6 +40,22 @@ def bucket_of(rows: int) -> int:
     return next((b for b in BUCKETS if rows <= b), rows)
 
 
+def outlier_excess(stretches: list[dict]) -> tuple[int, float]:
+    """(stretches, seconds) past twice the median time per step of the stretches decoding as many
+    slots: what CUDA-graph captures (one per new slot count and attention length) and host stalls
+    added to the decode, beyond the pace of its other stretches."""
+    by_slots: dict[int, list[float]] = {}
+    for s in stretches:
+        by_slots.setdefault(s["slots"], []).append(s["seconds"] / (s["last"] - s["first"] + 1))
+    count, excess = 0, 0.0
+    for s in stretches:
+        steps = s["last"] - s["first"] + 1
+        typical = statistics.median(by_slots[s["slots"]])
+        if s["seconds"] > 2 * typical * steps:
+            count, excess = count + 1, excess + s["seconds"] - typical * steps
+    return count, excess
+
+
 def analyse(trace: dict, bandwidth: float) -> dict:
     """The trace's measured seconds and its bound, whole and by rows alive, and its tail."""
     targets = trace["targets"]
@@ -57,6 +74,7 @@ def analyse(trace: dict, bandwidth: float) -> dict:
         total_bound += bound
         weights_bound += (s["last"] - s["first"] + 1) * trace["weight_bytes"] / bandwidth
     measured = sum(s["seconds"] for s in trace["stretches"])
+    outliers, excess = outlier_excess(trace["stretches"])
     tail = [r for b, r in by_bucket.items() if b <= 8]
     return {
         "rows": trace["rows"],
@@ -64,6 +82,8 @@ def analyse(trace: dict, bandwidth: float) -> dict:
         "longest_target": max(targets) if targets else None,
         "response_tokens": sum(targets) if targets else None,
         "measured_s": measured,
+        "outlier_stretches": outliers,
+        "outlier_excess_s": excess,
         "bound_s": total_bound,
         "bound_weights_s": weights_bound,
         "bound_kv_s": total_bound - weights_bound,
@@ -85,6 +105,8 @@ def table(result: dict) -> list[str]:
         f"over the slots decoded {result['bound_decoded_slots_s']:.1f} s",
         f"tail (8 rows or fewer alive): {result['tail_steps']:,} steps, {result['tail_s']:.1f} s "
         f"(bound {result['tail_bound_s']:.1f} s)",
+        f"outliers (graph captures, stalls): {result['outlier_stretches']} stretches, "
+        f"{result['outlier_excess_s']:.1f} s past their slot count's pace",
         "rows alive (up to) | steps | seconds | ms/step | bound ms/step | bound / measured",
     ]
     for bucket, r in result["by_rows_alive"].items():

@@ -21,6 +21,7 @@ from pytest_rlbench.reports.chart import (
     PHASES_APART,
     REFERENCE_ALPHA,
     WHOLE_STEP,
+    _hardware_label,
     breakdown_segments,
     draw_chart,
     drawn_baselines,
@@ -332,15 +333,32 @@ def test_a_chart_with_no_bar_draws_without_a_legend_and_says_why() -> None:
     assert fig.legends == []
 
 
-def test_a_session_of_whole_steps_alone_draws_one_bar_with_its_save_last() -> None:
+def test_a_session_of_whole_steps_alone_draws_one_bar_and_no_save() -> None:
     # its phases were timed inside the step (recorded for their gates): no second bar of phases apart;
-    # a round that saved (trainer.save_freq) holds the save after the step's span: drawn last, named
-    saves = [dict(r, save_checkpoint=0.2, step=r["step"]) for r in ROUNDS]
+    # a save its rounds also ran (trainer.save_freq) is outside the step, as the baselines' is: not drawn
+    saves = [dict(r, save_checkpoint=0.2) for r in ROUNDS]
     inside = {k: {"seconds": [r[k] for r in saves], "inside_step": True} for k in saves[0] if k != "step"}
-    run = record(**inside, step={"seconds": [r["step"] + 0.2 for r in saves]})
+    run = record(**inside, step={"seconds": [r["step"] for r in saves]})  # recorded less its saves
     assert run.phases["gen"].inside_step and not run.phases["step"].inside_step
     ax = draw_chart(run, step_breakdown=saves).axes[0]
     assert kinds(ax) == [MEASURED_STEP]
-    (row,) = bars(ax)
-    assert row[-1] == (matplotlib.colors.to_hex("#975a16"), pytest.approx(0.2))  # save_checkpoint, last
-    assert totals(ax)[0] == pytest.approx(median_step_round(saves)["step"] + 0.2)  # the benchmark's round
+    assert totals(ax)[0] == pytest.approx(median_step_round(saves)["step"])  # the table's step, no save
+    labels = {label for label, _ in breakdown_segments(median_step_round(saves))}
+    assert "save_checkpoint" not in labels
+
+
+def test_an_assumed_gpu_model_is_named_as_assumed_on_its_bar() -> None:
+    seven = load_baseline("verl-7b")  # "8 nodes x 8 GPUs": its workload assumes H100
+    assert "8 nodes x 8 GPUs (H100 assumed)" in _hardware_label(seven)
+    unnamed = dataclasses.replace(seven, workload=dataclasses.replace(seven.workload, gpu_model=None))
+    assert "8 nodes x 8 GPUs (model unknown)" in _hardware_label(unnamed)
+
+
+def test_a_failed_phase_timed_inside_the_step_is_marked_on_the_measured_step() -> None:
+    slow = {"seconds": [2 * s for s in RUN["phases"]["gen"]["seconds"]], "inside_step": True}
+    run, base = record(gen=slow), saved_baseline()
+    results = compare_all(run, [base])
+    assert "gen" in [c.phase for c in results[0].failures]
+    ax = draw_chart(run, [base], results, ROUNDS).axes[0]
+    (outline,) = [p for p in ax.patches if not p.get_fill() and p.get_gid() == "failed: gen"]
+    assert round(outline.get_y() + outline.get_height() / 2) == kinds(ax).index(MEASURED_STEP)

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from ragged_decode import alive_at, analyse, table  # noqa: E402
+from ragged_decode import alive_at, analyse, outlier_excess, table  # noqa: E402
 
 # 3 rows of targets 2, 3 and 6 tokens: decode steps 1-5 (token 0 is the prefill's). Weights 100 bytes,
 # 10 bytes per cached token, prompts of 4 slots; a bandwidth of 10 bytes/s makes seconds easy.
@@ -45,3 +45,13 @@ def test_the_bound_reads_the_weights_once_a_step_and_each_live_rows_cache() -> N
     lines = table(result)
     assert lines[0].startswith("3 rows, 5 decode steps, longest target 6: decode 100.0 s, bound 101.0 s")
     assert lines[0].endswith("over the slots decoded 121.0 s")
+
+
+def test_stretches_past_twice_their_slot_counts_pace_are_counted_with_their_excess() -> None:
+    # a graph capture: one stretch of 4 steps at 8 s a step where the others of 4 slots take 1 s a step
+    stretches = [
+        {"first": 1 + 4 * i, "last": 4 + 4 * i, "running": 4, "slots": 4, "seconds": s}
+        for i, s in enumerate([4.0, 32.0, 4.0, 4.4])
+    ] + [{"first": 17, "last": 20, "running": 1, "slots": 1, "seconds": 2.0}]
+    count, excess = outlier_excess(stretches)
+    assert (count, excess) == (1, pytest.approx(32.0 - 4 * 1.05))  # the median of 1, 8, 1, 1.1 s a step

@@ -90,6 +90,9 @@ def test_a_session_of_whole_steps_alone_records_each_phase_of_their_breakdown(tm
     assert record.phases["save_checkpoint"].seconds == [0.1, 0.2]  # saved after the step's span (save_freq)
     assert (record.phases["update_actor"].seconds, record.phases["update_actor"].inside_step) == ([1.25], False)
     assert "gen: inside the steps of t::step" in record.provenance.notes
+    # the step's rounds also saved, after the step's span: VERL's step excludes the save, so does ours
+    assert record.phases["step"].seconds == pytest.approx([2.9, 3.8])
+    assert "step: t::step, each round less the save_checkpoint it ran" in record.provenance.notes
     assert recorder.phase_figures("gen")["timing_s/gen"] == pytest.approx(1.5)  # the rounds' median
 
 

@@ -233,7 +233,7 @@ def test_graph_replay_stops_rows_at_their_targets_and_reuses_the_graphs(tok, pro
 
 
 def test_a_decode_trace_records_each_stretch_of_rows_alive(tok, prompts, model, tmp_path, monkeypatch):
-    # RLBENCH_DECODE_TRACE: one JSON line per generate call, for benchmarks/decode_trace.py
+    # RLBENCH_DECODE_TRACE: one JSON line per generate call, for benchmarks/ragged_decode.py
     monkeypatch.setenv(TRACE_ENV, str(tmp_path))
     fast = make_engine("fast", model, tok, RolloutConfig(name="fast", target_lengths=LOGNORMAL), check_every=4)
     uids = list(range(len(prompts)))

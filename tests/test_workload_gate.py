@@ -161,7 +161,7 @@ def test_a_baseline_that_names_no_gpu_gates_on_its_assumed_one_and_lists_it() ->
     assert result.mismatches == ("hardware.gpu_model: not stated in the baseline",)
 
 
-def test_never_a_gate_on_another_model_cpu_or_an_unnamed_gpu() -> None:
+def test_never_a_gate_on_another_model_or_on_cpu() -> None:
     seven = load_baseline("verl-7b")
     result = compare(replay_record(seven, H100, world_size=2, speedup=10.0), VERL)
     assert result.mode == "reference" and any(m.startswith("model: ") for m in result.mismatches)
@@ -213,3 +213,24 @@ def test_a_phase_timed_inside_the_step_is_gated_and_says_where_it_was_timed() ->
     gen, step = rows(result)["tokens_per_s_per_gpu/gen"], rows(result)["tokens_per_s_per_gpu/step"]
     assert gen.verdict == "fail" and "; timed inside the step, as VERL times it" in gen.message
     assert step.verdict == "fail" and "timed inside the step" not in step.message  # its own benchmark
+
+
+def test_a_same_machine_gate_names_memory_placed_otherwise_and_a_baseline_timed_inside_the_step() -> None:
+    saved = replay_record(VERL, H100, world_size=1, speedup=2.0, name="local-h100")
+    inside = {k: dataclasses.replace(p, inside_step=k != "step") for k, p in saved.phases.items()}
+    saved = dataclasses.replace(saved, phases=inside)  # saved from a session of whole steps alone
+    run = _changed(replay_record(VERL, H100, world_size=1, speedup=1.0), "param_offload", True)
+    result = compare(run, saved)
+    assert (result.mode, result.basis) == ("gate", SAME_MACHINE) and not result.passed
+    gen = rows(result)["timing_s/gen"]
+    assert gen.verdict == "fail"
+    assert "; the baseline's was timed inside the step, this run's by a benchmark of its own" in gen.message
+    assert "memory placed otherwise (param_offload: run True, baseline False" in gen.message
+
+
+def test_an_assumed_gpu_model_is_read_only_for_the_gate_it_allows() -> None:
+    seven = load_baseline("verl-7b")
+    result = compare(replay_record(VERL, H100, speedup=2.0), seven)  # another model: a reference
+    assert result.mode == "reference"
+    # no efficiency figure of the baseline computed on a GPU model it does not state
+    assert all(c.baseline is None for c in result.comparisons if c.metric.startswith(("mfu/", "bandwidth_util/")))

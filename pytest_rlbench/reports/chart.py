@@ -23,7 +23,7 @@ Left panel: seconds per step on a linear axis (stacked segments keep their true 
 panel: the same bars as fractions of their total, so runs on different hardware can be compared by
 shape. Phases nested in gen (generate_sequences, reshard) are drawn as parts of gen; time inside a
 measured step that no phase accounts for is drawn as "other". save_checkpoint runs outside the step
-and is left out, unless the step's own rounds saved (drawn last on the measured step). A phase that
+and is left out (a step whose rounds also saved is recorded less its saves). A phase that
 failed its gate gets a red edge and a red cross on the run's bar that holds the judged figure: the
 step's on the measured step, any other phase's on the phases timed apart (legend "failed gate:
 <phases>"); an inconclusive one a dashed amber edge; one that passed on its counted work though its
@@ -49,7 +49,6 @@ from pytest_rlbench.records.workload import model_differences, workload_matches,
 from pytest_rlbench.verdict.compare import BaselineComparison
 from pytest_rlbench.verdict.gate_basis import SAME_MACHINE
 from pytest_rlbench.verdict.retiming import baseline_median
-from trainer.phases import OUTSIDE_STEP
 
 GEN_PARTS: tuple[str, ...] = ("generate_sequences", "reshard")
 TOP_LEVEL: tuple[str, ...] = ("reward", "old_log_prob", "ref", "adv", "update_actor")
@@ -87,7 +86,6 @@ COLOURS: dict[str, str] = {
     "ref": "#68d391",
     "adv": "#a0aec0",
     "update_actor": "#dd6b20",
-    "save_checkpoint": "#975a16",
     OTHER: "#e2e8f0",
     WHOLE_STEP: "#4a5568",
 }
@@ -187,11 +185,7 @@ def run_bars(
     measured = median_step_round(rounds)
     if measured is not None:
         parts = {k: v for k, v in measured.items() if k != "step"}
-        # A round that saved (trainer.save_freq) timed the save after the step's own span: drawn last.
-        saved = [(k, parts.pop(k)) for k in OUTSIDE_STEP if k in parts]
-        inside = step - sum(v for _, v in saved) if step else measured["step"]  # the benchmark's round holds the save
-        segments = breakdown_segments({**parts, "step": inside})
-        bars.append(Bar(run, MEASURED_STEP, segments + saved))
+        bars.append(Bar(run, MEASURED_STEP, breakdown_segments({**parts, "step": step or measured["step"]})))
     elif step is not None:
         bars.append(Bar(run, MEASURED_STEP, [(WHOLE_STEP, step)]))
     apart = _phases_apart(run, figures, baseline=False)
@@ -424,7 +418,9 @@ def _mark_phases(
     failed = mark == "failed"
     missing = []
     for phase in phases:
-        preferred = (MEASURED_STEP, PHASES_APART) if phase == "step" else (PHASES_APART, MEASURED_STEP)
+        timed = run.phases.get(phase)
+        in_step = phase == "step" or (timed is not None and timed.inside_step)  # its figure is the step's
+        preferred = (MEASURED_STEP, PHASES_APART) if in_step else (PHASES_APART, MEASURED_STEP)
         found = [
             (y, span)
             for kind in preferred
@@ -563,28 +559,16 @@ def draw_chart(
         handles.append(
             Line2D([], [], marker="X", color=FAILED_COLOUR, linestyle="none", label=f"failed gate: {names}")
         )
-    if drawn_inconclusive:  # past tolerance, but the session could not tell (the summary says why)
-        names = ", ".join(drawn_inconclusive)
-        handles.append(
-            Patch(
-                fill=False,
-                edgecolor=INCONCLUSIVE_COLOUR,
-                linestyle="--",
-                linewidth=2,
-                label=f"inconclusive: {names}",
+    outlined = (
+        ("inconclusive", drawn_inconclusive, "inconclusive"),  # past tolerance, the session could not tell
+        ("same work", drawn_same_work, "passed on counted work (the machine ran slower)"),
+    )
+    for mark, names, label in outlined:
+        if names:
+            colour, style = MARKS[mark]
+            handles.append(
+                Patch(fill=False, edgecolor=colour, linestyle=style, linewidth=2, label=f"{label}: {', '.join(names)}")
             )
-        )
-    if drawn_same_work:  # slower past the tolerance, passed: the counted work was the baseline's
-        names = ", ".join(drawn_same_work)
-        handles.append(
-            Patch(
-                fill=False,
-                edgecolor=SAME_WORK_COLOUR,
-                linestyle=":",
-                linewidth=2,
-                label=f"passed on counted work (the machine ran slower): {names}",
-            )
-        )
     beside = (
         f"beside {len(drawn)} baseline(s) of the same model" if drawn else "alone (no baseline of this model)"
     )

@@ -172,6 +172,18 @@ class BenchRecorder:
             )
         return out
 
+    def _step_less_its_saves(self) -> dict[str, PhaseRecord]:
+        """The step benchmark's rounds less the save each also ran (trainer.save_freq saves inside the
+        timed call, after the step's span): VERL's step excludes save_checkpoint, so the recorded one
+        does too. Empty where no round of the step's own benchmark saved."""
+        step, rounds = self.phases.get("step"), self.step_breakdown
+        if step is None or self.sources.get("step") != self.inside_step_source or len(rounds) != len(step.seconds):
+            return {}
+        saves = [r.get("save_checkpoint", 0.0) for r in rounds]
+        if not any(saves):
+            return {}
+        return {"step": replace(step, seconds=[s - saved for s, saved in zip(step.seconds, saves, strict=True)])}
+
     def add_step_metrics(self, rounds: list[Mapping[str, float]]) -> None:
         """Whole-step rounds' own figures (StepResult.metrics) that ``STEP_METRICS`` names, one sample
         per round, as the run's metrics (compared with a baseline's like any other)."""
@@ -210,8 +222,9 @@ class BenchRecorder:
         if missing:
             raise RuntimeError(f"the run's {', '.join(missing)} were never described: no rl_* fixture ran")
         notes = [f"{phase}: {nodeid}" for phase, nodeid in self.sources.items()]
-        inside = self._inside_step_phases()
+        inside, step = self._inside_step_phases(), self._step_less_its_saves()
         notes += [f"{phase}: inside the steps of {self.inside_step_source}" for phase in inside]
+        notes += [f"step: {self.inside_step_source}, each round less the save_checkpoint it ran" for _ in step]
         return RunRecord(
             name=self.name,
             provenance=replace(
@@ -225,7 +238,7 @@ class BenchRecorder:
             model=ctx.model,
             config=ctx.config,
             tokens=ctx.tokens or TokenCounts(),
-            phases={**inside, **self.phases},
+            phases={**inside, **self.phases, **step},
             metrics=dict(self.metrics),
             workload=ctx.workload,
         )

@@ -276,15 +276,25 @@ def _gate_rows(
         )
     beside = _beside_text(rows)
     return [
-        replace(c, message=c.message + (beside.get(c.phase, "") if c.verdict in JUDGED else "") + _where(run, c) + note)
+        replace(c, message=c.message + (beside.get(c.phase, "") + _where(run, baseline, c) if c.verdict in JUDGED else "") + note)
         for c in rows
     ]
 
 
-def _where(run: RunRecord, c: Comparison) -> str:
-    """Said of a judged figure whose phase the run timed inside whole steps, not with a benchmark of its own."""
-    phase = run.phases.get(c.phase or "")
-    return "; timed inside the step, as VERL times it" if c.verdict in JUDGED and phase and phase.inside_step else ""
+def _where(run: RunRecord, baseline: RunRecord, c: Comparison) -> str:
+    """Said of a judged figure whose phase either side timed inside whole steps (their breakdown), not
+    with a benchmark of its own: the run's ("as VERL times it"), or only the baseline's."""
+    ours, theirs = run.phases.get(c.phase or ""), baseline.phases.get(c.phase or "")
+    if ours is not None and ours.inside_step:
+        return "; timed inside the step, as VERL times it"
+    if theirs is not None and theirs.inside_step:
+        return "; the baseline's was timed inside the step, this run's by a benchmark of its own"
+    return ""
+
+
+def _placement_note(run: RunRecord, baseline: RunRecord) -> str:
+    placed = placement_differences(run, baseline)
+    return f"; memory placed otherwise ({'; '.join(placed)})" if placed else ""
 
 
 def _per_gpu_compare(run: RunRecord, baseline: RunRecord, basis: str, tolerance: float, wanted: Wanted) -> BaselineComparison:
@@ -292,8 +302,7 @@ def _per_gpu_compare(run: RunRecord, baseline: RunRecord, basis: str, tolerance:
     assumed = tuple(hardware_assumptions(run, baseline, basis)[1] + assumptions(baseline.workload))
     names = ", ".join(dict.fromkeys(line.split(" ", 1)[0].rstrip(":") for line in assumed))
     note = f"; rests on {len(assumed)} assumed value(s): {names}" if assumed else ""
-    placed = placement_differences(run, baseline)
-    note += f"; memory placed otherwise ({'; '.join(placed)})" if placed else ""
+    note += _placement_note(run, baseline)
     rows = [replace(c, assumptions=assumed) for c in _gate_rows(run, baseline, basis, tolerance, wanted, note)]
     source = baseline.provenance.source
     return BaselineComparison(baseline.name, source, "gate", (), tuple(rows), basis, assumed)
@@ -317,13 +326,13 @@ def compare(
     mismatches = gate_mismatches(run, baseline)
     other_framework = _framework_mismatch(run, baseline)
     if mismatches and not other_framework and run.workload is not None and baseline.workload is not None:
-        baseline = with_assumed_gpu(baseline)  # listed among the assumptions when it is read so
-        basis, mismatches = per_gpu_gate(run, baseline)
+        assumed = with_assumed_gpu(baseline)  # listed among the assumptions of the gate it allows
+        basis, mismatches = per_gpu_gate(run, assumed)
         if basis is not None:
-            return _per_gpu_compare(run, baseline, basis, tolerance, wanted)
+            return _per_gpu_compare(run, assumed, basis, tolerance, wanted)
     source = baseline.provenance.source
     if not mismatches:
-        rows = _gate_rows(run, baseline, SAME_MACHINE, tolerance, wanted)
+        rows = _gate_rows(run, baseline, SAME_MACHINE, tolerance, wanted, _placement_note(run, baseline))
         machines = machines_text(run.hardware.machine, baseline.hardware.machine)
         return BaselineComparison(baseline.name, source, "gate", (), tuple(rows), SAME_MACHINE, machines=machines)
     ours, theirs = derive(run), derive(baseline)

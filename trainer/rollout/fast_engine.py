@@ -352,7 +352,7 @@ class FastRolloutEngine(RolloutEngine):
         s = self.shape
         kv_token = 2 * s.num_layers * s.num_kv_heads * s.head_dim * self.weights.lm_head.element_size()
         targets = request.targets.tolist() if request.targets is not None else None
-        trace = DecodeTrace(buf.batch, buf.prompt_width, self.weights.step_bytes, kv_token, targets)
+        trace = DecodeTrace(buf.batch, buf.prompt_width, self.weights.weight_bytes_per_step, kv_token, targets)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the prefill is not the decode's
         trace.mark(1, buf.batch, buf.batch)

@@ -151,7 +151,7 @@ class LeanWeights:
         self.inv_freq = inv.to(device)  # float32, as transformers' default RoPE
 
     @property
-    def step_bytes(self) -> int:
+    def weight_bytes_per_step(self) -> int:
         """What one decode step reads of the weights: every matrix and norm, and the head (the embedding
         only through its one row per token, unless tied to the head)."""
         parts = [self.lm_head, self.qkv, self.o, self.gate_up, self.down, self.ln_in, self.ln_post, self.norm]

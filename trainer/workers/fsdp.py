@@ -273,7 +273,8 @@ def _clip_sharded_grad_norm(grads: list[Any], max_norm: float) -> float:
     if any(g.device_mesh != mesh or not all(isinstance(p, Shard) for p in g.placements) for g in grads):
         raise ValueError("clip_grad_norm: every gradient must be sharded (Shard placements) on one device mesh")
     local = [g.to_local() for g in grads]
-    squares = torch.stack([t.detach().float().pow(2).sum() for t in local]).sum()  # [] on the shards' device
+    norms = [torch.linalg.vector_norm(t.detach(), dtype=torch.float32) for t in local]  # no fp32 copy of a shard
+    squares = torch.stack(norms).pow(2).sum()  # [] on the shards' device
     if "nccl" in str(dist.get_backend(mesh.get_group())):
         squares = squares.to(torch.device("cuda", torch.cuda.current_device()))
     dist.all_reduce(squares, group=mesh.get_group())
