@@ -162,7 +162,9 @@ def record_of_report(report: dict) -> RunRecord:
     """The run record a session's JSON report holds (pytest_rlbench/reports/json_report.py): its description,
     each phase's rounds and each metric's samples (a session whose gate failed saves no baseline)."""
     phases = {
-        phase: {"seconds": row["seconds"]["samples"]} for phase, row in report["phases"].items() if row.get("seconds")
+        phase: {"seconds": row["seconds"]["samples"], **({"inside_step": True} if row.get("inside_step") else {})}
+        for phase, row in report["phases"].items()
+        if row.get("seconds")
     }
     metrics = {
         name: {"value": m["samples"], "unit": m["unit"],

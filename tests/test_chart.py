@@ -362,3 +362,15 @@ def test_a_failed_phase_timed_inside_the_step_is_marked_on_the_measured_step() -
     ax = draw_chart(run, [base], results, ROUNDS).axes[0]
     (outline,) = [p for p in ax.patches if not p.get_fill() and p.get_gid() == "failed: gen"]
     assert round(outline.get_y() + outline.get_height() / 2) == kinds(ax).index(MEASURED_STEP)
+
+
+def test_a_baseline_saved_from_whole_steps_alone_is_drawn_split_by_its_median_round() -> None:
+    # its phases were timed inside the step, one sample per step round: the median round's split
+    inside = {k: {"seconds": [r[k] for r in ROUNDS], "inside_step": True} for k in ROUNDS[0] if k != "step"}
+    base = record("base", **inside, step={"seconds": [r["step"] for r in ROUNDS]})
+    results = compare_all(record(), [base])
+    ax = draw_chart(record(), [base], results, ROUNDS).axes[0]
+    base_row = kinds(ax).index(f"{MEASURED_STEP}; gate")
+    median = median_step_round(ROUNDS)
+    assert [w for _, w in bars(ax)[base_row]][:-1] == pytest.approx([v for _, v in breakdown_segments(median)][:-1])
+    assert totals(ax)[base_row] == pytest.approx(summary_seconds(results, "base")["step"])  # as the table says

@@ -230,6 +230,12 @@ def test_json_report_without_baselines_passes() -> None:
     assert report["passed"] is True and report["comparisons"] == [] and report["consistency"] == []
 
 
+def test_json_report_says_which_phases_were_timed_inside_the_step() -> None:
+    report = build_report(run_record(ref={"seconds": [0.2, 0.21], "inside_step": True}))
+    assert report["phases"]["ref"]["inside_step"] is True
+    assert [k for k, row in report["phases"].items() if "inside_step" in row] == ["ref"]
+
+
 def test_a_disagreement_reads_as_one_sentence_saying_what_disagrees() -> None:
     record = run_record(step={"seconds": [1.0]})  # shorter than the phases timed inside it
     lines = finding_lines(check_record(record), verbose=True)

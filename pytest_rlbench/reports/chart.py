@@ -194,9 +194,22 @@ def run_bars(
     return bars
 
 
+def _median_round_split(record: RunRecord) -> dict[str, float]:
+    """A record saved from a session of whole steps keeps each phase timed inside them (inside_step),
+    one sample per step round: the split of its median step round (the lower of the two middle ones)."""
+    step = record.phases.get("step")
+    inside = {k: p.seconds for k, p in record.phases.items() if p.inside_step}
+    if step is None or not inside or any(len(v) != len(step.seconds) for v in inside.values()):
+        return {}
+    order = sorted(range(len(step.seconds)), key=lambda i: step.seconds[i])
+    middle = order[(len(order) - 1) // 2]
+    return {k: v[middle] for k, v in inside.items()}
+
+
 def baseline_bars(baseline: RunRecord, result: BaselineComparison | None = None) -> list[Bar]:
     """A baseline's bars: a published run's one measured step (its phases are that step's); a saved
-    run's measured step (whole: no split kept) and its phases timed apart."""
+    run's measured step (split by the phases timed inside it, where it kept them; else whole) and its
+    phases timed apart."""
     if not timed_apart(baseline):
         segments = step_segments(baseline)
         return [Bar(baseline, MEASURED_STEP, segments, result)] if segments else []
@@ -204,7 +217,9 @@ def baseline_bars(baseline: RunRecord, result: BaselineComparison | None = None)
     bars = []
     if "step" in figures or "step" in baseline.phases:
         step = figures.get("step") or baseline_median(baseline, "step")
-        bars.append(Bar(baseline, MEASURED_STEP, [(WHOLE_STEP, step)], result))
+        split = _median_round_split(baseline)
+        segments = breakdown_segments({**split, "step": step}) if split else [(WHOLE_STEP, step)]
+        bars.append(Bar(baseline, MEASURED_STEP, segments, result))
     apart = _phases_apart(baseline, figures, baseline=True)
     if apart:
         bars.append(Bar(baseline, PHASES_APART, apart, result))

@@ -13,7 +13,8 @@ with each baseline, and the consistency findings.
                       "interpretations": [...]}]}
 
 Every phase key (trainer.phases.PHASE_KEYS) is present under "phases", with "seconds": null where the run did not time it,
-and "absent": the reason where its trainer cannot time it (a phase its framework does not separate).
+and "absent": the reason where its trainer cannot time it (a phase its framework does not separate),
+and "inside_step": true where it was timed inside whole steps (their breakdown), not by a benchmark of its own.
 A session of several frameworks (--rl-trainer ours --rl-trainer trl) adds "frameworks": each
 framework's own report of this shape (pytest_rlbench.frameworks.session), the first one's also at the top.
 """
@@ -39,9 +40,12 @@ def _figure_json(fig: Figure) -> dict[str, Any]:
     return {"value": fig.value, "unit": fig.unit, "basis": fig.basis, "reason": fig.reason}
 
 
-def phases_json(figures: dict[str, Figure], absent: dict[str, str] | None = None) -> dict[str, Any]:
+def phases_json(
+    figures: dict[str, Figure], absent: dict[str, str] | None = None, inside_step: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """Each phase key: its seconds (null when not timed) and its derived figures by family; a phase
-    the trainer cannot time (``absent``: the record's provenance.absent_phases) says why under "absent"."""
+    the trainer cannot time (``absent``: the record's provenance.absent_phases) says why under "absent";
+    one timed inside whole steps rather than by a benchmark of its own has "inside_step": true."""
     out: dict[str, Any] = {}
     for key in PHASE_KEYS:
         timed = figures.get(f"{TIMING}/{key}")
@@ -52,6 +56,8 @@ def phases_json(figures: dict[str, Figure], absent: dict[str, str] | None = None
         out[key] = {"seconds": seconds, "figures": derived}
         if absent and key in absent:
             out[key]["absent"] = absent[key]
+        if key in inside_step:
+            out[key]["inside_step"] = True
     return out
 
 
@@ -68,7 +74,9 @@ def build_report(
         "format_version": REPORT_FORMAT_VERSION,
         "passed": all(r.passed for r in results),
         "run": {k: record[k] for k in RUN_SECTIONS if k in record},
-        "phases": phases_json(figures, run.provenance.absent_phases),
+        "phases": phases_json(
+            figures, run.provenance.absent_phases, frozenset(k for k, p in run.phases.items() if p.inside_step)
+        ),
         "metrics": {
             name: {"value": figures[name].value, "unit": m.unit, "samples": m.value} for name, m in run.metrics.items()
         },
