@@ -201,9 +201,10 @@ def _median_round_split(record: RunRecord) -> dict[str, float]:
     inside = {k: p.seconds for k, p in record.phases.items() if p.inside_step}
     if step is None or not inside or any(len(v) != len(step.seconds) for v in inside.values()):
         return {}
-    order = sorted(range(len(step.seconds)), key=lambda i: step.seconds[i])
-    middle = order[(len(order) - 1) // 2]
-    return {k: v[middle] for k, v in inside.items()}
+    rounds = [{"step": s, **{k: v[i] for k, v in inside.items()}} for i, s in enumerate(step.seconds)]
+    middle = median_step_round(rounds)
+    assert middle is not None  # the step has rounds
+    return {k: v for k, v in middle.items() if k != "step"}
 
 
 def baseline_bars(baseline: RunRecord, result: BaselineComparison | None = None) -> list[Bar]:

@@ -57,6 +57,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -321,7 +322,8 @@ class FastRolloutEngine(RolloutEngine):
         del logits
         bucket = self._bucket(buf.slots)
         view = buf  # the slots decoded now: all, then the running rows' after each compaction
-        trace = self._start_trace(buf, request)
+        traces = trace_dir()  # RLBENCH_DECODE_TRACE, read once a call
+        trace = self._start_trace(buf, request) if traces is not None else None
 
         def step(decode_index: int) -> None:
             self._step(view, buf.attn_len(decode_index, bucket), sampling)
@@ -337,18 +339,16 @@ class FastRolloutEngine(RolloutEngine):
         steps = decode_until_done(
             step, buf.first_bad, buf.finished, request, self.check_every, self.name, on_check=compact, rows=buf.rows
         )
-        if trace is not None:
-            self._finish_trace(trace, steps)
+        if trace is not None and traces is not None:
+            self._finish_trace(trace, steps, traces)
         out = GeneratedRows(buf.tokens[:, :steps].clone(), buf.log_probs[:, :steps].clone())
         if self.free_cache:
             self.release()
         return out
 
     # ------------------------------------------------------------------ tracing (RLBENCH_DECODE_TRACE)
-    def _start_trace(self, buf: DecodeBuffers, request: RowsRequest) -> DecodeTrace | None:
-        """A decode trace of this call when RLBENCH_DECODE_TRACE names a directory (decode_trace.py)."""
-        if trace_dir() is None:
-            return None
+    def _start_trace(self, buf: DecodeBuffers, request: RowsRequest) -> DecodeTrace:
+        """A decode trace of this call (RLBENCH_DECODE_TRACE names a directory: decode_trace.py)."""
         s = self.shape
         kv_token = 2 * s.num_layers * s.num_kv_heads * s.head_dim * self.weights.lm_head.element_size()
         targets = request.targets.tolist() if request.targets is not None else None
@@ -358,12 +358,10 @@ class FastRolloutEngine(RolloutEngine):
         trace.mark(1, buf.batch, buf.batch)
         return trace
 
-    def _finish_trace(self, trace: DecodeTrace, steps: int) -> None:
+    def _finish_trace(self, trace: DecodeTrace, steps: int, directory: Path) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         trace.finish(steps)
-        directory = trace_dir()
-        assert directory is not None
         write_trace(trace, directory)
 
 
