@@ -16,7 +16,9 @@ kernel (with sdpa they stay a kernel of their own); ``fused-rope-apart``: the sa
 kernel of their own; ``eager``: torch's ops, as on CPU). With ``--trace-rows`` it
 also profiles one eager step per row count at the longest context (torch.profiler) and writes the
 time per kernel family (matmul, attention, sampling, the rest) and the kernels (memsets included)
-launched per step (a captured step replays the same ones). With ``--attention-alone`` it then profiles
+launched per step (a captured step replays the same ones). With ``--ended E...`` it also times, for
+each rows count, the step with E of its rows ended (as between two compactions), with their K/V read
+and with them skipped by the attention kernel (``skip_ended_rows``). With ``--attention-alone`` it then profiles
 the captured step itself and times the split attention kernel alone (``decode_attention``, without
 RoPE) over every layer: on the engine's
 cache with the engine's arguments, without them, and on a fresh cache of the context's size (which
@@ -75,6 +77,9 @@ def main() -> None:
     ap.add_argument("--trace-rows", type=int, nargs="*", default=[64, 1])
     ap.add_argument("--attention", nargs="+", default=["split", "sdpa"], choices=["split", "sdpa"])
     ap.add_argument("--fusion", nargs="+", default=["fused", "eager"], choices=["fused", "fused-rope-apart", "eager"])
+    ap.add_argument("--ended", type=int, nargs="*", default=[],
+                    help="for each rows count, also time the step with this many of its rows ended (between two "
+                         "compactions), their K/V read and skipped (the engine's skip_ended_rows)")
     ap.add_argument("--attention-alone", action="store_true",
                     help="with --trace-rows: also profile the captured step, and time the attention kernel alone "
                          "over every layer on the engine's own cache and on a fresh one of the context's size")
@@ -151,6 +156,59 @@ def attention_alone(engine, buf, context: int, attn_len: int) -> dict:
     return out
 
 
+def time_step(engine, buf, attn_len: int, context: int, sampling, running: int | None = None) -> tuple[float, float]:
+    """Median seconds of one captured step (20 after 5 warm-ups, each synchronised) writing slot
+    context - 1, and ms a step over 50 replayed back to back, as generation replays them. ``running``:
+    the rows the engine is told still run (its attention chunks are chosen for them)."""
+    for _ in range(5):
+        engine._step(buf, attn_len, sampling, running)  # eager once, then captured
+        buf.step.zero_()
+        buf.write_slot.fill_(context - 1)
+    times = []
+    for _ in range(20):
+        buf.step.zero_()
+        buf.write_slot.fill_(context - 1)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine._step(buf, attn_len, sampling, running)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    burst = 50
+    buf.step.zero_()
+    # the burst writes slots context - 50 to context - 1: inside the attention length, as in the engine
+    buf.write_slot.fill_(max(0, context - burst))
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(burst):
+        engine._step(buf, attn_len, sampling, running)
+    torch.cuda.synchronize()
+    return statistics.median(times), (time.perf_counter() - start) / burst * 1e3
+
+
+def time_ended_rows(engine, buf, attn_len: int, context: int, sampling, labels, ended: int, peak) -> dict:
+    """The step with its last ``ended`` rows ended (as between two compactions), their K/V read
+    (skip_ended_rows off), skipped with the attention's chunks chosen for every slot's row
+    (``skipped_all_slots``), and skipped with them chosen for the rows running, as the engine does
+    (``skipped``): the roofline counts the running rows' K/V only."""
+    row = {**labels, "rows": buf.batch, "ended_rows": ended, "context": context}
+    need = roofline_bytes(engine, buf.batch - ended, context)
+    for key, skip, running in (("read", False, None), ("skipped_all_slots", True, None),
+                               ("skipped", True, buf.batch - ended)):
+        engine.skip_ended_rows = skip
+        engine._graphs.clear()  # the flag is captured in the graphs
+        engine._warmed.clear()
+        buf.finished.zero_()
+        buf.finished[buf.batch - ended:] = True
+        seconds, burst_ms = time_step(engine, buf, attn_len, context, sampling, running)
+        row[f"{key}_step_ms"], row[f"{key}_burst_step_ms"] = seconds * 1e3, burst_ms
+        row[f"{key}_bandwidth_use"] = (need / seconds / peak) if peak else None
+    buf.finished.zero_()
+    engine.skip_ended_rows = True
+    engine._graphs.clear()
+    engine._warmed.clear()
+    return row
+
+
 def profile_engine(engine, labels, args, sampling, peak, results, traces) -> None:
     variant = "-".join(labels.values())
     device = engine.device
@@ -163,35 +221,15 @@ def profile_engine(engine, labels, args, sampling, peak, results, traces) -> Non
             buf.attn_bias[:, :context] = 0.0
             buf.write_slot.fill_(context - 1)
             attn_len = min(buf.slots, -(-context // 128) * 128)
-            for _ in range(5):
-                engine._step(buf, attn_len, sampling)  # eager once, then captured
-                buf.step.zero_()
-                buf.write_slot.fill_(context - 1)
-            times = []
-            for _ in range(20):
-                buf.step.zero_()
-                buf.write_slot.fill_(context - 1)
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                engine._step(buf, attn_len, sampling)
-                torch.cuda.synchronize()
-                times.append(time.perf_counter() - start)
-            seconds = statistics.median(times)
-            burst = 50  # back to back, as generation replays steps between its checks
-            buf.step.zero_()
-            # the burst writes slots context - 50 to context - 1: inside the attention length, as in the engine
-            buf.write_slot.fill_(max(0, context - burst))
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(burst):
-                engine._step(buf, attn_len, sampling)
-            torch.cuda.synchronize()
-            burst_ms = (time.perf_counter() - start) / burst * 1e3
+            seconds, burst_ms = time_step(engine, buf, attn_len, context, sampling)
             need = roofline_bytes(engine, rows, context)
             row = {**labels, "rows": rows, "context": context, "step_ms": seconds * 1e3, "burst_step_ms": burst_ms,
                    "bytes": need, "bandwidth_use": (need / seconds / peak) if peak else None}
             results.append(row)
             print(json.dumps(row), flush=True)
+            for ended in (e for e in args.ended if 0 < e < rows):
+                results.append(time_ended_rows(engine, buf, attn_len, context, sampling, labels, ended, peak))
+                print(json.dumps(results[-1]), flush=True)
         if rows in args.trace_rows:
             from torch.profiler import ProfilerActivity, profile
 

@@ -2,7 +2,7 @@
 sampling-correctness check, on one model after one update and one reshard.
 
     python benchmarks/gpu_fidelity.py OUT_DIR [--preset r1-distill-qwen-1.5b] [--prompts 16] [--n 8]
-        [--prompt-len 256] [--response-len 1024] [--entropy 2.0] [--engines fast,hf,static]
+        [--prompt-len 256] [--response-len 1024] [--entropy 2.0] [--engines fast,hf,static] [--ragged MEAN]
 
 Random weights are close to uniform over the vocabulary (about 11.9 nats at 151,936 tokens), where
 every sampler looks right. So the LM head is scaled by one factor, found by bisection, that puts the
@@ -15,6 +15,10 @@ For each engine:
 - the fidelity figures of its rollout_log_probs against the trainer's old_log_prob (the bf16 actor's
   forward, as the step computes it): trainer.algorithms.fidelity;
 - the sampling check (trainer.algorithms.sampling_check) under an fp32 copy of the updated actor.
+With ``--ragged MEAN`` each row's length is drawn (rollout.target_lengths: log-normal, sigma 1, mean
+MEAN tokens, capped at --response-len), so rows end at different steps and the fast engine's row
+compaction, its attention's skipping of ended rows and its chunks sized for the rows running are
+all in the sampled tokens; without it every row is --response-len long.
 Writes OUT_DIR/fidelity.json and prints one line per engine.
 """
 
@@ -31,7 +35,7 @@ import torch
 from trainer.algorithms.fidelity import rollout_fidelity
 from trainer.algorithms.sampling_check import sampling_check
 from trainer.batch import Batch
-from trainer.config.schema import RolloutConfig
+from trainer.config.schema import RolloutConfig, TargetLengthsConfig
 from trainer.models.presets import build_model, load_tokenizer
 from trainer.rollout import make_engine
 from trainer.rollout.requests import SamplingParams
@@ -100,10 +104,14 @@ def main() -> None:
     parser.add_argument("--entropy", type=float, default=2.0)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--engines", default="fast,hf,static")
+    parser.add_argument("--ragged", type=float, default=0.0,
+                        help="mean tokens of log-normal target lengths (0: every row --response-len long)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only to try the script on a small preset")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_fidelity.py: no CUDA GPU here (--device cpu runs it on the CPU, for a small preset)")
+    if not 0 <= args.ragged <= args.response_len:
+        parser.error(f"--ragged {args.ragged}: the mean length must lie in [0, --response-len {args.response_len}]")
     args.out.mkdir(parents=True, exist_ok=True)
 
     actor = build_model(args.preset, torch.bfloat16 if args.device == "cuda" else torch.float32, args.device, seed=0).eval()
@@ -116,7 +124,9 @@ def main() -> None:
         actor.get_output_embeddings().weight.mul_(scale)
     print(f"LM head scaled by {scale:.3f} for {args.entropy} nats after the prompts", flush=True)
 
-    config = dict(ignore_eos=True, n=args.n)
+    config: dict = dict(ignore_eos=True, n=args.n)
+    if args.ragged:
+        config["target_lengths"] = TargetLengthsConfig(distribution="lognormal", mean=args.ragged, sigma=1.0)
     # share_weights=False: each engine holds its own copy, so the reshard below is what brings the update
     engines = {
         name: make_engine(name, actor, tokenizer, RolloutConfig(name=name, **config), share_weights=False)
@@ -126,6 +136,7 @@ def main() -> None:
     judge = fp32_reference(actor)
     results = {"preset": args.preset, "head_scale": scale, "lr": args.lr, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                "shape": f"{args.prompts} x {args.n}, prompt {args.prompt_len} + response {args.response_len}",
+               "ragged_mean": args.ragged,
                "engines": {}}
     for name, engine in engines.items():
         synced = engine.sync_from(actor)

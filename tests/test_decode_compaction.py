@@ -103,3 +103,42 @@ def test_compact_moves_running_rows_and_their_cache_to_the_front(model):
     assert view.prompt_rows.tolist() == [0, 1]
     view.last.fill_(7)  # a view: writes reach the buffers
     assert buf.last[:2].tolist() == [7, 7]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the attention kernel that skips ended rows runs on a GPU")
+def test_skipping_ended_rows_in_attention_changes_no_token(tok, prompts, liven):
+    """Between compactions the GPU attention kernel reads no K/V for rows that ended (skip_rows): the
+    running rows' attention is bit for bit the same, so every token and log-prob is too."""
+    model = liven(build_model("tiny", seed=0)).to("cuda", torch.bfloat16)
+    runs = []
+    for skip in (False, True):
+        config = RolloutConfig(name="fast", target_lengths=SPREAD)
+        engine = FastRolloutEngine(model, tok, config, check_every=8, skip_ended_rows=skip)
+        assert engine._attend_with_rope is not None, "the tiny model should take the split attention kernel"
+        runs.append(engine.generate(prompts, list(range(len(prompts))), [], N, CAP, SamplingParams(), SEED))
+    read, skipped = runs
+    lengths = read.response_mask.sum(dim=1)
+    assert lengths.min() + 8 < lengths.max(), "rows should end between checks, and stay decoded until one"
+    assert torch.equal(skipped.response_ids, read.response_ids)
+    assert torch.equal(skipped.response_mask, read.response_mask)
+    mask = read.response_mask.bool()
+    assert torch.equal(skipped.rollout_log_probs[mask], read.rollout_log_probs[mask])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the split attention kernel and CUDA graphs run on a GPU")
+def test_attention_chunks_are_chosen_for_the_rows_still_running(tok, prompts, liven):
+    """Ended rows read nothing, so the attention's chunks per row are counted for the rows running at
+    the last check, not for the slots decoded: some captured step must split more than the slots'
+    own count would, and the first steps (every row running) must not."""
+    from trainer.kernels.triton_decode_attention import split_count
+
+    model = liven(build_model("tiny", seed=0)).to("cuda", torch.bfloat16)
+    config = RolloutConfig(name="fast", target_lengths=TargetLengthsConfig(distribution="lognormal", mean=300.0, sigma=1.0))
+    engine = FastRolloutEngine(model, tok, config, check_every=8)
+    n = 8  # 64 rows: enough that every row running takes one chunk a row
+    engine.generate(prompts, list(range(len(prompts))), [], n, 1500, SamplingParams(), SEED)
+    programs, kv_heads = engine._attention_programs, engine.shape.num_kv_heads
+    by_slots = {key: split_count(key[0], kv_heads, key[1], programs) for key in engine._graphs}
+    assert any(splits > by_slots[key] for key, splits in ((k, k[2]) for k in engine._graphs)), sorted(engine._graphs)
+    full = [key for key in engine._graphs if key[0] == n * len(prompts)]
+    assert full and full[0][2] == by_slots[full[0]], sorted(engine._graphs)

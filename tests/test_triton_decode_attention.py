@@ -106,6 +106,20 @@ def check(device: str, dtype, programs=None) -> None:
         got = decode_attention(q, k, v, bias, 640, programs=progs, splits=splits, last_slot=last)
         torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
     assert decode_attention(q, k, v, bias, 640, programs=16).isnan().any()  # without it they are read
+    # skip_rows: an ended row reads no slot (its cache all NaN here) and gives 0; the others' results
+    # are bit for bit those without skipping, whole and split
+    q, k, v, bias = case(24, 2, 6, 64, 640, 437, dtype, device, seed=6)
+    skip = torch.zeros(24, dtype=torch.bool, device=device)
+    skip[[0, 5, 6, 23]] = True
+    for progs, splits in ((16, None), (16, 3), (programs, None)):
+        want = decode_attention(q, k, v, bias, 437, programs=progs, splits=splits)
+        ended_k, ended_v = k.clone(), v.clone()
+        ended_k[skip], ended_v[skip] = float("nan"), float("nan")
+        got = decode_attention(q, ended_k, ended_v, bias, 437, programs=progs, splits=splits, skip_rows=skip)
+        assert torch.equal(got[~skip], want[~skip]), (progs, splits, (got[~skip] - want[~skip]).abs().max())
+        assert (got[skip] == 0).all(), (progs, splits, got[skip].abs().max())
+    with pytest.raises(ValueError, match="skip_rows"):
+        decode_attention(q, k, v, bias, 437, skip_rows=skip[:3])
 
 
 def check_with_rope(device: str, dtype) -> None:
@@ -137,6 +151,13 @@ def check_with_rope(device: str, dtype) -> None:
                                              kv_rows=kv_rows, shared_slots=128, splits=splits)
             assert not got.isnan().any(), (slot, splits)
             assert torch.equal(got, want), (slot, splits)
+            # an ended row (skip_rows) still has this step's K/V written, reads nothing and gives 0
+            skip = torch.tensor([False, True, False, False, False, True], device=device)
+            k3, v3 = k.clone(), v.clone()
+            skipped = decode_attention_with_rope(qkv, cos, sin, k3, v3, bias, attn_len, write, heads, programs=16,
+                                                 kv_rows=kv_rows, shared_slots=128, splits=splits, skip_rows=skip)
+            assert torch.equal(skipped[~skip], want[~skip]) and (skipped[skip] == 0).all(), (slot, splits)
+            assert torch.equal(k3.nan_to_num(), k2.nan_to_num()) and torch.equal(v3.nan_to_num(), v2.nan_to_num())
             for new, old in ((k2, k1), (v2, v1)):  # the slot written, and no other
                 assert torch.equal(new.isnan(), old.isnan()) and torch.equal(new.nan_to_num(), old.nan_to_num())
     with pytest.raises(ValueError, match="expected qkv"):

@@ -96,10 +96,11 @@ def _rope_step(qkv_row, h, g, d, cos_row, sin_row, k_slot, v_slot, writes,
 @triton.jit
 def _partial_kernel(
     q_ptr, k_ptr, v_ptr, bias_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr, kv_rows_ptr, last_slot_ptr, cos_ptr, sin_ptr,
-    sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sbias_b, so_b, so_h, so_g, s_cos, s_sin,
+    skip_ptr, sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sbias_b, so_b, so_h, so_g, s_cos, s_sin,
     attn_len, tiles_per_split, scale, shared_slots,
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
     PRECISION: tl.constexpr, WHOLE: tl.constexpr, HAS_LAST_SLOT: tl.constexpr, ROPE: tl.constexpr,
+    HAS_SKIP: tl.constexpr,
 ):
     # WHOLE: one chunk per (row, KV head), so the program's sums are final: it writes the output
     # itself and there is nothing to merge. ROPE: q_ptr is the qkv matmul's output (q heads, then k's,
@@ -127,6 +128,8 @@ def _partial_kernel(
         q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=g[:, None] < GROUP, other=0.0)
     if HAS_LAST_SLOT:  # no row sees a slot after the one written this step: its tiles are not read
         end = tl.minimum(end, last.to(tl.int32) + 1)
+    if HAS_SKIP:  # a row whose attention nobody reads (an ended row): no tile is read, its output is 0
+        end = tl.where(tl.load(skip_ptr + b) != 0, start, end)
     # a finite start: a tile whose slots are all masked (-inf bias) then adds exp(-inf) = 0, never NaN
     running_max = tl.full([GROUP_PAD], -1.0e30, tl.float32)
     running_sum = tl.zeros([GROUP_PAD], tl.float32)
@@ -151,7 +154,7 @@ def _partial_kernel(
         q, tl.where(in_prompt, shared_k, own_k), tl.where(in_prompt, shared_v, own_v), bias_row, whole_end, end, end, d,
         sk_s, sv_s, scale, running_max, running_sum, acc, BLOCK, PRECISION, True)
     if WHOLE:
-        out = acc / running_sum[:, None]
+        out = acc / tl.where(running_sum > 0, running_sum, 1.0)[:, None]  # 0, not NaN, where nothing was read
         tl.store(out_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=g[:, None] < GROUP)
     else:
@@ -187,7 +190,8 @@ def _merge_kernel(
         total += weight * tl.load(sum_ptr + (base + part) * GROUP_PAD + g, mask=inside, other=0.0)
         acc = tl.load(acc_ptr + ((base + part[:, None]) * GROUP_PAD + g) * D + d[None, :], mask=inside[:, None], other=0.0)
         out += weight[:, None] * acc
-    merged = tl.sum(out, axis=0) / tl.sum(total, axis=0)
+    weight_sum = tl.sum(total, axis=0)
+    merged = tl.sum(out, axis=0) / tl.where(weight_sum > 0, weight_sum, 1.0)  # 0 for a skipped row, not NaN
     tl.store(out_ptr + b * so_b + h * so_h + g * so_g + d, merged.to(out_ptr.dtype.element_ty))
 
 
@@ -213,7 +217,7 @@ def decode_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, attn_len: int, programs: int | None = None,
     block_n: int | None = None, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
     kv_rows: torch.Tensor | None = None, shared_slots: int = 0, splits: int | None = None,
-    out: torch.Tensor | None = None, last_slot: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, last_slot: torch.Tensor | None = None, skip_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [b, KV heads, group, d]; k, v [b, KV heads, slots, d] (d contiguous); bias [b, slots] (0 on
     visible slots, -inf elsewhere; slots contiguous) -> [b, KV heads, group, d] in q's dtype, over
@@ -226,18 +230,21 @@ def decode_attention(
     ``last_slot``: a device integer, the last slot any row can see (the fast engine's write slot):
     slots after it, masked by the bias anyway, are not read, so a step pays for the slots written so
     far, not for the rest of its attention bucket; the result is the same (their weights are 0).
+    ``skip_rows`` ([b] bool on the device, read by the kernel): rows whose result nobody reads (the
+    fast engine's ended rows, decoded until the next compaction): their programs read no slot and
+    their output is 0, so an ended row costs no K/V reads; the other rows' results are unchanged.
     ``splits`` overrides split_count (benchmarks); ``out``, q's shape and dtype, receives the result."""
     if q.stride(-1) != 1:
         raise ValueError("decode_attention needs the last dimension of q contiguous")
     return _attend(q, k, v, bias, attn_len, programs, block_n, num_warps, num_stages, kv_rows, shared_slots, splits,
-                   out, last_slot, rope=None)
+                   out, last_slot, skip_rows, rope=None)
 
 
 def decode_attention_with_rope(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
     attn_len: int, write_slot: torch.Tensor, heads: int, programs: int | None = None, block_n: int | None = None,
     num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES, kv_rows: torch.Tensor | None = None,
-    shared_slots: int = 0, splits: int | None = None,
+    shared_slots: int = 0, splits: int | None = None, skip_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode step's RoPE, K/V cache write and attention in one kernel: what
     ``rope_and_cache_write`` (trainer/kernels/triton_decode_fused.py) and then ``decode_attention``
@@ -257,13 +264,13 @@ def decode_attention_with_rope(
         raise ValueError(f"decode_attention_with_rope: {heads} query heads do not share {kv_heads} KV heads evenly")
     q = qkv[:, : heads * d].view(b, kv_heads, heads // kv_heads, d)  # the kernel finds k and v after it in the row
     return _attend(q, k, v, bias, attn_len, programs, block_n, num_warps, num_stages, kv_rows, shared_slots, splits,
-                   None, write_slot, rope=(cos, sin))
+                   None, write_slot, skip_rows, rope=(cos, sin))
 
 
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, attn_len: int, programs: int | None,
     block_n: int | None, num_warps: int, num_stages: int, kv_rows: torch.Tensor | None, shared_slots: int,
-    splits: int | None, out: torch.Tensor | None, last_slot: torch.Tensor | None,
+    splits: int | None, out: torch.Tensor | None, last_slot: torch.Tensor | None, skip_rows: torch.Tensor | None,
     rope: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
     """The launch behind decode_attention and decode_attention_with_rope (``rope``: cos, sin; q a view of
@@ -275,6 +282,8 @@ def _attend(
         raise ValueError(f"decode_attention needs a power-of-two head_dim >= 16, got {d}")
     if programs is None:
         programs = default_programs(q.device)
+    if skip_rows is not None and tuple(skip_rows.shape) != (b,):
+        raise ValueError(f"decode_attention: skip_rows must be [{b}] (one flag a row), got {tuple(skip_rows.shape)}")
     if kv_rows is None:
         if shared_slots:
             raise ValueError("decode_attention: shared_slots needs kv_rows (which row's cache each row reads)")
@@ -298,13 +307,14 @@ def _attend(
     cos, sin = rope if rope is not None else (q, q)  # not read without rope
     _partial_kernel[(b * kv_heads, splits)](
         q, k, v, bias, acc, maxes, sums, out, kv_rows, kv_rows if last_slot is None else last_slot, cos, sin,
+        kv_rows if skip_rows is None else skip_rows,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), bias.stride(0), out.stride(0), out.stride(1), out.stride(2),
         cos.stride(0), sin.stride(0),
         attn_len, tiles_per_split, 1.0 / math.sqrt(d), shared_slots,
         KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, D=d, BLOCK=block_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # no TF32 rounding of float32 inputs
-        WHOLE=whole, HAS_LAST_SLOT=last_slot is not None, ROPE=rope is not None,
+        WHOLE=whole, HAS_LAST_SLOT=last_slot is not None, ROPE=rope is not None, HAS_SKIP=skip_rows is not None,
         num_warps=num_warps, num_stages=num_stages,
         # RoPE's products are rounded where the eager path rounds only without FMA contraction (as in
         # rope_and_cache_write); off for the whole kernel cost nothing measurable on an H100 (docs/benchmarks.md)

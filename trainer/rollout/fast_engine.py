@@ -11,7 +11,8 @@ What makes it fast, and why each piece is there:
   captured in a CUDA graph and replayed (transformers' forward with its StaticCache did not
   capture when tried, see static_engine.py).
 - Attention over a bucket of slots: a step attends over the first ``attn_len`` cache slots, rounded
-  up to a bucket, with one graph per (decoded slots, bucket), captured the second time it is met
+  up to a bucket, with one graph per (decoded slots, bucket, attention chunks per row: see
+  ``_attention_splits``), captured the second time it is met
   (the first runs eagerly); the host knows the step count, so it picks the graph without reading the
   device. The GPU attention kernel reads the write slot on the device and reads no slot after it, so
   the bucket's unwritten slots cost nothing.
@@ -19,7 +20,10 @@ What makes it fast, and why each piece is there:
   (``_prefill_once_per_prompt``), as vLLM's prefix caching shares a prompt's blocks among its samples.
 - Row compaction (decode_buffers.py): at a check, once at most half the decoded slots still run,
   the running rows and their caches move to the front and later steps decode only those slots, so
-  ragged lengths do not keep paying for rows that have ended.
+  ragged lengths do not keep paying for rows that have ended. Between compactions the attention
+  kernel skips the rows that ended (``skip_rows``: their programs read no K/V), so an ended row
+  still in the decoded slots costs its share of the matmuls, not its cache's reads, which
+  at long caches are most of a row's cost (``skip_ended_rows=False`` reads them, to compare).
 - Decode attention on GPU split over the cache (trainer/kernels/triton_decode_attention.py): one
   program per (row, KV head, chunk of slots), so a few long rows still keep every SM reading; with
   many rows, one program per (row, KV head). The rows of one prompt (GRPO's rollout.n) read the
@@ -117,12 +121,15 @@ class FastRolloutEngine(RolloutEngine):
         split_attention: bool = True,
         fused_decode: bool | None = None,
         rope_in_attention: bool = True,
+        skip_ended_rows: bool = True,
     ) -> None:
         super().__init__(model, tokenizer, config, share_weights=False)
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.check_every = check_every
         self.compact_rows = compact_rows  # see decode_buffers.py: decode only the rows still running
+        # between compactions the GPU attention kernel reads no K/V for the rows that ended (skip_rows)
+        self.skip_ended_rows = skip_ended_rows
         self.shape = lean_shape(model.config)
         source = next(model.parameters())
         device = source.device
@@ -137,8 +144,9 @@ class FastRolloutEngine(RolloutEngine):
         self.free_cache = bool(config.free_cache_engine) if config is not None else False
         self._buffers: DecodeBuffers | None = None
         self._buffers_key: tuple[Any, ...] | None = None
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (slots, attention length) -> graph
-        self._warmed: set[tuple[int, int]] = set()  # keys whose step ran once eagerly (see _step)
+        # (slots, attention length, attention chunks per row) -> graph
+        self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self._warmed: set[tuple[int, int, int]] = set()  # keys whose step ran once eagerly (see _step)
         self._capture_stream: torch.cuda.Stream | None = None
         self._pool: tuple[int, int] | None = None
         self._race: Callable[..., None] | None = None
@@ -148,8 +156,13 @@ class FastRolloutEngine(RolloutEngine):
         # None: read FUSED_DECODE_ENV once, here. CPU keeps the eager ops.
         wanted = fused_decode_from_env() if fused_decode is None else fused_decode
         self.fused_decode = wanted and device.type == "cuda"
+        self._attention_programs = 0  # the split attention kernel's program target (0: no split kernel)
         if device.type == "cuda":
-            from trainer.kernels.triton_decode_attention import decode_attention, decode_attention_with_rope
+            from trainer.kernels.triton_decode_attention import (
+                decode_attention,
+                decode_attention_with_rope,
+                default_programs,
+            )
             from trainer.kernels.triton_sampling import keyed_race
 
             self._race = keyed_race
@@ -158,6 +171,8 @@ class FastRolloutEngine(RolloutEngine):
             self._attend = decode_attention if split_attention and d >= 16 and not d & (d - 1) else None
             if self._attend is not None and self.fused_decode and rope_in_attention:
                 self._attend_with_rope = decode_attention_with_rope
+            if self._attend is not None:
+                self._attention_programs = default_programs(device)
         # CUDA-graph capture seconds and graph count, cumulative: benchmarks/gpu_micro.py's engine run records them
         self.stats: dict[str, float] = {}
 
@@ -209,19 +224,33 @@ class FastRolloutEngine(RolloutEngine):
         buf.last.copy_(token)
         buf.step.add_(1)
 
-    def _decode_step(self, buf: DecodeBuffers, attn_len: int, sampling: SamplingParams) -> None:
-        """One decode step: the graph-captured body."""
+    def _attention_splits(self, rows: int, attn_len: int) -> int:
+        """Chunks per (row, KV head) for the split attention kernel over ``rows`` rows that read their
+        caches (0 without the kernel)."""
+        if not self._attention_programs:
+            return 0
+        from trainer.kernels.triton_decode_attention import split_count
+
+        return split_count(max(1, rows), self.shape.num_kv_heads, attn_len, self._attention_programs)
+
+    def _decode_step(self, buf: DecodeBuffers, attn_len: int, sampling: SamplingParams, splits: int = 0) -> None:
+        """One decode step: the graph-captured body. ``splits``: the attention kernel's chunks per
+        (row, KV head) (0: its own rule, for the slots decoded)."""
         buf.attn_bias.index_fill_(1, buf.write_slot.view(1), 0.0)  # the slot written now becomes visible
         # the GPU kernel reads each prompt group's K/V from one row's cache, and no slot after the one
         # written now (the rest of the attention bucket is masked)
         attend = attend_with_rope = None
+        skip = buf.finished if self.skip_ended_rows else None  # an ended row emits padding whatever its logits
+        chunks = splits or None
         if self._attend_with_rope is not None:  # this step's RoPE and K/V write in the kernel too
             attend_with_rope = functools.partial(
-                self._attend_with_rope, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width
+                self._attend_with_rope, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width, skip_rows=skip,
+                splits=chunks,
             )
         elif self._attend is not None:
             attend = functools.partial(
-                self._attend, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width, last_slot=buf.write_slot
+                self._attend, kv_rows=buf.prompt_rows, shared_slots=buf.prompt_width, last_slot=buf.write_slot,
+                skip_rows=skip, splits=chunks,
             )
         logits = decode_logits(
             self.weights, buf.cache_k, buf.cache_v, buf.last, buf.positions, buf.write_slot, buf.attn_bias, attn_len,
@@ -241,20 +270,28 @@ class FastRolloutEngine(RolloutEngine):
         self._buffers, self._buffers_key = buf, key
         return buf
 
-    def _step(self, view: DecodeBuffers, attn_len: int, sampling: SamplingParams) -> None:
+    def _step(self, view: DecodeBuffers, attn_len: int, sampling: SamplingParams, running: int | None = None) -> None:
         """One decode step over ``view``'s slots: a graph replay when one is captured for its
-        (slots, attention length), else eager.
+        (slots, attention length, attention chunks), else eager. ``running``: the rows still running at
+        the last check (at most, as rows only end), for which the attention's chunks are chosen
+        (default: every slot's row).
 
-        Graphs are captured lazily, one per (slots, attention bucket) met, sharing one memory pool:
+        Graphs are captured lazily, one per (slots, attention bucket, chunks) met, sharing one memory pool:
         the first time a key is met its step runs eagerly on the capture stream (kernel selection,
         Triton compilation and workspaces happen outside capture), the second time it is captured
         (capture records, it does not run) and replayed. The keys a generate call meets form a path
-        (attention grows, slots shrink), so a call meets at most buckets + log2(batch) of them.
+        (attention grows, slots and running rows shrink), so a call meets at most buckets + log2(batch) +
+        the chunk counts it passes through.
         """
+        # Chunks for the rows running, not the slots decoded: ended rows' programs read nothing
+        # (skip_rows), so 33 running rows of 64 slots would leave half the SMs idle if the chunks were
+        # counted for 64 rows
+        reading = running if running is not None and self.skip_ended_rows else view.batch
+        splits = self._attention_splits(reading, attn_len)
         if not self.use_cuda_graphs:
-            self._decode_step(view, attn_len, sampling)
+            self._decode_step(view, attn_len, sampling, splits)
             return
-        key = (view.batch, attn_len)
+        key = (view.batch, attn_len, splits)
         graph = self._graphs.get(key)
         if graph is None:
             start = time.perf_counter()
@@ -266,12 +303,12 @@ class FastRolloutEngine(RolloutEngine):
                 self._warmed.add(key)
                 stream.wait_stream(current)
                 with torch.cuda.stream(stream):
-                    self._decode_step(view, attn_len, sampling)
+                    self._decode_step(view, attn_len, sampling, splits)
                 current.wait_stream(stream)
                 return
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-                self._decode_step(view, attn_len, sampling)
+                self._decode_step(view, attn_len, sampling, splits)
             self._graphs[key] = graph
             self.stats["capture_s"] = self.stats.get("capture_s", 0.0) + time.perf_counter() - start
             self.stats["graphs"] = float(len(self._graphs))
@@ -322,14 +359,16 @@ class FastRolloutEngine(RolloutEngine):
         del logits
         bucket = self._bucket(buf.slots)
         view = buf  # the slots decoded now: all, then the running rows' after each compaction
+        running_rows = buf.batch  # rows running at the last check (the attention's chunks are sized for them)
         traces = trace_dir()  # RLBENCH_DECODE_TRACE, read once a call
         trace = self._start_trace(buf, request) if traces is not None else None
 
         def step(decode_index: int) -> None:
-            self._step(view, buf.attn_len(decode_index, bucket), sampling)
+            self._step(view, buf.attn_len(decode_index, bucket), sampling, running_rows)
 
         def compact(running: int, steps: int) -> None:
-            nonlocal view
+            nonlocal view, running_rows
+            running_rows = running
             size = compacted_size(running, view.batch) if self.compact_rows else view.batch
             if size < view.batch:
                 view = buf.compact(size, written_slots=buf.prompt_width + steps - 1)
