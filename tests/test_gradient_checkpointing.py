@@ -4,6 +4,9 @@ the config's checks. FSDP2 with a policy: tests/test_fsdp_gloo.py."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from op_counts import OpCounter
@@ -216,3 +219,25 @@ def test_records_and_trl_comparisons_name_a_selective_policy():
     packed = build_config(["actor_rollout_ref.model.use_remove_padding=True"])
     assert describe_config(packed).settings["use_remove_padding"] is True
     assert "use_remove_padding" not in describe_config(plain).settings and "use_liger" not in describe_config(plain).settings
+
+
+# In a fresh process: what importing the train worker imports, then what the policies keep.
+ATTENTION_OPS_PROBE = """
+import sys
+import trainer.workers.train_worker
+print("varlen imported by the worker:", "torch.nn.attention.varlen" in sys.modules)
+from trainer.models.checkpointing import ATTENTION_OPS
+import torch
+op = getattr(getattr(torch.ops, "torch_attn", None), "_varlen_attn", None)
+print("varlen op kept:", op is None or op in ATTENTION_OPS)
+"""
+
+
+def test_the_varlen_op_is_imported_only_when_the_attention_ops_are_read_and_then_kept():
+    """Importing torch.nn.attention.varlen imports torch._dynamo (seconds of CPU in every Ray worker and
+    driver): the train worker's import must not do it, and reading the set must still give it whole."""
+    probe = [sys.executable, "-c", ATTENTION_OPS_PROBE]
+    run = subprocess.run(probe, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    expected = ["varlen imported by the worker: False", "varlen op kept: True"]
+    assert run.stdout.splitlines() == expected, run.stdout

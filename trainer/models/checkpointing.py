@@ -55,7 +55,7 @@ def _aten_packets(*names: str) -> frozenset[Any]:
 
 # The attention kernels scaled_dot_product_attention dispatches to, one per back end, and the
 # lower-level flash / memory-efficient forwards that some call paths reach directly.
-ATTENTION_OPS = _aten_packets(
+_SDPA_OPS = _aten_packets(
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention",
@@ -79,16 +79,31 @@ def _varlen_attention_ops() -> frozenset[Any]:
     return frozenset([op]) if op is not None else frozenset()
 
 
-ATTENTION_OPS = ATTENTION_OPS | _varlen_attention_ops()
+@functools.cache
+def attention_ops() -> frozenset[Any]:
+    """Every attention op a policy keeps: SDPA's kernels and the varlen op. Built on first use, not at
+    import: importing torch.nn.attention.varlen imports torch._dynamo (~1.5 s of CPU), which every
+    process importing the train worker paid, the Ray driver and pytest's own too, that build no model
+    (a process that builds a transformers model imports torch._dynamo anyway, through its masking)."""
+    return _SDPA_OPS | _varlen_attention_ops()
+
+
+def __getattr__(name: str) -> Any:
+    """``ATTENTION_OPS``: ``attention_ops()``, the complete set, computed when first read."""
+    if name == "ATTENTION_OPS":
+        return attention_ops()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 MLP = "mlp"
-# policy name -> the op packets whose outputs it keeps (full: none, a plain recompute); the valid
-# values of gradient_checkpointing_policy (config validation reads them)
-POLICIES: Registry[frozenset[Any]] = Registry(KEY)
-POLICIES.register(FULL, frozenset())
-POLICIES.register("save_attention", ATTENTION_OPS)
-POLICIES.register("save_matmuls", ATTENTION_OPS | MATMUL_OPS)
-POLICIES.register(MLP, frozenset())  # a plain recompute of a smaller region: each layer's MLP block
+# policy name -> a function of no arguments giving the op packets the policy keeps (full: none, a plain
+# recompute); called only when a model is checkpointed (attention_ops: why). The registered names are
+# the valid values of gradient_checkpointing_policy (config validation reads them).
+POLICIES: Registry[Callable[[], frozenset[Any]]] = Registry(KEY)
+POLICIES.register(FULL, frozenset)
+POLICIES.register("save_attention", attention_ops)
+POLICIES.register("save_matmuls", lambda: attention_ops() | MATMUL_OPS)
+POLICIES.register(MLP, frozenset)  # a plain recompute of a smaller region: each layer's MLP block
 LAYERS_KEY = "actor_rollout_ref.model.gradient_checkpointing_layers"
 # Policies that would compute wrong gradients with use_liger, and why: liger-kernel's RoPE
 # (src/liger_kernel/ops/rope.py, rope_forward) rotates q and k in place in the q/k projections' output
@@ -113,7 +128,7 @@ def checkpoint_kwargs(policy: str) -> dict[str, Any]:
     """The keyword arguments of ``torch.utils.checkpoint.checkpoint`` for ``policy``: non-reentrant (the
     kind that composes with FSDP2's hooks) and, for a selective policy, a fresh pair of selective
     contexts per checkpointed call (``context_fn``)."""
-    saved = POLICIES[policy]
+    saved = POLICIES[policy]()
     kwargs: dict[str, Any] = {"use_reentrant": False}
     if saved:
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
