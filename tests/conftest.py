@@ -18,6 +18,19 @@ use_loopback()
 # depend on which test started Ray first. One mode for the whole test run: off (loopback-only clusters).
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+# What pytest-xdist tells its workers through the environment. A pytest session a test starts (pytester,
+# in process or in a subprocess) would inherit it, and pytest-benchmark reads PYTEST_XDIST_WORKER to
+# disable every benchmark of a parallel run: the inner session would run no benchmark at all.
+XDIST_WORKER_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+
+
+@pytest.fixture(autouse=True)
+def _sessions_started_by_tests_are_not_xdist_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``pytest tests/ -n 2`` each test runs with xdist's worker variables removed, so the pytest
+    sessions it starts behave as they do under a plain ``pytest tests/`` (restored after the test)."""
+    for name in XDIST_WORKER_ENV:
+        monkeypatch.delenv(name, raising=False)
+
 
 @pytest.fixture(scope="session")
 def plugin_deps_loaded() -> None:

@@ -25,6 +25,8 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 # logs (benchmarks.md) and the others' files keep historical paths of their own.
 REFERENCE_DOCS = ["options", "gating", "replay", "engines", "gpus", "trainer", "data", "writing-benchmarks"]
 CI = (ROOT / ".ci" / "run").read_text()
+# The tests in two processes, each file's tests in one (its module fixtures start once).
+TESTS_COMMAND = "pytest tests/ -n 2 --dist loadfile"
 
 
 def section(text: str, heading: str) -> str:
@@ -62,8 +64,8 @@ def test_quick_start_is_cis_install_then_exactly_the_main_job_and_the_tests() ->
     pip_lines = [line for line in install if line.startswith("pip ")]
     assert pip_lines == ["pip install torch==2.13.0", 'pip install -e ".[test]"']
     assert all(line in ci for line in pip_lines), pip_lines
-    assert commands == ["pytest suites/", "pytest tests/"]
-    assert "pytest suites/ -q" in ci and "pytest tests/" in ci  # CI runs both (the first quieter)
+    assert commands == ["pytest suites/", TESTS_COMMAND]
+    assert "pytest suites/ -q" in ci and TESTS_COMMAND in ci  # CI runs both (the first quieter)
 
 
 def test_the_readmes_vllm_block_is_cis_vllm_stage() -> None:
