@@ -153,7 +153,7 @@ def test_a_baseline_that_names_no_gpu_gates_on_its_assumed_one_and_lists_it() ->
     assert seven.hardware.gpu_model is None and seven.workload.gpu_model.source == "assumed"
     result = compare(replay_record(seven, H100, world_size=4, speedup=0.5), seven)
     assert (result.mode, result.basis) == ("gate", PER_GPU) and not result.passed
-    assert any(a.startswith("gpu_model = 'H100' (not stated") for a in result.assumptions)
+    assert any(a.startswith("hardware.gpu_model = 'H100' (not stated") for a in result.assumptions)
     assert all("gpu_model" in c.message for c in result.comparisons)
     unnamed = dataclasses.replace(seven, workload=dataclasses.replace(seven.workload, gpu_model=None))
     result = compare(replay_record(seven, H100, world_size=4, speedup=10.0), unnamed)

@@ -72,7 +72,7 @@ class Workload:
     temperature: Sourced
     parallelism: Sourced  # {"dp": .., "tp": .., "sp": ..}: how the work was split
     # The GPU model, only where the record's hardware section cannot state it (an assumed one): what a
-    # per-GPU gate reads the baseline's GPUs as, listed with the other assumptions beside its verdicts.
+    # per-GPU gate reads the baseline's GPUs as, listed (once, with that reading) beside its verdicts.
     gpu_model: Sourced | None = field(default=None, metadata=_OMIT)
 
 
@@ -124,14 +124,20 @@ def sourced_items(workload: Workload) -> Iterator[tuple[str, Sourced]]:
             yield f.name, item
 
 
+# Assumed values a gate reads as the baseline's hardware: listed by pytest_rlbench.verdict.gate_basis
+# (hardware_assumptions) on one line with how the gate reads them (an H100 taken as H100 SXM), not here.
+HARDWARE_READINGS = ("gpu_model",)
+
+
 def assumptions(workload: Workload | None) -> list[str]:
-    """Each assumed value as one line: "response_length.shape = 'lognormal' (why)"."""
+    """Each assumed value as one line: "response_length.shape = 'lognormal' (why)"; the hardware's
+    (``HARDWARE_READINGS``) left to the gate that reads them."""
     if workload is None:
         return []
     return [
         f"{name} = {item.value!r}" + (f" ({item.why})" if item.why else "")
         for name, item in sourced_items(workload)
-        if item.source == ASSUMED
+        if item.source == ASSUMED and name not in HARDWARE_READINGS
     ]
 
 

@@ -5,7 +5,9 @@ Both need the run's recorded workload to match the baseline's per GPU
 (``pytest_rlbench.records.workload.workload_matches``) and both sides to be GPU runs that name their GPU.
 GPU names are compared by model (``gpu_family``: "NVIDIA H100 80GB HBM3" and "H100" are one model);
 where a name leaves out what a figure needs (the variant, for peak memory bandwidth) the reading
-taken is returned as an assumption, to be listed beside the verdicts.
+taken is returned as an assumption, to be listed beside the verdicts. A GPU model that the baseline's
+workload assumes (a published run that does not state its GPUs) is listed here too, once, with how the
+gate reads it (``records.workload_format.assumptions`` leaves it to this module).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import replace
 from pytest_rlbench.records.metrics import BANDWIDTH, MFU, THROUGHPUT, TIMING
 from pytest_rlbench.records.record import RunRecord
 from pytest_rlbench.records.workload import decode_replicas, workload_matches
+from pytest_rlbench.records.workload_format import ASSUMED, Workload
 from pytest_rlbench.verdict.peaks import PEAK_BF16_FLOPS, peak_memory_bandwidth
 
 # What a gate compares (BaselineComparison.basis).
@@ -58,6 +61,15 @@ def with_assumed_gpu(record: RunRecord) -> RunRecord:
     return replace(record, hardware=replace(record.hardware, gpu_model=w.gpu_model.value))
 
 
+def _assumed_gpu(workload: Workload | None, gpu_model: str | None) -> str | None:
+    """ "hardware.gpu_model = 'H100' (why)" where the workload assumed the GPU model the gate reads
+    (``with_assumed_gpu``); None otherwise."""
+    item = workload.gpu_model if workload is not None else None
+    if item is None or item.source != ASSUMED or item.value != gpu_model:
+        return None
+    return f"hardware.gpu_model = {item.value!r}" + (f" ({item.why})" if item.why else "")
+
+
 def _gpu_problems(run: RunRecord, baseline: RunRecord) -> list[str]:
     """Why a per-GPU gate cannot judge the two records' hardware: a CPU side or an unnamed GPU."""
     out = []
@@ -80,16 +92,22 @@ def per_gpu_gate(run: RunRecord, baseline: RunRecord) -> tuple[str | None, list[
 
 
 def hardware_assumptions(run: RunRecord, baseline: RunRecord, basis: str) -> tuple[RunRecord, list[str]]:
-    """The baseline as the gate reads its GPU, and the readings assumed: a name without its variant."""
+    """The baseline as the gate reads its GPU, and the readings assumed: a name without its variant, and
+    a model the workload assumed (one line for the GPU: the model, then how it is read)."""
     ours, theirs = run.hardware.gpu_model, baseline.hardware.gpu_model
-    named = f"hardware.gpu_model: the baseline's {theirs!r}"
-    out = []
+    readings = []
     if basis == PER_GPU and normalise_gpu(ours) != normalise_gpu(theirs):
-        out.append(f"{named} read as the run's {ours!r} (its variant is not stated)")
+        readings.append(f"read as the run's {ours!r} (its variant is not stated)")
     variant = ASSUMED_VARIANTS.get(gpu_family(theirs) or "")
     if basis == EFFICIENCY and variant and theirs and peak_memory_bandwidth(theirs) is None:
-        out.append(f"{named} taken as {variant!r} for its peak memory bandwidth")
+        readings.append(f"taken as {variant!r} for its peak memory bandwidth")
         baseline = replace(baseline, hardware=replace(baseline.hardware, gpu_model=variant))
+    assumed = _assumed_gpu(baseline.workload, theirs)
+    out = []
+    if assumed is not None:
+        out.append(", ".join([assumed, *readings]))
+    elif readings:
+        out.append(f"hardware.gpu_model: the baseline's {theirs!r} " + " and ".join(readings))
     replicas = decode_replicas(baseline)[1]
     if basis == EFFICIENCY and replicas and baseline.tokens.decode_steps is None:
         out.append(replicas)  # the decode steps, hence the weight reads, of its gen
