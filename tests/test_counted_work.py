@@ -12,8 +12,16 @@ from test_session_pace import session
 
 from pytest_rlbench.records.record import Metric, RunRecord
 from pytest_rlbench.verdict.compare import compare, counted_work, custom_metrics
-from pytest_rlbench.verdict.judge import FLOPS, OPS, WORK_ALLOWANCE, WorkEvidence, with_work, work_metric
-from trainer.work_counts import WorkCounts, count_work
+from pytest_rlbench.verdict.judge import (
+    DEVICE_KINDS,
+    FLOPS,
+    OPS,
+    WORK_ALLOWANCE,
+    WorkEvidence,
+    with_work,
+    work_metric,
+)
+from trainer.work_counts import WorkCounts, count_work, device_counts
 
 
 def with_counts(record: RunRecord, counts: dict[str, tuple[float, float]]) -> RunRecord:
@@ -152,3 +160,96 @@ def test_count_work_counts_dispatched_ops_and_flops() -> None:
     _, twice = count_work(lambda: [(a @ b).sum() for _ in range(2)])
     assert twice == work + work
     assert count_work(lambda: None)[1] == WorkCounts()
+
+
+def test_device_counts_file_the_profilers_events_by_what_they_asked_of_the_gpu() -> None:
+    events = [  # (name, ran on the GPU, count), as torch's profiler averages them
+        ("cudaLaunchKernel", False, 120), ("cuLaunchKernel", False, 30),  # ATen/cuBLAS's, Triton's
+        ("cudaGraphLaunch", False, 1024),
+        ("ampere_bf16_s16816gemm", True, 5000), ("triton_decode_attention", True, 700),
+        ("Memcpy HtoD (Pageable -> Device)", True, 4), ("Memset (Device)", True, 9),  # not kernels
+        ("cudaMemcpyAsync", False, 4), ("cudaStreamSynchronize", False, 33), ("cudaDeviceSynchronize", False, 1),
+        ("nccl:all_reduce", False, 2), ("nccl:_reduce_scatter_base", False, 28),
+        ("aten::mm", False, 800), ("cudaEventRecord", False, 50),  # neither: the ops count aten's
+    ]
+    assert device_counts(events) == {
+        "launches": 150, "graph_replays": 1024, "kernels": 5700, "copies": 4, "syncs": 34, "collectives": 30
+    }
+    assert set(device_counts(events)) == set(DEVICE_KINDS)  # each count has its words in verdicts
+
+
+def test_device_counts_add_up_over_workers_and_say_whether_a_gpu_was_counted() -> None:
+    gpu = WorkCounts(ops=10, flops=4, launches=7, graph_replays=2, kernels=90, copies=1, syncs=3, collectives=5)
+    assert gpu + gpu == WorkCounts(20, 8, 14, 4, 180, 2, 6, 10)
+    assert gpu.on_device and not WorkCounts(ops=10, flops=4).on_device
+    assert count_work(lambda: torch.ones(2) * 2)[1].launches == 0  # no CUDA here: no profiler, no device counts
+
+
+def test_a_verdict_names_the_device_counts_that_changed_first() -> None:
+    base = {OPS: 3540.0, FLOPS: 7.1e9, "launches": 2310.0, "graph_replays": 1024.0, "syncs": 32.0}
+    run = {**base, "launches": 4620.0}
+    work = WorkEvidence(run, base)
+    assert work.more  # twice the launches: more work whatever the ops say
+    assert work.describe() == (
+        "ops 3,540 -> 3,540, FLOPs 7.1e+09 -> 7.1e+09, kernel launches 2,310 -> 4,620, "
+        "unchanged: graph replays 1,024, host syncs 32"
+    )
+    assert WorkEvidence(base, base).identical
+
+
+def test_counted_work_reads_every_kind_a_session_recorded() -> None:
+    counts = {**BASE_WORK}
+    base = with_counts(session("base"), counts)
+    metrics = dict(base.metrics)
+    metrics[work_metric("launches", "update_actor")] = Metric(value=[2310.0], unit="", higher_is_better=False)
+    run = dataclasses.replace(base, metrics={**metrics, work_metric("launches", "update_actor"): Metric(
+        value=[4620.0], unit="", higher_is_better=False)})
+    base = dataclasses.replace(base, metrics=metrics)
+    work = counted_work(run, base, "update_actor")
+    assert work is not None and work.run["launches"] == 4620.0 and work.base["launches"] == 2310.0
+    assert work.more
+
+
+def test_gpu_phases_are_counted_only_where_a_verdict_can_read_the_counts() -> None:
+    from types import SimpleNamespace
+
+    from pytest_rlbench.session.bench import counts_matter
+
+    published = session("verl")  # a published run's figures: no work/* metrics
+    saved = with_counts(session("ours"), BASE_WORK)
+
+    def state(gpu: bool, save: bool = False, baselines=(), gating: bool = True):
+        opts = SimpleNamespace(gpu=gpu, save_baseline="b.json" if save else None, baselines=["x"] if baselines else [])
+        return SimpleNamespace(opts=opts, baseline_records=list(baselines), gating=gating)
+
+    assert not counts_matter(state(gpu=True, baselines=[published]))  # a replay: its long phases are not re-run
+    assert counts_matter(state(gpu=True, save=True))
+    assert counts_matter(state(gpu=True, baselines=[published, saved]))
+    assert not counts_matter(state(gpu=True, baselines=[saved], gating=False))  # references only
+    assert counts_matter(state(gpu=False, baselines=[published]))  # CPU: as before, whenever gating
+    assert not counts_matter(state(gpu=False))
+
+
+def test_grouped_query_attention_counts_the_flops_of_its_repeated_heads() -> None:
+    """torch before 2.12 (the GPU machines' 2.11) refused to count attention whose key and value have
+    fewer heads than the query (its formula asserted equal heads), failing the counted round of every
+    GQA model's phase; the tolerant formula counts it as the same attention with each KV head repeated,
+    which is what torch 2.12's own formula counts."""
+    from torch.utils.flop_counter import flop_registry
+
+    from trainer.work_counts import attention_flop_formulas, grouped_query_tolerant
+
+    def strict(query, key, value, *args, **kwargs):  # an old formula: equal heads or an AssertionError
+        assert query.shape[1] == key.shape[1] == value.shape[1], "query/key/value shapes are incompatible"
+        return 4 * query.shape[0] * query.shape[1] * query.shape[2] * key.shape[2] * query.shape[3]
+
+    q = torch.empty(2, 12, 64, 32, device="meta")
+    kv = torch.empty(2, 2, 80, 32, device="meta")
+    repeated = torch.empty(2, 12, 80, 32, device="meta")
+    assert grouped_query_tolerant(strict, 0)(q, kv, kv) == strict(q, repeated, repeated) == 4 * 2 * 12 * 64 * 80 * 32
+    grad = torch.empty(2, 12, 64, 32, device="meta")  # a backward's arguments start with the output's gradient
+    assert grouped_query_tolerant(lambda g, *a, **k: strict(*a), 1)(grad, q, kv, kv) == strict(q, repeated, repeated)
+    forward = torch.ops.aten._scaled_dot_product_flash_attention
+    formulas = attention_flop_formulas()
+    assert formulas[forward](q, kv, kv) == flop_registry[forward](q, repeated, repeated) > 0
+    assert torch.ops.aten._flash_attention_backward in formulas

@@ -1,10 +1,19 @@
-"""Counted work: the ATen ops a call dispatched and the FLOPs they stand for, on any device.
+"""Counted work: the ATen ops a call dispatched and the FLOPs they stand for, on any device, and on a
+GPU the kernels, graph replays, copies, host syncs and collectives the call asked the GPU for.
 
 A phase's time moves with the machine; the work it dispatches does not. ``count_work(fn)`` runs ``fn``
 once under two dispatch modes: ``OpCounter`` (every ATen op that reached the dispatcher, whichever
 device runs it, collectives included) and torch's ``FlopCounterMode`` (the FLOPs of the ops it has a
 formula for: matmuls, convolutions, attention). Both see what was dispatched, not how fast a kernel
 ran: a slower kernel doing the same work counts the same.
+
+In a process that has started CUDA, the call also runs under torch's profiler with CUDA activity, and
+``device_counts`` files its events: the host's kernel launches (the CUDA runtime's and driver's launch
+calls: ATen's kernels, cuBLAS's, Triton's), CUDA-graph launches (a replayed graph is one launch; its
+kernels count under "kernels run"), the kernels the GPU ran (those inside replayed graphs too), the
+host's memory copies, its blocking syncs (stream, event and device synchronisation) and the NCCL
+collectives ProcessGroupNCCL ran. The dispatch modes cannot see any of these: a graph replay or a
+Triton kernel is no ATen op. Bytes copied are not counted (the profiler's events do not carry them).
 
 The driver counts its own process; each worker counts its share when the driver asks
 (``trainer.driver.worker_group.WorkerGroup.counting``) and the shares are summed (``WorkCounts.__add__``).
@@ -13,10 +22,13 @@ Counting slows the call (a Python call per op), so a counted call is never a tim
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+import torch
+from torch.autograd import DeviceType
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -25,13 +37,61 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class WorkCounts:
-    """What one call dispatched: ATen ops and the FLOPs torch has formulas for."""
+    """What one call dispatched: ATen ops and the FLOPs torch has formulas for; on a GPU (else 0) what
+    it asked of the GPU (``device_counts``)."""
 
     ops: int = 0
     flops: int = 0
+    launches: int = 0  # kernel launch calls on the host (a graph's kernels are not among them)
+    graph_replays: int = 0  # CUDA-graph launches
+    kernels: int = 0  # kernels the GPU ran, those of replayed graphs included
+    copies: int = 0  # memory copies the host asked for (cudaMemcpy*)
+    syncs: int = 0  # host waits on the GPU (stream, event or device synchronize)
+    collectives: int = 0  # NCCL collectives (ProcessGroupNCCL's calls)
 
     def __add__(self, other: WorkCounts) -> WorkCounts:
-        return WorkCounts(self.ops + other.ops, self.flops + other.flops)
+        return WorkCounts(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the GPU counters ran (a counted call on a GPU launches at least one kernel or graph)."""
+        return bool(self.launches or self.graph_replays or self.kernels)
+
+
+# The CUDA runtime and driver calls each device count is made of, as torch's profiler names them
+LAUNCH_CALLS = frozenset({
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cuLaunchKernel", "cuLaunchKernelEx",
+})
+GRAPH_LAUNCH_CALLS = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
+SYNC_CALLS = frozenset({
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
+})
+COPY_PREFIXES = ("cudaMemcpy", "cuMemcpy")
+COLLECTIVE_PREFIX = "nccl:"  # ProcessGroupNCCL's record_function names: "nccl:all_reduce", ...
+DEVICE_NOT_KERNELS = ("Memcpy", "Memset")  # the GPU's copy and fill activities, not kernels
+
+
+def device_counts(events: Iterable[tuple[str, bool, int]]) -> dict[str, int]:
+    """The device counts of profiler events given as (name, ran on the GPU, how many times): the
+    host's calls by name (LAUNCH_CALLS, GRAPH_LAUNCH_CALLS, SYNC_CALLS, COPY_PREFIXES,
+    COLLECTIVE_PREFIX), the GPU's kernels (every GPU activity but copies and fills)."""
+    out = dict.fromkeys(("launches", "graph_replays", "kernels", "copies", "syncs", "collectives"), 0)
+    for name, on_gpu, count in events:
+        if on_gpu:
+            if not name.startswith(DEVICE_NOT_KERNELS):
+                out["kernels"] += count
+        elif name in LAUNCH_CALLS:
+            out["launches"] += count
+        elif name in GRAPH_LAUNCH_CALLS:
+            out["graph_replays"] += count
+        elif name in SYNC_CALLS:
+            out["syncs"] += count
+        elif name.startswith(COPY_PREFIXES):
+            out["copies"] += count
+        elif name.startswith(COLLECTIVE_PREFIX):
+            out["collectives"] += count
+    return out
 
 
 class OpCounter(TorchDispatchMode):
@@ -46,10 +106,80 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# torch's attention FLOP formulas, by op, and where each takes the query (the key and value follow):
+# grouped-query attention gives key and value fewer heads, which torch before 2.12 refused to count
+ATTENTION_FLOP_OPS = {
+    **dict.fromkeys(("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                     "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
+                     "_efficient_attention_forward"), 0),
+    **dict.fromkeys(("_scaled_dot_product_efficient_attention_backward",
+                     "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
+                     "_flash_attention_backward", "_efficient_attention_backward"), 1),
+}
+
+
+def heads_like_query(args: tuple, at: int) -> tuple:
+    """``args`` with the key and value (after the query at ``at``) replaced by shape-only tensors with
+    the query's heads (dimension 1, padded [b, h, s, d] or packed [tokens, h, d]): a grouped-query
+    attention's FLOPs are those of the same attention with each KV head repeated for its queries."""
+    query = args[at]
+    out = list(args)
+    for i in (at + 1, at + 2):
+        shape = list(args[i].shape)
+        shape[1] = query.shape[1]
+        out[i] = torch.empty(shape, dtype=args[i].dtype, device="meta")
+    return tuple(out)
+
+
+def grouped_query_tolerant(formula: Callable[..., int], at: int) -> Callable[..., int]:
+    """torch's attention FLOP formula ``formula`` (it takes the op's own arguments), counting a
+    grouped-query call as its repeated-heads equal where this torch's formula refuses it."""
+
+    def count(*args: Any, **kwargs: Any) -> int:
+        try:
+            return formula(*args, **kwargs)
+        except AssertionError:  # torch < 2.12: "query/key/value shapes are incompatible"
+            return formula(*heads_like_query(args, at), **kwargs)
+
+    count._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode hands it the op's arguments as they are
+    return count
+
+
+def attention_flop_formulas() -> dict[Any, Callable[..., int]]:
+    """FlopCounterMode's custom_mapping: each attention op this torch has a formula for, tolerant of
+    grouped-query attention (as torch's own formulas are from 2.12 on: the same counts)."""
+    from torch.utils.flop_counter import flop_registry
+
+    out = {}
+    for name, at in ATTENTION_FLOP_OPS.items():
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None and op in flop_registry:
+            out[op] = grouped_query_tolerant(flop_registry[op], at)
+    return out
+
+
 def count_work(fn: Callable[[], T]) -> tuple[T, WorkCounts]:
-    """``fn()``'s result and the work it dispatched in this process."""
-    flops = FlopCounterMode(display=False)
+    """``fn()``'s result and the work it dispatched in this process (on a GPU, what it asked of the GPU too)."""
+    flops = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
     ops = OpCounter()
-    with flops, ops:  # the op counter innermost: it sees each op as the caller dispatched it
+    profiler = _device_profiler()
+    with profiler or contextlib.nullcontext(), flops, ops:  # the op counter innermost: it sees each op as dispatched
         result = fn()
-    return result, WorkCounts(ops.ops, int(flops.get_total_flops()))
+        if profiler is not None:
+            torch.cuda.synchronize()  # the GPU's activities of this call end inside the profile
+    device = {}
+    if profiler is not None:
+        device = device_counts(
+            (e.key, e.device_type == DeviceType.CUDA, e.count) for e in profiler.key_averages()
+        )
+    return result, WorkCounts(ops.ops, int(flops.get_total_flops()), **device)
+
+
+def _device_profiler() -> Any:
+    """torch's profiler with CUDA activity where this process has started CUDA, else None (a CPU worker,
+    or a driver that leaves the GPU to its workers: nothing to count, and the profiler is not free)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])

@@ -31,7 +31,7 @@ from pytest_rlbench.session.progress import Progress, round_label
 from pytest_rlbench.session.recorder import BenchRecorder, get_recorder, local_hardware, mismatch_failure
 from pytest_rlbench.session.resources import RLModel
 from pytest_rlbench.session.round_timer import time_rounds
-from pytest_rlbench.verdict.judge import FLOPS, OPS, work_metric
+from pytest_rlbench.verdict.judge import DEVICE_KINDS, FLOPS, OPS, WORK, work_metric
 from pytest_rlbench.verdict.machine_load import MachineWatch
 
 if TYPE_CHECKING:
@@ -337,7 +337,8 @@ class PhaseBench:
 
     def _count(self, phase: str, fn: Callable[[], Any], setup: Callable[[], Any] | None) -> None:
         """One more round, untimed, under the work counters (``trainer.work_counts``): the ATen ops
-        and FLOPs the phase dispatched, recorded as ``work/ops/<phase>`` and ``work/flops/<phase>``
+        and FLOPs the phase dispatched, recorded as ``work/ops/<phase>`` and ``work/flops/<phase>``,
+        and on GPUs what it asked of them (``work/launches/<phase>``, ... : judge.DEVICE_KINDS)
         (evidence for its verdict: ``pytest_rlbench.verdict.judge.WorkEvidence``). A phase that
         dispatched no op (a sleep) records nothing."""
         assert self.count_work is not None
@@ -349,6 +350,9 @@ class PhaseBench:
         if work.ops:
             self.recorder.add_metric(work_metric(OPS, phase), [work.ops], "ops", higher_is_better=False)
             self.recorder.add_metric(work_metric(FLOPS, phase), [work.flops], "FLOP", higher_is_better=False)
+        if work.on_device:  # what the phase asked of the GPU (a CPU run has no such counts)
+            for kind in DEVICE_KINDS:
+                self.recorder.add_metric(work_metric(kind, phase), [getattr(work, kind)], "", higher_is_better=False)
 
     def _keep_retimer(
         self, phase: str, fn: Callable[[], Any], setup: Callable[[], Any] | None, warmup: int, rounds: int
@@ -380,10 +384,20 @@ def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytes
         benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, opts.max_mismatch,
         state.progress(), watch_machine=opts.embedded and not opts.gpu, keep_retimer=not opts.gpu,
         watch_gpus=opts.gpu,
-        # Counted where a verdict can use it: CPU workers saving or gating against a baseline. Not yet on
-        # GPUs: the counters have not been run beside CUDA-graph capture and Triton kernels there.
-        count_work=work_counter(request) if not opts.gpu and (opts.save_baseline or opts.baselines) else None,
+        count_work=work_counter(request) if counts_matter(state) else None,
     )
+
+
+def counts_matter(state: RLBenchSession) -> bool:
+    """Whether a phase's work is counted (one more round, untimed): where a verdict can use it. On CPU
+    workers, when saving or gating against a baseline; on GPUs, when saving one, or gating against one
+    that has counts (a session's, not a published run's): the extra round of a long GPU phase (a 27k-token
+    generation) is not paid for counts no verdict reads."""
+    opts = state.opts
+    if not opts.gpu:
+        return bool(opts.save_baseline or opts.baselines)
+    has_counts = any(any(m.startswith(f"{WORK}/") for m in record.metrics) for record in state.baseline_records)
+    return bool(opts.save_baseline) or (state.gating and has_counts)
 
 
 def work_counter(request: pytest.FixtureRequest) -> Callable[[Callable[[], Any]], tuple[Any, WorkCounts]]:

@@ -49,9 +49,9 @@ from pytest_rlbench.verdict.gate_basis import (
 )
 from pytest_rlbench.verdict.judge import ALPHA as ALPHA  # the rank test's level, for the reports
 from pytest_rlbench.verdict.judge import (
-    FLOPS,
     OPS,
     WORK,
+    WORK_KINDS,
     Comparison,
     MachineEvidence,
     Mode,
@@ -197,7 +197,7 @@ def counted_work(run: RunRecord, baseline: RunRecord, phase: str) -> WorkEvidenc
     """``phase``'s counted work in both sessions (None: either did not count its ops)."""
 
     def counts(record: RunRecord) -> dict[str, float]:
-        found = {kind: record.metrics.get(work_metric(kind, phase)) for kind in (OPS, FLOPS)}
+        found = {kind: record.metrics.get(work_metric(kind, phase)) for kind in WORK_KINDS}
         return {kind: float(m.value[0]) for kind, m in found.items() if m is not None and m.value}
 
     ours, theirs = counts(run), counts(baseline)

@@ -99,6 +99,16 @@ WORK_ALLOWANCE = 0.05
 WORK = "work"  # the metric family of counted work: evidence, never judged on its own
 OPS = "ops"
 FLOPS = "flops"
+# What a phase asked of the GPU (trainer.work_counts.WorkCounts' device fields), each with its words
+DEVICE_KINDS: dict[str, str] = {
+    "launches": "kernel launches",
+    "graph_replays": "graph replays",
+    "kernels": "kernels run",
+    "copies": "copies",
+    "syncs": "host syncs",
+    "collectives": "collectives",
+}
+WORK_KINDS = (OPS, FLOPS, *DEVICE_KINDS)  # every count a phase may record, in the order verdicts name them
 # The inconclusive reasons of a phase slower in seconds that more counted work makes a regression.
 SLOWER_YET_EXCUSED = ("session slower", "not reproduced", "GPU clocks")
 
@@ -158,13 +168,13 @@ class MachineEvidence:
 
 
 def work_metric(kind: str, phase: str) -> str:
-    """The run metric id of one count of a phase: work/<kind>/<phase> (kind: OPS or FLOPS)."""
+    """The run metric id of one count of a phase: work/<kind>/<phase> (kind: one of WORK_KINDS)."""
     return f"{WORK}/{kind}/{phase}"
 
 
 @dataclass(frozen=True)
 class WorkEvidence:
-    """One phase's counted work in the run and in the baseline's session, by kind (OPS, FLOPS)."""
+    """One phase's counted work in the run and in the baseline's session, by kind (WORK_KINDS)."""
 
     run: dict[str, float]
     base: dict[str, float]
@@ -192,12 +202,19 @@ class WorkEvidence:
         )
 
     def describe(self) -> str:
-        """ "ops 2,310 -> 4,620, FLOPs 1.2e+09 -> 2.4e+09": the baseline's count, then the run's."""
-        parts = []
-        for kind in (OPS, FLOPS):
+        """ "ops 2,310 -> 4,620, FLOPs 1.2e+09 -> 2.4e+09": the baseline's count, then the run's; on
+        GPUs the device counts follow, those that changed first ("kernel launches 2,310 -> 4,620")."""
+        parts, unchanged = [], []
+        for kind in WORK_KINDS:
             if kind in self.run and kind in self.base:
                 counts = (f"{v:,.0f}" if v < 1e9 else f"{v:.3g}" for v in (self.base[kind], self.run[kind]))
-                parts.append(f"{'FLOPs' if kind == FLOPS else kind} {' -> '.join(counts)}")
+                label = "FLOPs" if kind == FLOPS else DEVICE_KINDS.get(kind, kind)
+                if kind in DEVICE_KINDS and self.run[kind] == self.base[kind]:
+                    unchanged.append(f"{label} {self.run[kind]:,.0f}")
+                else:
+                    parts.append(f"{label} {' -> '.join(counts)}")
+        if unchanged:
+            parts.append("unchanged: " + ", ".join(unchanged))
         return ", ".join(parts)
 
 
