@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -24,12 +25,15 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 XDIST_WORKER_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
 
 
-@pytest.fixture(autouse=True)
-def _sessions_started_by_tests_are_not_xdist_workers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under ``pytest tests/ -n 2`` each test runs with xdist's worker variables removed, so the pytest
-    sessions it starts behave as they do under a plain ``pytest tests/`` (restored after the test)."""
-    for name in XDIST_WORKER_ENV:
-        monkeypatch.delenv(name, raising=False)
+@pytest.fixture(scope="session", autouse=True)
+def _sessions_started_by_tests_are_not_xdist_workers() -> Iterator[None]:
+    """Under ``pytest tests/ -n 2`` the tests run with xdist's worker variables removed, so the pytest
+    sessions they start behave as they do under a plain ``pytest tests/`` (restored at the end).
+    Session-scoped, so that module fixtures starting a session (test_replay's ``saved``) see it too."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in XDIST_WORKER_ENV:
+            patch.delenv(name, raising=False)
+        yield
 
 
 @pytest.fixture(scope="session")

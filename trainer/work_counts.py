@@ -106,32 +106,35 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-# torch's attention FLOP formulas, by op, and where each takes the query (the key and value follow):
-# grouped-query attention gives key and value fewer heads, which torch before 2.12 refused to count
-ATTENTION_FLOP_OPS = {
+# torch's attention FLOP formulas, by op: where each takes the query (the key and value follow it) and
+# which dimension holds the heads (the scaled_dot_product ops: [b, h, s, d]; the flash and efficient
+# kernels: [b, s, h, d], or [tokens, h, d] packed). Grouped-query attention gives key and value fewer
+# heads, which torch before 2.12 refused to count.
+ATTENTION_FLOP_OPS: dict[str, tuple[int, int]] = {
     **dict.fromkeys(("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
-                     "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
-                     "_efficient_attention_forward"), 0),
+                     "_scaled_dot_product_cudnn_attention"), (0, -3)),
     **dict.fromkeys(("_scaled_dot_product_efficient_attention_backward",
-                     "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
-                     "_flash_attention_backward", "_efficient_attention_backward"), 1),
+                     "_scaled_dot_product_flash_attention_backward",
+                     "_scaled_dot_product_cudnn_attention_backward"), (1, -3)),
+    **dict.fromkeys(("_flash_attention_forward", "_efficient_attention_forward"), (0, -2)),
+    **dict.fromkeys(("_flash_attention_backward", "_efficient_attention_backward"), (1, -2)),
 }
 
 
-def heads_like_query(args: tuple, at: int) -> tuple:
+def heads_like_query(args: tuple, at: int, heads_dim: int) -> tuple:
     """``args`` with the key and value (after the query at ``at``) replaced by shape-only tensors with
-    the query's heads (dimension 1, padded [b, h, s, d] or packed [tokens, h, d]): a grouped-query
-    attention's FLOPs are those of the same attention with each KV head repeated for its queries."""
+    the query's heads (in dimension ``heads_dim``): a grouped-query attention's FLOPs are those of the
+    same attention with each KV head repeated for its queries."""
     query = args[at]
     out = list(args)
     for i in (at + 1, at + 2):
         shape = list(args[i].shape)
-        shape[1] = query.shape[1]
+        shape[heads_dim] = query.shape[heads_dim]
         out[i] = torch.empty(shape, dtype=args[i].dtype, device="meta")
     return tuple(out)
 
 
-def grouped_query_tolerant(formula: Callable[..., int], at: int) -> Callable[..., int]:
+def grouped_query_tolerant(formula: Callable[..., int], at: int, heads_dim: int) -> Callable[..., int]:
     """torch's attention FLOP formula ``formula`` (it takes the op's own arguments), counting a
     grouped-query call as its repeated-heads equal where this torch's formula refuses it."""
 
@@ -139,7 +142,7 @@ def grouped_query_tolerant(formula: Callable[..., int], at: int) -> Callable[...
         try:
             return formula(*args, **kwargs)
         except AssertionError:  # torch < 2.12: "query/key/value shapes are incompatible"
-            return formula(*heads_like_query(args, at), **kwargs)
+            return formula(*heads_like_query(args, at, heads_dim), **kwargs)
 
     count._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode hands it the op's arguments as they are
     return count
@@ -151,10 +154,10 @@ def attention_flop_formulas() -> dict[Any, Callable[..., int]]:
     from torch.utils.flop_counter import flop_registry
 
     out = {}
-    for name, at in ATTENTION_FLOP_OPS.items():
+    for name, (at, heads_dim) in ATTENTION_FLOP_OPS.items():
         op = getattr(torch.ops.aten, name, None)
         if op is not None and op in flop_registry:
-            out[op] = grouped_query_tolerant(flop_registry[op], at)
+            out[op] = grouped_query_tolerant(flop_registry[op], at, heads_dim)
     return out
 
 

@@ -391,11 +391,14 @@ def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytes
 def counts_matter(state: RLBenchSession) -> bool:
     """Whether a phase's work is counted (one more round, untimed): where a verdict can use it. On CPU
     workers, when saving or gating against a baseline; on GPUs, when saving one, or gating against one
-    that has counts (a session's, not a published run's): the extra round of a long GPU phase (a 27k-token
-    generation) is not paid for counts no verdict reads."""
+    that has counts (a session's, not a published run's), and never in a replay (--rl-workload): the
+    extra round of a long GPU phase (a 27k-token generation, millions of kernels for the profiler) is
+    not paid for counts no verdict reads."""
     opts = state.opts
     if not opts.gpu:
         return bool(opts.save_baseline or opts.baselines)
+    if getattr(opts, "workload_record", None) is not None:
+        return False
     has_counts = any(any(m.startswith(f"{WORK}/") for m in record.metrics) for record in state.baseline_records)
     return bool(opts.save_baseline) or (state.gating and has_counts)
 

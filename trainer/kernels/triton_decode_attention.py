@@ -128,11 +128,13 @@ def _partial_kernel(
         q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=g[:, None] < GROUP, other=0.0)
     if HAS_LAST_SLOT:  # no row sees a slot after the one written this step: its tiles are not read
         end = tl.minimum(end, last.to(tl.int32) + 1)
-    if HAS_SKIP:  # a row whose attention nobody reads (an ended row): no tile is read, its output is 0
-        end = tl.where(tl.load(skip_ptr + b) != 0, start, end)
     # a finite start: a tile whose slots are all masked (-inf bias) then adds exp(-inf) = 0, never NaN
     running_max = tl.full([GROUP_PAD], -1.0e30, tl.float32)
     running_sum = tl.zeros([GROUP_PAD], tl.float32)
+    if HAS_SKIP:  # a row whose attention nobody reads (an ended row): no tile is read, and its sum is 1
+        skipped = tl.load(skip_ptr + b) != 0  # so that its output is 0 / 1 = 0 (a live row's 0 / 0 stays NaN)
+        end = tl.where(skipped, start, end)
+        running_sum = tl.where(skipped, 1.0, running_sum)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
     # The whole tiles unmasked, the prompt's from kv_row's cache and the rest from the row's own, then
     # the last, partial tile masked. Why: masking every tile by a bound read from memory (last_slot)
@@ -154,7 +156,7 @@ def _partial_kernel(
         q, tl.where(in_prompt, shared_k, own_k), tl.where(in_prompt, shared_v, own_v), bias_row, whole_end, end, end, d,
         sk_s, sv_s, scale, running_max, running_sum, acc, BLOCK, PRECISION, True)
     if WHOLE:
-        out = acc / tl.where(running_sum > 0, running_sum, 1.0)[:, None]  # 0, not NaN, where nothing was read
+        out = acc / running_sum[:, None]
         tl.store(out_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=g[:, None] < GROUP)
     else:
@@ -190,8 +192,7 @@ def _merge_kernel(
         total += weight * tl.load(sum_ptr + (base + part) * GROUP_PAD + g, mask=inside, other=0.0)
         acc = tl.load(acc_ptr + ((base + part[:, None]) * GROUP_PAD + g) * D + d[None, :], mask=inside[:, None], other=0.0)
         out += weight[:, None] * acc
-    weight_sum = tl.sum(total, axis=0)
-    merged = tl.sum(out, axis=0) / tl.where(weight_sum > 0, weight_sum, 1.0)  # 0 for a skipped row, not NaN
+    merged = tl.sum(out, axis=0) / tl.sum(total, axis=0)  # a skipped row's chunks: 0 / chunks = 0
     tl.store(out_ptr + b * so_b + h * so_h + g * so_g + d, merged.to(out_ptr.dtype.element_ty))
 
 

@@ -215,7 +215,9 @@ class FastRolloutEngine(RolloutEngine):
         # outputs are indexed by the slot's row (``rows``): compaction moves rows between slots
         at = (buf.rows, buf.step.expand(buf.batch))
         buf.log_probs.index_put_(at, log_prob.float())
-        buf.first_bad.copy_(torch.where(bad & (buf.first_bad < 0), buf.step, buf.first_bad))
+        # an ended row's logits are never used (its attention may be skipped): non-finite there is no error
+        flagged = bad & ~buf.finished & (buf.first_bad < 0)
+        buf.first_bad.copy_(torch.where(flagged, buf.step, buf.first_bad))
         token = token.masked_fill(buf.finished, buf.pad_id)  # finished rows emit padding
         buf.tokens.index_put_(at, token)
         if buf.stop_ids.numel():
