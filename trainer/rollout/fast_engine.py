@@ -157,11 +157,13 @@ class FastRolloutEngine(RolloutEngine):
         wanted = fused_decode_from_env() if fused_decode is None else fused_decode
         self.fused_decode = wanted and device.type == "cuda"
         self._attention_programs = 0  # the split attention kernel's program target (0: no split kernel)
+        self._split_count: Callable[..., int] | None = None  # its chunks-per-row rule, with the kernel
         if device.type == "cuda":
             from trainer.kernels.triton_decode_attention import (
                 decode_attention,
                 decode_attention_with_rope,
                 default_programs,
+                split_count,
             )
             from trainer.kernels.triton_sampling import keyed_race
 
@@ -173,6 +175,7 @@ class FastRolloutEngine(RolloutEngine):
                 self._attend_with_rope = decode_attention_with_rope
             if self._attend is not None:
                 self._attention_programs = default_programs(device)
+                self._split_count = split_count
         # CUDA-graph capture seconds and graph count, cumulative: benchmarks/gpu_micro.py's engine run records them
         self.stats: dict[str, float] = {}
 
@@ -229,11 +232,9 @@ class FastRolloutEngine(RolloutEngine):
     def _attention_splits(self, rows: int, attn_len: int) -> int:
         """Chunks per (row, KV head) for the split attention kernel over ``rows`` rows that read their
         caches (0 without the kernel)."""
-        if not self._attention_programs:
+        if self._split_count is None:
             return 0
-        from trainer.kernels.triton_decode_attention import split_count
-
-        return split_count(max(1, rows), self.shape.num_kv_heads, attn_len, self._attention_programs)
+        return self._split_count(max(1, rows), self.shape.num_kv_heads, attn_len, self._attention_programs)
 
     def _decode_step(self, buf: DecodeBuffers, attn_len: int, sampling: SamplingParams, splits: int = 0) -> None:
         """One decode step: the graph-captured body. ``splits``: the attention kernel's chunks per
