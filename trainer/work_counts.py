@@ -58,6 +58,9 @@ class WorkCounts:
         return bool(self.launches or self.graph_replays or self.kernels)
 
 
+DEVICE_COUNTS = tuple(f.name for f in fields(WorkCounts) if f.name not in ("ops", "flops"))  # the GPU's fields
+
+
 # The CUDA runtime and driver calls each device count is made of, as torch's profiler names them
 LAUNCH_CALLS = frozenset({
     "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cuLaunchKernel", "cuLaunchKernelEx",
@@ -76,7 +79,7 @@ def device_counts(events: Iterable[tuple[str, bool, int]]) -> dict[str, int]:
     """The device counts of profiler events given as (name, ran on the GPU, how many times): the
     host's calls by name (LAUNCH_CALLS, GRAPH_LAUNCH_CALLS, SYNC_CALLS, COPY_PREFIXES,
     COLLECTIVE_PREFIX), the GPU's kernels (every GPU activity but copies and fills)."""
-    out = dict.fromkeys(("launches", "graph_replays", "kernels", "copies", "syncs", "collectives"), 0)
+    out = dict.fromkeys(DEVICE_COUNTS, 0)
     for name, on_gpu, count in events:
         if on_gpu:
             if not name.startswith(DEVICE_NOT_KERNELS):
