@@ -1,5 +1,5 @@
 """Outputs written with the user's umask (issue 30, item 7), and the saving session's note that each phase is
-timed twice.
+timed three times.
 
 The report, its chart and a saved baseline are written through a temporary file that ``mkstemp`` makes
 0o600; each must end with the mode a plain ``open`` gives (0o666 less the umask), so a CI runner's team
@@ -68,21 +68,21 @@ def test_report_chart_and_baseline_of_a_session_honour_the_umask(pytester: pytes
     assert modes == {"b.json": "0o644", "r.json": "0o644", "r.png": "0o644"}
 
 
-def test_saving_a_baseline_on_cpu_workers_says_each_phase_is_timed_twice(pytester: pytest.Pytester) -> None:
+def test_saving_a_baseline_on_cpu_workers_says_each_phase_is_timed_three_times(pytester: pytest.Pytester) -> None:
     saved = pytester.path / "b.json"
     result = run(pytester, f"--rl-save-baseline={saved}")
     result.assert_outcomes(passed=4)  # two benchmarks and their gates, which time each phase again
     lines = result.stdout.lines
-    note = [i for i, line in enumerate(lines) if "each phase is timed twice" in line]
+    note = [i for i, line in enumerate(lines) if "each phase is timed three times" in line]
     first_test = next(i for i, line in enumerate(lines) if line.startswith("test_suite.py"))
     assert len(note) == 1 and note[0] < first_test, lines  # once, before the first test runs
     assert lines[note[0]] == (
-        "rlbench: saving a baseline: each phase is timed twice, by its benchmark and again by its gate "
-        "test at the end of the session (both kept in b.json)"
+        "rlbench: saving a baseline: each phase is timed three times, by its benchmark and twice more at "
+        "the end of the session (all kept in b.json; a gate reads the median block)"
     )
 
 
-def test_a_session_that_saves_nothing_says_nothing_of_timing_twice(pytester: pytest.Pytester) -> None:
+def test_a_session_that_saves_nothing_says_nothing_of_timing_again(pytester: pytest.Pytester) -> None:
     result = run(pytester)
     result.assert_outcomes(passed=2)
-    assert "timed twice" not in result.stdout.str()
+    assert "timed three times" not in result.stdout.str()

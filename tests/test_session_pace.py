@@ -4,6 +4,7 @@ inconclusive, one phase slower than its peers fails, and plain seconds decide wh
 from __future__ import annotations
 
 import copy
+import statistics
 from typing import Any
 
 import pytest
@@ -137,6 +138,47 @@ def test_a_baseline_s_slow_block_of_rounds_does_not_set_the_bar() -> None:
     assert (row.verdict, row.baseline) == ("fail", pytest.approx(0.1))
     # the baseline's faster block paces the session too
     assert session_paces(run, base)["ref"].peers[2] == ("old_log_prob", pytest.approx(1.25))
+
+
+def test_a_baseline_s_bar_is_its_median_block_of_three() -> None:
+    from pytest_rlbench.records.record import Metric
+    from pytest_rlbench.verdict.retiming import baseline_median, retimed_blocks
+
+    def blocks(record: RunRecord, phase: str, *factors: float) -> None:
+        record.metrics[f"retimed_s/{phase}"] = Metric(
+            [PHASES[phase] * f * r for f in factors for r in ROUNDS], "s", False
+        )
+
+    # the baseline's update_actor: its benchmark block at speed, then one block 1.3x fast (0.77) and one at speed
+    base = session("base")
+    blocks(base, "update_actor", 0.77, 1.02)
+    assert [round(statistics.median(b), 4) for b in retimed_blocks(base, "update_actor")] == [0.2079, 0.2754]
+    assert baseline_median(base, "update_actor") == pytest.approx(0.27)  # the benchmark's block, the middle
+    # unchanged code 10% slower in both blocks passes at 0.20; against the fast block alone it failed
+    run = session("run", {"update_actor": 1.1})
+    blocks(run, "update_actor", 1.1)
+    row = next(c for c in compare(run, base, 0.20).comparisons if c.metric == "timing_s/update_actor")
+    assert (row.verdict, row.baseline) == ("pass", pytest.approx(0.27)), row.message
+    base.metrics["retimed_s/update_actor"] = Metric([PHASES["update_actor"] * 0.77 * r for r in ROUNDS], "s", False)
+    row = next(c for c in compare(run, base, 0.20).comparisons if c.metric == "timing_s/update_actor")
+    assert row.verdict == "fail" and row.baseline == pytest.approx(0.2079), row.message  # two blocks: the faster
+    # one slow block of three does not set the bar either (a 25% regression is not hidden behind it)
+    slow = session("base", {"old_log_prob": 1.3})
+    blocks(slow, "old_log_prob", 1.0, 1.01)
+    run = session("run", {"old_log_prob": 1.25})
+    blocks(run, "old_log_prob", 1.25)
+    row = next(c for c in compare(run, slow, 0.20).comparisons if c.metric == "timing_s/old_log_prob")
+    assert row.verdict == "fail" and row.baseline == pytest.approx(0.101), row.message
+
+
+def test_rounds_that_do_not_split_into_blocks_are_one_block() -> None:
+    from pytest_rlbench.records.record import Metric
+    from pytest_rlbench.verdict.retiming import retimed_blocks, retimed_rounds
+
+    base = session("base")
+    base.metrics["retimed_s/ref"] = Metric([0.1, 0.2, 0.3], "s", False)  # 3 rounds against the phase's 5
+    assert retimed_blocks(base, "ref") == [(0.1, 0.2, 0.3)] and retimed_rounds(base, "ref") == (0.1, 0.2, 0.3)
+    assert retimed_blocks(base, "gen") == [] and retimed_rounds(base, "gen") is None
 
 
 def test_re_timed_rounds_are_paced_by_the_peers_re_timed_beside_them() -> None:

@@ -14,7 +14,7 @@ Bars are drawn in two groups, and a bar is only ever set beside bars of the same
   and those of the baselines saved by this plugin (a published baseline has none of this kind).
 
 Where the summary judged a phase's time against a baseline, the bars take the summary's figures (the
-run's, and the baseline's as the verdict read it: on CPU workers its faster block of rounds), so the
+run's, and the baseline's as the verdict read it: on CPU workers its median block of rounds), so the
 chart and the table show the same seconds; otherwise a record's median. Each bar's label gives its
 hardware and per-GPU work, for a baseline whether that is the run's work (a gate's comparison decides
 this), and whether the baseline is a gate or a reference only.
@@ -162,7 +162,7 @@ def summary_seconds(results: Sequence[BaselineComparison], baseline: str | None 
 
 def _phases_apart(record: RunRecord, figures: Mapping[str, float], baseline: bool) -> list[tuple[str, float]]:
     """The phases inside the step, stacked: the summary's figure where it has one, else the median (a
-    baseline's of its faster block of rounds, as a verdict reads it)."""
+    baseline's of its median block of rounds, as a verdict reads it)."""
     seconds = {}
     for key in (*GEN_PARTS, "gen", *TOP_LEVEL):
         if key in record.phases and record.phases[key].inside_step:

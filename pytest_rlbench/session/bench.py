@@ -360,7 +360,7 @@ class PhaseBench:
         """Keep how to time this phase again (the same call, set-up and rounds) for its gate."""
 
         def retime() -> list[float]:
-            with self.progress.stage(f"{phase}: re-timed to confirm a regression", warmup + rounds) as stage:
+            with self.progress.stage(f"{phase}: timed again", warmup + rounds) as stage:
                 return time_rounds(fn, warmup, rounds, stage, setup)[0]
 
         self.item.config.stash.setdefault(RETIMERS_KEY, {})[self.item.nodeid] = retime

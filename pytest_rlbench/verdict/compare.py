@@ -71,7 +71,7 @@ from pytest_rlbench.verdict.machine_load import (
     machine_metric,
 )
 from pytest_rlbench.verdict.noise import DEFAULT_TOLERANCE, phase_tolerance
-from pytest_rlbench.verdict.retiming import faster_block, retimed_rounds, retimed_view
+from pytest_rlbench.verdict.retiming import bar_block, retimed_blocks, retimed_rounds, retimed_view
 from pytest_rlbench.verdict.session_pace import session_paces
 from trainer.phases import PHASE_KEYS
 
@@ -244,7 +244,7 @@ def _gate_rows(
     ours, theirs = derive(run), derive(read_as)
     custom = custom_metrics(run, baseline) if basis == SAME_MACHINE else set()
     # On CPU workers the host's pace drifts between sessions and within them: each phase is judged
-    # against its peers, a failure must reproduce, and the baseline's bar is its faster block of rounds.
+    # against its peers, a failure must reproduce, and the baseline's bar is its median block of rounds.
     on_cpu = basis == SAME_MACHINE and run.hardware.device == "cpu"
     paces = session_paces(run, baseline) if on_cpu else {}
     paces_again = session_paces(retimed_view(run), baseline) if on_cpu else {}  # at the re-timing
@@ -258,7 +258,7 @@ def _gate_rows(
         timed = ours.get(f"{TIMING}/{base_fig.phase}") if base_fig.phase and metric not in custom else None
         same_machine = basis == SAME_MACHINE and family == TIMING and base_fig.phase is not None
         if same_machine and on_cpu:
-            base_fig = faster_block(base_fig, retimed_rounds(baseline, base_fig.phase))
+            base_fig = bar_block(base_fig, retimed_blocks(baseline, base_fig.phase))
         rows.append(
             judge(
                 ours.get(metric), base_fig, baseline.name, _tolerance(metric, baseline, tolerance, base_fig, basis, run), "gate",

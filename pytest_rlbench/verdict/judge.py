@@ -35,8 +35,8 @@ things the session knows of itself:
 - and a failure must reproduce: where its gate timed the phase again at the end of the session
   (``retimed``, ``pytest_rlbench.verdict.retiming``), those rounds are judged by the same rules, paced by the
   peers timed again beside them (``pace_again``); not failing there leaves the phase "inconclusive"
-  (reason "not reproduced"). The baseline's figure is then its faster block of rounds
-  (``retiming.faster_block``, applied by ``pytest_rlbench.verdict.compare``).
+  (reason "not reproduced"). The baseline's figure is then its median block of rounds
+  (``retiming.bar_block``, applied by ``pytest_rlbench.verdict.compare``).
 A failure without contention lists the CPU used beside the rounds, for the record.
 The default tolerance (``noise.default_tolerance``) is 0.15 on CPU workers and 0.10 on GPUs, where
 the phases with a measured tolerance of their own (``noise.GPU_PHASE_TOLERANCES``: 3% for generation,

@@ -51,7 +51,7 @@ class SessionPace:
 
 def phase_ratios(run: RunRecord, baseline: RunRecord) -> dict[str, float]:
     """Each phase both records timed: the run's median seconds over the baseline's (of the baseline's
-    faster block of rounds, ``pytest_rlbench.verdict.retiming``)."""
+    median block of rounds, ``pytest_rlbench.verdict.retiming``)."""
     out = {}
     for phase, theirs in baseline.phases.items():
         ours = run.phases.get(phase)
