@@ -1,6 +1,8 @@
 """How often the performance gate is wrong, measured on this machine (issue 12, item 2).
 
-1. Saves a baseline of ``pytest suites/`` (the embedded default unless ``--pytest-arg`` says more).
+1. Saves a baseline of ``pytest suites/`` (the embedded default unless ``--pytest-arg`` says more),
+   ``--baseline-sessions`` times over the same file (default 1), which then keeps each session's
+   blocks of rounds (``pytest_rlbench.verdict.retiming.with_earlier_sessions``).
 2. Reruns the suites ``--runs`` times (default 20) on unchanged code against it: each run should pass.
 3. Reruns them ``--runs`` times under 2x CPU contention: one busy-loop process per core, started
    before and stopped (by PID) after each run; each run should fail.
@@ -301,6 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quiet-cores", type=float, default=0.3, help="CPU use below which the machine is quiet")
     parser.add_argument("--settle-timeout", type=float, default=60, help="seconds to wait for quiescence")
     parser.add_argument("--cool-down", type=float, default=0.0, help="seconds to idle before each session")
+    parser.add_argument("--baseline-sessions", type=int, default=1,
+                        help="sessions that save the baseline, each over the last (it keeps up to 3 sessions' blocks)")
     parser.add_argument("--rejudge", type=Path, help="a work directory to recount (no session is run)")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="the tolerance of the recount (default: the CPU default; the sessions use theirs)")
@@ -313,14 +317,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="gate-error-rates-"))
     baseline = work / "base.json"
     print(f"saving the baseline to {baseline} (every session's report is kept in {work})", flush=True)
-    settle(args.quiet_cores, args.settle_timeout)
-    saved = subprocess.run(pytest_command([*args.pytest_arg, f"--rl-save-baseline={baseline}"]), cwd=ROOT,
-                           env={**os.environ, RUN_MARK: "base"}, timeout=args.timeout, capture_output=True,
-                           text=True)
-    if saved.returncode != 0 or not baseline.exists():
-        print((saved.stdout + saved.stderr)[-3000:], file=sys.stderr)
-        print(f"the baseline session failed (exit status {saved.returncode})", file=sys.stderr)
-        return 2
+    for session in range(args.baseline_sessions):  # saved again over itself: it keeps each session's blocks
+        settle(args.quiet_cores, args.settle_timeout)
+        saved = subprocess.run(pytest_command([*args.pytest_arg, f"--rl-save-baseline={baseline}"]), cwd=ROOT,
+                               env={**os.environ, RUN_MARK: "base"}, timeout=args.timeout, capture_output=True,
+                               text=True)
+        if saved.returncode != 0 or not baseline.exists():
+            print((saved.stdout + saved.stderr)[-3000:], file=sys.stderr)
+            print(f"baseline session {session + 1} failed (exit status {saved.returncode})", file=sys.stderr)
+            return 2
     results = [run_scenario(s, args, baseline, work) for s in args.scenarios]
     lines = table(results)
     print("\n".join(lines))

@@ -52,6 +52,23 @@ def run(pytester: pytest.Pytester, delay: float, *args: str) -> pytest.RunResult
     return pytester.runpytest("--rl-rounds=5", "--rl-warmup-rounds=1", "-p", "no:randomly", *args)
 
 
+def test_saving_again_over_a_baseline_of_the_same_work_keeps_each_session_s_blocks(pytester: pytest.Pytester) -> None:
+    saved = pytester.path / "base.json"
+    run(pytester, 0.05, f"--rl-save-baseline={saved}").assert_outcomes(passed=4)
+    first = json.loads(saved.read_text())["metrics"]["retimed_s/update_actor"]["value"]
+    again = run(pytester, 0.05, f"--rl-save-baseline={saved}")
+    again.assert_outcomes(passed=4)
+    pooled = json.loads(saved.read_text())["metrics"]["retimed_s/update_actor"]["value"]
+    # this session's 2 re-timed blocks, then the first session's benchmark block and its 2: 5 blocks of 5
+    assert len(pooled) == 25 and pooled[15:] == first, pooled
+    assert "its timing blocks are kept with this session's (2 sessions, at most 3)" in again.stdout.str()
+    # other work saved over it replaces it
+    other = run(pytester, 0.05, f"--rl-save-baseline={saved}", "--rl-rounds=4")
+    other.assert_outcomes(passed=4)
+    assert len(json.loads(saved.read_text())["metrics"]["retimed_s/update_actor"]["value"]) == 8
+    assert "timing blocks are kept" not in other.stdout.str()
+
+
 def test_a_run_within_tolerance_passes_and_a_slower_one_fails(pytester: pytest.Pytester) -> None:
     saved = pytester.path / "base.json"
     first = run(pytester, 0.05, f"--rl-save-baseline={saved}")

@@ -146,6 +146,8 @@ def test_gating_docs_state_the_gates_constants() -> None:
         "judge.WORK_ALLOWANCE": f"{judge.WORK_ALLOWANCE:.0%}",
         "noise.DEFAULT_TOLERANCE": f"{noise.DEFAULT_TOLERANCE:.2f}",
         "noise.DEFAULT_CPU_TOLERANCE": f"{noise.DEFAULT_CPU_TOLERANCE:.2f}",
+        "noise.MIN_SPREAD_BLOCKS": f"{noise.MIN_SPREAD_BLOCKS}",
+        "noise.MAX_SPREAD_TOLERANCE": f"{noise.MAX_SPREAD_TOLERANCE:.2f}",
         "noise.PHASE_TIME_FLOOR.cpu_s": seconds_as_ms(noise.PHASE_TIME_FLOOR.cpu_s),
         "noise.PHASE_TIME_FLOOR.gpu_s": seconds_as_ms(noise.PHASE_TIME_FLOOR.gpu_s),
         "noise.PHASE_FLOORS.save_checkpoint": seconds_as_ms(floors.pop()),

@@ -171,6 +171,78 @@ def test_a_baseline_s_bar_is_its_median_block_of_three() -> None:
     assert row.verdict == "fail" and row.baseline == pytest.approx(0.101), row.message
 
 
+def test_a_phase_whose_baseline_blocks_spread_wider_than_the_default_is_judged_at_its_spread() -> None:
+    from pytest_rlbench.records.record import Metric
+    from pytest_rlbench.verdict.compare import Comparison
+    from pytest_rlbench.verdict.noise import MAX_SPREAD_TOLERANCE, default_tolerance, spread_tolerance
+
+    # the baseline's gen in three blocks at 1.0, 0.77 and 0.80 of 0.30 s: 1.0 / 0.77 = 1.30
+    base = session("base")
+    base.metrics["retimed_s/gen"] = Metric([PHASES["gen"] * f * r for f in (0.77, 0.80) for r in ROUNDS], "s", False)
+    run = session("run", {"gen": 1.2})  # at 1.2 / 0.8 = 1.5x the bar (0.24 s), with the same work
+    run.metrics["retimed_s/gen"] = Metric([PHASES["gen"] * 1.2 * r for r in ROUNDS], "s", False)
+
+    def gen_row(tolerance: float) -> Comparison:
+        return next(c for c in compare(run, base, tolerance).comparisons if c.metric == "timing_s/gen")
+
+    row = gen_row(default_tolerance(False))
+    assert row.verdict == "fail" and row.tolerance == pytest.approx(0.30), row.message  # 1.5x > 1.30
+    assert "gen's own spread, measured: the baseline timed it at 0.231-0.3 s in 3 blocks" in row.message
+    run = session("run", {"gen": 1.0})  # the slower level again: 1.25x the bar, within gen's own spread
+    run.metrics["retimed_s/gen"] = Metric([PHASES["gen"] * r for r in ROUNDS], "s", False)
+    assert gen_row(default_tolerance(False)).verdict == "pass"
+    assert gen_row(0.15).verdict == "fail"  # a tolerance someone chose is kept
+    assert next(c for c in compare(run, base, default_tolerance(False)).comparisons
+                if c.metric == "timing_s/ref").tolerance == pytest.approx(0.15)  # ref's one block: the default
+    # the rule alone: fewer than 3 blocks or a narrower spread keep the default; the widest is capped
+    default = default_tolerance(False)
+    assert spread_tolerance(default, "gen", [0.3, 0.2]) is default
+    assert spread_tolerance(default, "gen", [0.3, 0.29, 0.28]) is default
+    assert spread_tolerance(default, "gen", [0.2, 0.3, 0.246]) == pytest.approx(0.5)
+    assert spread_tolerance(default, "gen", [0.1, 0.3, 0.2]) == pytest.approx(MAX_SPREAD_TOLERANCE)
+
+
+def test_a_baseline_saved_again_keeps_earlier_sessions_blocks_and_its_bar_is_their_median() -> None:
+    from pytest_rlbench.records.record import Metric
+    from pytest_rlbench.verdict.noise import default_tolerance
+    from pytest_rlbench.verdict.retiming import (
+        POOLED_SESSIONS,
+        SESSION_BLOCKS,
+        baseline_median,
+        block_medians,
+        pooled_sessions,
+        retimed_blocks,
+        with_earlier_sessions,
+    )
+
+    def saved(name: str, old_log_prob: float) -> RunRecord:  # a saving session: 3 blocks of each phase
+        record = session(name, {"old_log_prob": old_log_prob})
+        for phase, t in PHASES.items():
+            f = old_log_prob if phase == "old_log_prob" else 1.0
+            record.metrics[f"retimed_s/{phase}"] = Metric([t * f * r for _ in range(2) for r in ROUNDS], "s", False)
+        return record
+
+    # a session that ran old_log_prob 1.3x slow throughout sets its bar alone ...
+    slow = saved("slow", 1.3)
+    assert baseline_median(slow, "old_log_prob") == pytest.approx(0.13)
+    # ... not once two sessions at speed were saved over it
+    pooled = with_earlier_sessions(saved("b", 1.0), with_earlier_sessions(saved("a", 1.0), slow))
+    assert len(retimed_blocks(pooled, "old_log_prob")) == POOLED_SESSIONS * SESSION_BLOCKS - 1
+    assert pooled_sessions(pooled, "old_log_prob") == POOLED_SESSIONS
+    assert baseline_median(pooled, "old_log_prob") == pytest.approx(0.10)
+    assert len(block_medians(pooled, "old_log_prob")) == SESSION_BLOCKS  # the spread: this session's own
+    run = session("run", {"old_log_prob": 1.25})  # a 25% regression, which the slow session hid
+    run.metrics["retimed_s/old_log_prob"] = Metric([0.125 * r for r in ROUNDS], "s", False)
+    judged = {c.phase: c.verdict for c in compare(run, pooled, default_tolerance(False)).comparisons}
+    assert judged["old_log_prob"] == "fail" and compare(run, slow, default_tolerance(False)).passed
+    # a fourth session drops the oldest's blocks; a phase timed in other rounds keeps the new blocks alone
+    newest = with_earlier_sessions(saved("c", 1.3), pooled)
+    assert baseline_median(newest, "old_log_prob") == pytest.approx(0.10)
+    fewer = saved("d", 1.0)
+    fewer.phases["ref"].seconds = fewer.phases["ref"].seconds[:4]
+    assert with_earlier_sessions(fewer, pooled).metrics["retimed_s/ref"] == fewer.metrics["retimed_s/ref"]
+
+
 def test_rounds_that_do_not_split_into_blocks_are_one_block() -> None:
     from pytest_rlbench.records.record import Metric
     from pytest_rlbench.verdict.retiming import retimed_blocks, retimed_rounds

@@ -13,7 +13,7 @@ from replay_records import H100, replay_record
 from test_reports import RUN, run_record
 
 from pytest_rlbench.records.baselines import PUBLISHED_BASELINES, load_baseline
-from pytest_rlbench.records.record import record_from_dict
+from pytest_rlbench.records.record import RunRecord, record_from_dict
 from pytest_rlbench.reports.answer import Invocation, answer_lines, efficiency_line
 from pytest_rlbench.verdict.compare import compare, compare_all
 
@@ -79,6 +79,27 @@ def test_a_gated_run_answers_pass_or_fail_per_baseline_first() -> None:
         "PASS  baseline 'ci-runner': all 9 passed",
         "PASS  baseline 'ci-runner-2': all 9 passed",
     ]
+
+
+def test_a_cpu_session_markedly_faster_than_its_baseline_says_what_could_pass_unseen() -> None:
+    base = run_record()
+    base.name = "ci-runner"
+
+    def scaled(factor: float) -> RunRecord:
+        run = run_record()
+        for phase in run.phases.values():
+            phase.seconds = [t * factor for t in phase.seconds]
+        return run
+
+    # every phase at 0.80x: the pace only excuses a slower host, so 1.15 / 0.80 = 44% could hide
+    lines = answer_lines([(scaled(0.8), [compare(scaled(0.8), base)])])
+    assert lines == [
+        "PASS  baseline 'ci-runner': all 9 passed",
+        "note: this session ran faster than baseline 'ci-runner' (its phases at 0.80x the baseline's times, "
+        "median of 8): a phase up to about 44% slower than its peers would still pass; if this machine usually "
+        "runs this fast, save the baseline again",
+    ]
+    assert answer_lines([(scaled(0.9), [compare(scaled(0.9), base)])]) == ["PASS  baseline 'ci-runner': all 9 passed"]
 
 
 def test_efficiency_is_shown_only_against_a_known_peak() -> None:

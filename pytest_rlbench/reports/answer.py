@@ -12,18 +12,21 @@ peak, only where the peak is known (GPUs in ``verdict/peaks.py``; never a CPU).
 from __future__ import annotations
 
 import shlex
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_rlbench.records.length_shapes import NATURAL
-from pytest_rlbench.records.metrics import BANDWIDTH, MFU, format_value, metric_label
+from pytest_rlbench.records.metrics import BANDWIDTH, MFU, TIMING, format_value, metric_label
 from pytest_rlbench.records.record import RunRecord
 from pytest_rlbench.records.workload_replay import WorkloadError, workload_overrides
 from pytest_rlbench.verdict.compare import JUDGED, BaselineComparison
 from pytest_rlbench.verdict.derived import derive
-from pytest_rlbench.verdict.gate_basis import gpu_family
+from pytest_rlbench.verdict.gate_basis import SAME_MACHINE, gpu_family
+from pytest_rlbench.verdict.noise import DEFAULT_CPU_TOLERANCE
 from pytest_rlbench.verdict.peaks import peak_bf16_flops
+from pytest_rlbench.verdict.session_pace import MIN_PEERS, PACE_MIN_S
 
 SUGGESTED_BASELINE = "rlbench-baseline.json"  # where the save suggestion writes, unless the user named a file
 SAVE, GATE, REPLAY = "--rl-save-baseline", "--rl-baseline", "--rl-workload"
@@ -74,6 +77,34 @@ def verdict_line(result: BaselineComparison, framework: str = "") -> str:
     failed = ", ".join(dict.fromkeys(metric_label(c.metric) for c in result.failures))
     return f"{'FAIL' if failed else 'PASS'}  {who}baseline '{result.baseline}': {gate_status(result)}" + (
         f" ({failed})" if failed else ""
+    )
+
+
+# A gated CPU session whose long phases ran at under this fraction of the baseline's times (their
+# median ratio) says so beside its verdict: the session's pace only excuses a slower host, so against a
+# baseline saved in a slower session a phase's regression up to that difference passes unseen
+# (docs/benchmarks.md, "The median block"). 1 / 1.15: past the default CPU tolerance.
+FASTER_SESSION_BELOW = round(1 / (1 + DEFAULT_CPU_TOLERANCE), 2)
+
+
+def faster_session_note(run: RunRecord, result: BaselineComparison) -> str | None:
+    """A line where a CPU session ran markedly faster than the baseline it was gated on, else None."""
+    if result.mode != "gate" or result.basis != SAME_MACHINE or run.hardware.device != "cpu":
+        return None
+    ratios = [
+        c.ratio for c in result.comparisons
+        if c.metric.startswith(f"{TIMING}/") and c.verdict in JUDGED and c.ratio and (c.baseline or 0) >= PACE_MIN_S
+    ]
+    if len(ratios) <= MIN_PEERS:
+        return None
+    pace = statistics.median(ratios)
+    if pace >= FASTER_SESSION_BELOW:
+        return None
+    hidden = (1 + DEFAULT_CPU_TOLERANCE) / pace - 1
+    return (
+        f"note: this session ran faster than baseline '{result.baseline}' (its phases at {pace:.2f}x the "
+        f"baseline's times, median of {len(ratios)}): a phase up to about {hidden:.0%} slower than its peers "
+        "would still pass; if this machine usually runs this fast, save the baseline again"
     )
 
 
@@ -168,10 +199,12 @@ def answer_lines(
     no gate in any, what would gate this work; then each run's efficiency."""
     several = len(outcomes) > 1
     lines = [
-        verdict_line(r, (run.provenance.framework or "") if several else "")
+        line
         for run, results in outcomes
         for r in results
         if r.mode == "gate"
+        for line in (verdict_line(r, (run.provenance.framework or "") if several else ""), faster_session_note(run, r))
+        if line is not None
     ]
     if not lines and outcomes and any(results for _, results in outcomes):
         run, results = outcomes[0]

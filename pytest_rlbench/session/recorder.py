@@ -28,6 +28,7 @@ from pytest_rlbench.markers import phase_key_problem
 from pytest_rlbench.records.files import dumps_report, failure_line, write_atomic, write_text_atomic
 from pytest_rlbench.records.metrics import ROLLOUT_FIDELITY, STEP_METRICS
 from pytest_rlbench.records.record import (
+    BaselineError,
     Hardware,
     Metric,
     ModelArch,
@@ -36,6 +37,7 @@ from pytest_rlbench.records.record import (
     RunConfig,
     RunRecord,
     TokenCounts,
+    load_record,
     record_from_dict,
     record_to_dict,
     save_record,
@@ -43,9 +45,11 @@ from pytest_rlbench.records.record import (
 from pytest_rlbench.records.workload_format import Workload
 from pytest_rlbench.reports.chart import chart_path_for, nothing_to_draw, write_chart
 from pytest_rlbench.reports.json_report import build_report
-from pytest_rlbench.verdict.compare import BaselineComparison, compare_all
+from pytest_rlbench.verdict.compare import BaselineComparison, compare, compare_all
 from pytest_rlbench.verdict.consistency import Finding, check_record
 from pytest_rlbench.verdict.derived import derive
+from pytest_rlbench.verdict.gate_basis import SAME_MACHINE
+from pytest_rlbench.verdict.retiming import POOLED_SESSIONS, pooled_sessions, with_earlier_sessions
 from trainer.phases import OUTSIDE_STEP, STEP_PHASES
 
 if TYPE_CHECKING:
@@ -278,7 +282,15 @@ class BenchRecorder:
         if save_path is not None and incomplete is not None:
             outcome.problems.append(f"baseline not saved to {str(save_path)!r}: {incomplete}")
         elif save_path is not None:
-            _write(outcome, "the baseline", save_path, lambda p: save_record(run, p))
+            saved = pooled_baseline(run, save_path, tolerance)
+            if saved is not run:
+                sessions = max((pooled_sessions(saved, p) for p in saved.phases), default=1)
+                outcome.notes.append(
+                    f"baseline {str(save_path)!r}: the same work on this machine was saved there before; its "
+                    f"timing blocks are kept with this session's ({sessions} sessions, at most {POOLED_SESSIONS}), "
+                    "and a gate reads their median block"
+                )
+            _write(outcome, "the baseline", save_path, lambda p: save_record(saved, p))
         if report_path is not None:
             report = build_report(run, results, findings, {"step_breakdown": self.step_breakdown})
             if incomplete is not None:
@@ -294,6 +306,22 @@ class BenchRecorder:
                 draw = lambda t: write_chart(t, run, baselines, results=results, step_breakdown=self.step_breakdown)  # noqa: E731
                 _write(outcome, "the chart", chart, lambda p: write_atomic(p, draw))
         return outcome
+
+
+def pooled_baseline(run: RunRecord, path: Path, tolerance: float) -> RunRecord:
+    """The record to save as a baseline at ``path``: on CPU workers, where ``path`` already holds a
+    baseline of the same work on this machine (one it would gate), ``run`` with that baseline's blocks
+    of rounds kept too (``retiming.with_earlier_sessions``); else ``run`` itself (the file is replaced)."""
+    if run.hardware.device != "cpu" or not path.is_file():
+        return run
+    try:
+        earlier = load_record(path)
+    except BaselineError:
+        return run  # not a baseline we can read: replaced, as any other file there
+    same = compare(run, earlier, tolerance)
+    if same.mode != "gate" or same.basis != SAME_MACHINE:
+        return run
+    return with_earlier_sessions(run, earlier)
 
 
 def mismatch_failure(rounds: list[Mapping[str, float]], limit: float | None) -> str | None:

@@ -12,7 +12,10 @@ rounds after another (a block holds as many rounds as the phase's benchmark time
   is then its median block of rounds (``bar_block``), of three, so that neither one slow block (which
   would hide a later regression) nor one fast block (which would fail unchanged code: on this VM a
   phase's blocks move 20-30% between sessions, docs/benchmarks.md) sets it. A baseline saved with one
-  re-timed block has two: its bar is the faster (the lower middle);
+  re-timed block has two: its bar is the faster (the lower middle). Saved again over a baseline of the
+  same work on the same machine, it keeps the earlier sessions' blocks too (``with_earlier_sessions``),
+  and the median block of them all is the bar: a session that ran a phase slow throughout no longer
+  sets it;
 - in a session gated against a baseline, a phase whose time failed, and the phases that pace it
   (``pytest_rlbench.verdict.session_pace``), once: the failure stands only if the re-timed rounds fail too
   (``pytest_rlbench.verdict.judge.reproduced``), against the pace of the peers timed again beside them
@@ -31,6 +34,11 @@ from pytest_rlbench.verdict.derived import Figure
 # Blocks of rounds a session that saves a baseline times again per phase: with its benchmark's, three,
 # whose median is the bar.
 SAVED_RETIMED_BLOCKS = 2
+SESSION_BLOCKS = SAVED_RETIMED_BLOCKS + 1
+# A baseline saved again over a file of the same work on the same machine keeps the blocks of this many
+# sessions, the newest first: one session's level can sit 15-20% off the machine's for a phase
+# (docs/benchmarks.md, "The median block"), and the median block of several is the machine's.
+POOLED_SESSIONS = 3
 
 
 def retimed_metric(phase: str) -> str:
@@ -74,10 +82,46 @@ def bar_block(fig: Figure, blocks: list[tuple[float, ...]]) -> Figure:
     return replace(fig, value=statistics.median(bar), samples=bar)
 
 
+def block_medians(record: RunRecord, phase: str) -> list[float]:
+    """The median seconds of each block of rounds the record's own session timed ``phase`` in: its
+    benchmark's, then those timed again, not an earlier session's (``with_earlier_sessions``):
+    ``pytest_rlbench.verdict.noise.spread_tolerance`` reads their spread, the noise within a session."""
+    own = record.phases.get(phase)
+    if own is None or not own.seconds:
+        return []
+    blocks = (tuple(own.seconds), *retimed_blocks(record, phase))[:SESSION_BLOCKS]
+    return [statistics.median(b) for b in blocks]
+
+
 def baseline_median(record: RunRecord, phase: str) -> float:
     """The median seconds of a baseline's phase, of its median block of rounds (as ``bar_block``)."""
     own = tuple(record.phases[phase].seconds)
     return statistics.median(median_block([own, *retimed_blocks(record, phase)]))
+
+
+def with_earlier_sessions(run: RunRecord, earlier: RunRecord) -> RunRecord:
+    """``run`` as a baseline that also keeps ``earlier``'s blocks of rounds (a baseline of the same work
+    saved before on this machine), after its own, up to ``POOLED_SESSIONS`` sessions' blocks per phase.
+    A phase either record timed in another number of rounds keeps ``run``'s blocks alone; where none
+    kept more, ``run`` itself is returned."""
+    metrics = dict(run.metrics)
+    for phase, own in run.phases.items():
+        before = earlier.phases.get(phase)
+        if before is None or not own.seconds or len(before.seconds) != len(own.seconds):
+            continue
+        theirs = [tuple(before.seconds), *retimed_blocks(earlier, phase)]
+        if any(len(block) != len(own.seconds) for block in theirs):
+            continue
+        blocks = [*retimed_blocks(run, phase), *theirs][: POOLED_SESSIONS * SESSION_BLOCKS - 1]
+        metric = metrics.get(retimed_metric(phase))
+        if metric is not None:
+            metrics[retimed_metric(phase)] = replace(metric, value=[t for block in blocks for t in block])
+    return replace(run, metrics=metrics) if metrics != run.metrics else run
+
+
+def pooled_sessions(record: RunRecord, phase: str) -> int:
+    """How many sessions' blocks of rounds a baseline keeps for ``phase`` (of ``SESSION_BLOCKS`` each)."""
+    return -(-(1 + len(retimed_blocks(record, phase))) // SESSION_BLOCKS)
 
 
 def retimed_view(record: RunRecord) -> RunRecord:
