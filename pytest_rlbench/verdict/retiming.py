@@ -36,8 +36,8 @@ from pytest_rlbench.verdict.derived import Figure
 SAVED_RETIMED_BLOCKS = 2
 SESSION_BLOCKS = SAVED_RETIMED_BLOCKS + 1
 # A baseline saved again over a file of the same work on the same machine keeps the blocks of this many
-# sessions, the newest first: one session's level can sit 15-20% off the machine's for a phase
-# (docs/benchmarks.md, "The median block"), and the median block of several is the machine's.
+# sessions, the newest first: one session's level can sit 15-50% off the machine's for a phase
+# (docs/benchmarks.md, "The median block"), and the median block of several is nearer the machine's.
 POOLED_SESSIONS = 3
 
 
