@@ -17,7 +17,11 @@ through the baseline's own per-metric tolerances), and counted:
   the phase that method's time lands in fails; per session, against how many baselines it was caught.
 
     python benchmarks/gate_gpu_rates.py H100-A=docs/.../x1a H100-B=docs/.../x1b \
-        [--tolerance 0.05] [--tolerance-for update_actor=0.06] [--json out.json] [-v]
+        [--tolerance 0.05] [--tolerance-for update_actor=0.06] [--no-counts] [--json out.json] [-v]
+
+A session that saved itself as a baseline (``NAME.baseline.json`` beside its report, as gate16x8 runs
+them) counted each phase's work; its report carries the counts and the verdicts read them
+(``--no-counts``: the time alone).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from gate_error_rates import record_of_report  # noqa: E402
 from pytest_rlbench.records.metrics import METRIC_FAMILIES  # noqa: E402
 from pytest_rlbench.records.record import RunRecord  # noqa: E402
 from pytest_rlbench.verdict.compare import compare  # noqa: E402
+from pytest_rlbench.verdict.judge import WORK  # noqa: E402
 from pytest_rlbench.verdict.noise import default_tolerance  # noqa: E402
 
 # The phases a slowed method's time lands in (gen = reshard + generate_sequences).
@@ -90,14 +95,23 @@ class Session:
         return f"{self.machine}/{self.path or self.name}"
 
 
-def sessions(spec: Sequence[str]) -> list[Session]:
-    """Every gate16x8 report in each MACHINE=DIRECTORY, grouped by the machine the report names."""
+def without_counts(record: RunRecord) -> RunRecord:
+    """The record without its counted work (``work/*``): what the time alone decides."""
+    return replace(record, metrics={m: v for m, v in record.metrics.items() if not m.startswith(f"{WORK}/")})
+
+
+def sessions(spec: Sequence[str], counts: bool = True) -> list[Session]:
+    """Every gate16x8 report in each MACHINE=DIRECTORY, grouped by the machine the report names
+    (``counts`` False: each read without its counted work)."""
     out, labels = [], {}
     for item in spec:
         machine, _, directory = item.partition("=")
         for path in sorted(Path(directory).glob("*16x8-*.json")):  # noise16x8-N: unchanged code too
+            if path.name.endswith(".baseline.json"):  # the session saved as a baseline: its report is beside it
+                continue
             name = path.stem.split("-", 2)[2] if path.stem.startswith("gate16x8-") else "same"
             record = record_of_report(json.loads(path.read_text()))
+            record = record if counts else without_counts(record)
             where = (
                 labels.setdefault(record.hardware.machine, machine) if record.hardware.machine else machine
             )
@@ -199,10 +213,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="PHASE=VALUE",
         help="this phase's tolerance instead (repeatable)",
     )
+    parser.add_argument(
+        "--no-counts", action="store_true", help="judge the time alone: every report read without its counted work"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every pair's outcome here")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each wrong pair's rows")
     args = parser.parse_args(argv)
-    all_sessions = sessions(args.machines)
+    all_sessions = sessions(args.machines, counts=not args.no_counts)
     result = rates(all_sessions, args.tolerance, dict(args.tolerance_for))
     machines = Counter(s.machine for s in all_sessions)
     print("sessions per machine: " + ", ".join(f"{m} {n}" for m, n in machines.items()))

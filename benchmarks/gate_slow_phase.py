@@ -14,6 +14,10 @@ more work, which the counted work (``trainer/work_counts.py``) sees as it would 
 computes something twice (in a counted round the workers count the added matmuls and hand them to
 the trainer's count), where a sleep in the driver adds time and no work. The class attributes are
 restored at unconfigure.
+
+A counted round (``trainer/work_counts.py``: slower by its counters) adds the work of the last timed
+call, not a fraction of its own longer time: the burn's products, GPU or CPU, are counted exactly as
+many as a timed round ran, so the counts show the regression at the size the times do.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ DEFAULT_FRACTION = 0.25
 ORIGINAL_KEY = pytest.StashKey[list[tuple[str, Callable[..., Any]]]]()
 
 
-def burn_gpu(worker: Any, seconds: float) -> float:
-    """Runs in a worker: bf16 matmuls on its GPU until ``seconds`` have passed; the seconds spent."""
+def burn_gpu(worker: Any, seconds: float, products: int | None = None) -> int:
+    """Runs in a worker: bf16 matmuls on its GPU until ``seconds`` have passed, or exactly ``products``
+    of them where given; how many it ran."""
     import torch
 
     operand = getattr(worker, "_gate_burn_operand", None)
@@ -45,78 +50,93 @@ def burn_gpu(worker: Any, seconds: float) -> float:
         operand = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
         worker._gate_burn_operand = operand
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    start, done = time.perf_counter(), 0
+    while (done < products) if products is not None else (time.perf_counter() - start < seconds):
         for _ in range(2):  # ~0.2 ms each on an H100: the added time overshoots by under 1 ms
             operand @ operand
+        done += 2
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return done
 
 
-def burn_cpu(seconds: float) -> float:
-    """In this process: fp32 matmuls on one thread until ``seconds`` have passed; the seconds spent.
-    One thread: each worker adds its share on its own core, as it runs the phase's own work."""
+def burn_worker_gpu(worker: Any, seconds: float, products: int | None, count: bool) -> tuple[int, Any]:
+    """Runs in a worker: ``burn_gpu``; with ``count``, also the work it dispatched (a WorkCounts), as the
+    worker's share of a counted round (else None)."""
+    if not count:
+        return burn_gpu(worker, seconds, products), None
+    from trainer.work_counts import count_work
+
+    return count_work(lambda: burn_gpu(worker, seconds, products))
+
+
+def burn_cpu(seconds: float, products: int | None = None) -> int:
+    """In this process: fp32 matmuls on one thread until ``seconds`` have passed, or exactly ``products``
+    of them where given; how many it ran. One thread: each worker adds its share on its own core, as it
+    runs the phase's own work."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         operand = torch.ones(192, 192)  # ~0.5 ms a product on one core: the added time overshoots by under 1 ms
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
+        start, done = time.perf_counter(), 0
+        while (done < products) if products is not None else (time.perf_counter() - start < seconds):
             operand @ operand
-        return time.perf_counter() - start
+            done += 1
+        return done
     finally:
         torch.set_num_threads(threads)
 
 
-def burn_worker_cpu(worker: Any, seconds: float, count: bool) -> Any:
-    """Runs in a worker: ``burn_cpu``; with ``count``, the work it dispatched (a WorkCounts), as the
-    worker's share of a counted round."""
+def burn_worker_cpu(worker: Any, seconds: float, products: int | None, count: bool) -> tuple[int, Any]:
+    """Runs in a worker: ``burn_cpu``; with ``count``, also the work it dispatched (a WorkCounts), as the
+    worker's share of a counted round (else None)."""
     if not count:
-        burn_cpu(seconds)
-        return None
+        return burn_cpu(seconds, products), None
     from trainer.work_counts import count_work
 
-    return count_work(lambda: burn_cpu(seconds))[1]
+    return count_work(lambda: burn_cpu(seconds, products))
 
 
-def burn_on_workers(group: Any, seconds: float, on_gpu: bool) -> None:
-    """``seconds`` of real work on every worker of the trainer's WorkerGroup: on its GPU, or on its CPU
-    (counted with the phase where the group counts a round's work)."""
+def burn_on_workers(group: Any, seconds: float, on_gpu: bool, products: list[int] | None = None) -> list[int]:
+    """``seconds`` of real work on every worker of the trainer's WorkerGroup, on its GPU or on its CPU,
+    or each worker's ``products`` where given (a counted round: the last timed call's work, counted with
+    the phase); how many products each worker ran."""
     import ray
 
-    if on_gpu:
-        ray.get([w.__ray_call__.remote(burn_gpu, seconds) for w in group.workers])
-        return
     counting = group.counted is not None
-    shares = ray.get([w.__ray_call__.remote(burn_worker_cpu, seconds, counting) for w in group.workers])
+    burn = burn_worker_gpu if on_gpu else burn_worker_cpu
+    each = products or [None] * len(group.workers)
+    done = ray.get([w.__ray_call__.remote(burn, seconds, n, counting) for w, n in zip(group.workers, each, strict=True)])
     if counting:
-        group.counted.extend(shares)
+        group.counted.extend(work for _, work in done)
+    return [n for n, _ in done]
 
 
 def slowed(method: Callable[..., Any], fraction: float, on_gpu: bool, cpu_work: bool = False) -> Callable[..., Any]:
     """``method``, followed by ``fraction`` of the time the call took: asleep, or busy on the workers'
-    GPUs (``on_gpu``) or CPUs (``cpu_work``)."""
+    GPUs (``on_gpu``) or CPUs (``cpu_work``); in a counted round, the last timed call's products again."""
 
     overhead = [0.0]  # on CPU workers: what the last burn cost beyond its own seconds (the remote calls)
+    last: list[list[int]] = []  # each worker's products in the last timed call
 
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         result = method(self, *args, **kwargs)
         extra = fraction * (time.perf_counter() - start)
-        if on_gpu:
-            burn_on_workers(self.workers, extra, on_gpu)
-        elif cpu_work:
-            # A remote call to each worker costs milliseconds on a 2-core VM, a large part of 10% of a
-            # 0.13 s phase: burn for less by what the last call cost beyond its burn.
-            burn = max(extra - overhead[0], 0.0)
-            begin = time.perf_counter()
-            burn_on_workers(self.workers, burn, on_gpu)
-            overhead[0] = max(time.perf_counter() - begin - burn, 0.0)
-        else:
+        if not (on_gpu or cpu_work):
             time.sleep(extra)
+            return result
+        if self.workers.counted is not None:  # a counted round: the timed call's work, not its own time's
+            burn_on_workers(self.workers, extra, on_gpu, last[-1] if last else None)
+            return result
+        # A remote call to each worker costs milliseconds on a 2-core VM, a large part of 10% of a 0.13 s
+        # phase: on CPU workers burn for less by what the last call cost beyond its burn.
+        burn = extra if on_gpu else max(extra - overhead[0], 0.0)
+        begin = time.perf_counter()
+        last[:] = [burn_on_workers(self.workers, burn, on_gpu)]
+        overhead[0] = max(time.perf_counter() - begin - burn, 0.0)
         return result
 
     return wrapper

@@ -36,6 +36,8 @@
 #                                                      # work); fits one 10-minute command on 4 H200s
 #   RL_GATE_PLAN="same update_actor:0.05" bash benchmarks/gpu_suites.sh OUT_DIR gate16x8  # sessions
 #                                                      # for the GPU gate's error rates (see the shape)
+#   RL_GATE_PLAN="same update_actor:0.05 same same" bash benchmarks/gpu_suites.sh OUT_DIR gate16x8-each-gpu
+#                                                      # gate16x8, one entry per GPU of the host, at once
 #   bash benchmarks/gpu_suites.sh OUT_DIR gate16x4     # the gate on one GPU: a baseline, 3 same-code reruns gated
 #                                                      # against it, and one with old_log_prob 25% slower
 #                                                      # (benchmarks/gate_slow_phase.py); one report each
@@ -193,21 +195,35 @@ for shape in "$@"; do
         # report kept (every round, the GPU telemetry) to be judged against the others afterwards
         # (benchmarks/gate_gpu_rates.py). Entries: same (unchanged code), or METHOD:FRACTION, that
         # GRPOTrainer method made FRACTION slower by real GPU work (benchmarks/gate_slow_phase.py).
+        # Each session also saves itself as a baseline (NAME.baseline.json): a session that saves one
+        # counts each phase's work in one more, untimed, round, so every report carries its counts.
         g=("${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024
            --rl-config actor_rollout_ref.model.use_liger=True suites/test_phases.py suites/test_step.py
            -k "not save_checkpoint" --rl-rollout fast --rl-rounds 5 --rl-warmup-rounds 1)
         i=0
         for entry in ${RL_GATE_PLAN:-same}; do
             i=$((i + 1)); name="gate16x8-$(printf %02d $i)-${entry//[:,]/_}"
+            kept=(--rl-report "$out/$name.json" --rl-save-baseline "$out/$name.baseline.json")
             if [ "$entry" = same ]; then
-                python3 -m pytest "${g[@]}" --rl-report "$out/$name.json" > "$out/$name.log" 2>&1 || true
+                python3 -m pytest "${g[@]}" "${kept[@]}" > "$out/$name.log" 2>&1 || true
             else
                 GATE_SLOW_METHOD="${entry%%:*}" GATE_SLOWDOWN="${entry##*:}" GATE_SLOW_GPU=1 \
                 PYTHONPATH="$PWD/benchmarks:${PYTHONPATH:-}" python3 -m pytest -p gate_slow_phase "${g[@]}" \
-                    --rl-report "$out/$name.json" > "$out/$name.log" 2>&1 || true
+                    "${kept[@]}" > "$out/$name.log" 2>&1 || true
             fi
             tail -n 3 "$out/$name.log"
         done ;;
+    gate16x8-each-gpu)  # gate16x8 once per GPU of this host, at the same time: RL_GATE_PLAN's entries one
+        # per GPU (CUDA_VISIBLE_DEVICES=0, 1, ...; each session its own Ray), reports under OUT/gpuN/. As
+        # many sessions as GPUs in the time of one, but the sessions share the host's CPUs: its host-side
+        # phases ran slower than alone (reward 89-238 ms against 42; docs/benchmarks.md, "Counted work decides")
+        i=0
+        for entry in ${RL_GATE_PLAN:-same}; do
+            CUDA_VISIBLE_DEVICES=$i RL_GATE_PLAN="$entry" bash "$0" "$out/gpu$i" gate16x8 > "$out/gpu$i.out" 2>&1 &
+            i=$((i + 1))
+        done
+        wait
+        tail -n 3 "$out"/gpu*.out ;;
     *) echo "unknown shape $shape" >&2; exit 2 ;;
     esac
 done

@@ -31,9 +31,12 @@ def test_the_work_slowdown_is_real_work_that_the_counters_see() -> None:
     from trainer.work_counts import count_work
 
     # what a worker hands back in a counted round: the operand's fill and each added matmul
-    work = burn_worker_cpu(None, 0.05, count=True)
-    assert work.ops >= 2 and work.flops == (work.ops - 1) * 2 * 192**3, work
-    assert burn_worker_cpu(None, 0.01, count=False) is None
+    products, work = burn_worker_cpu(None, 0.05, None, count=True)
+    assert products >= 1 and work.ops == products + 1 and work.flops == products * 2 * 192**3, (products, work)
+    assert burn_worker_cpu(None, 0.01, None, count=False)[1] is None
+    # a counted round repeats the last timed call's products exactly, however slow the counters make it
+    again, work = burn_worker_cpu(None, 0.0, 7, count=True)
+    assert again == 7 and work.flops == 7 * 2 * 192**3, work
 
     def phase(seconds: float) -> str:
         time.sleep(seconds)
@@ -159,3 +162,22 @@ def test_the_gpu_rates_read_each_sessions_slowed_methods_and_fraction_from_its_n
     assert parse_phase_tolerance("update_actor=0.06") == ("update_actor", 0.06)
     with pytest.raises(argparse.ArgumentTypeError, match="expected PHASE=VALUE"):
         parse_phase_tolerance("update_actor")
+
+
+def test_the_gpu_rates_skip_each_sessions_saved_baseline_and_can_drop_the_counts(tmp_path: Path) -> None:
+    from gate_gpu_rates import sessions
+    from test_counted_work import BASE_WORK, with_counts
+    from test_session_pace import session
+
+    from pytest_rlbench.records.record import save_record
+    from pytest_rlbench.reports.json_report import build_report
+
+    for name in ("gate16x8-01-same", "gate16x8-02-update_actor_0.05"):
+        record = with_counts(session(name), BASE_WORK)
+        (tmp_path / f"{name}.json").write_text(json.dumps(build_report(record, [])))
+        save_record(record, tmp_path / f"{name}.baseline.json")  # beside each report, as gate16x8 keeps it
+    found = sessions([f"A={tmp_path}"])
+    assert [(s.name, s.methods) for s in found] == [("same", ()), ("update_actor_0.05", ("update_actor",))]
+    assert "work/flops/update_actor" in found[0].record.metrics
+    bare = sessions([f"A={tmp_path}"], counts=False)
+    assert not any(m.startswith("work/") for s in bare for m in s.record.metrics)

@@ -173,12 +173,24 @@ def count_work(fn: Callable[[], T]) -> tuple[T, WorkCounts]:
         result = fn()
         if profiler is not None:
             torch.cuda.synchronize()  # the GPU's activities of this call end inside the profile
-    device = {}
-    if profiler is not None:
-        device = device_counts(
-            (e.key, e.device_type == DeviceType.CUDA, e.count) for e in profiler.key_averages()
-        )
+    device = device_counts(profiled_events(profiler)) if profiler is not None else {}
     return result, WorkCounts(ops.ops, int(flops.get_total_flops()), **device)
+
+
+def profiled_events(profiler: Any) -> Iterable[tuple[str, bool, int]]:
+    """(name, ran on the GPU, 1) for every event a finished profiler kept, read from its raw results:
+    ``key_averages()`` first builds torch's FunctionEvent tree in Python, which for a counted step16x8
+    phase (hundreds of thousands of kernels in replayed graphs) took longer than the phase's own rounds.
+    Hidden events are left out, as ``key_averages`` leaves them; where the raw results are not there
+    (another torch), ``key_averages`` it is."""
+    results = getattr(getattr(profiler, "profiler", None), "kineto_results", None)
+    if results is None:
+        return ((e.key, e.device_type == DeviceType.CUDA, e.count) for e in profiler.key_averages())
+    return (
+        (e.name(), e.device_type() == DeviceType.CUDA, 1)
+        for e in results.events()
+        if not getattr(e, "is_hidden_event", lambda: False)()
+    )
 
 
 def _device_profiler() -> Any:
