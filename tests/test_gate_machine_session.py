@@ -84,3 +84,14 @@ def test_contention_keeps_plain_seconds_deciding_where_the_sessions_pace_would_e
     )
     assert (row["verdict"], row["reason"]) == ("fail", "slower")
     assert "session's other phases" not in row["message"]
+
+
+def test_the_cpu_beside_the_rounds_is_watched_wherever_the_sessions_processes_are_this_machines() -> None:
+    from types import SimpleNamespace
+
+    from pytest_rlbench.session.bench import watches_machine
+
+    # GPU sessions too: four sharing one host's CPUs failed unchanged code on reward, naming nothing
+    assert watches_machine(SimpleNamespace(embedded=True, gpu=True))
+    assert watches_machine(SimpleNamespace(embedded=True, gpu=False))
+    assert not watches_machine(SimpleNamespace(embedded=False, gpu=False))  # an external cluster's processes are not known
