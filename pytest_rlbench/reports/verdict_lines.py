@@ -42,7 +42,7 @@ REASON_WORDS = {
     "not reproduced": "not reproduced when timed again",
     "GPU clocks": "GPU clocks: the SM clock ran lower",
     "same work": "same counted work: the machine ran slower",
-    "more work": "more work: its counted ops or FLOPs grew",
+    "more work": "more work: it dispatched more (counted)",
     "missing": "missing from this run",
     "not run": "",  # the verdict says it
 }
