@@ -273,3 +273,12 @@ def test_re_timed_rounds_are_paced_by_the_peers_re_timed_beside_them() -> None:
     for peer in ("generate_sequences", "gen", "ref", "update_actor"):
         retimed(run, peer, 1.3)
     assert verdicts(run)["old_log_prob"] == ("inconclusive", "not reproduced")
+
+
+def test_rounds_split_into_blocks_of_the_phases_own_rounds() -> None:
+    from pytest_rlbench.verdict.retiming import blocks_of
+
+    assert blocks_of([1, 2, 3, 4], 2) == [(1, 2), (3, 4)]
+    assert blocks_of([1, 2, 3], 2) == [(1, 2, 3)]  # not split so: one block
+    assert blocks_of([1, 2], None) == [(1, 2)] and blocks_of([1, 2], 0) == [(1, 2)]
+    assert blocks_of([], 5) == []

@@ -41,7 +41,7 @@ from pytest_rlbench.session.bench import RETIMERS_KEY, complete_context
 from pytest_rlbench.session.fixtures import get_session
 from pytest_rlbench.session.recorder import RECORDERS_KEY
 from pytest_rlbench.verdict.compare import BaselineComparison, Comparison, phase_comparisons
-from pytest_rlbench.verdict.retiming import SAVED_RETIMED_BLOCKS, retimed_metric
+from pytest_rlbench.verdict.retiming import SAVED_RETIMED_BLOCKS, blocks_of, retimed_metric
 from pytest_rlbench.verdict.session_pace import session_paces
 
 if TYPE_CHECKING:
@@ -136,8 +136,7 @@ class PhaseGate(pytest.Item):
             return
         kept = recorder.metrics[metric].value if metric in recorder.metrics else []
         own = recorder.phases.get(phase)
-        held = len(kept) // len(own.seconds) if own is not None and own.seconds else int(bool(kept))
-        if held >= blocks:
+        if len(blocks_of(kept, len(own.seconds) if own is not None else None)) >= blocks:
             return
         recorder.add_metric(metric, [*kept, *retimer()], "s", higher_is_better=False)
 

@@ -25,6 +25,7 @@ rounds after another (a block holds as many rounds as the phase's benchmark time
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import replace
 
 from pytest_rlbench.records.metrics import RETIMED
@@ -45,19 +46,23 @@ def retimed_metric(phase: str) -> str:
     return f"{RETIMED}/{phase}"
 
 
-def retimed_blocks(record: RunRecord, phase: str) -> list[tuple[float, ...]]:
-    """The blocks of rounds of ``phase`` timed again at the end of the record's session, in the order
-    timed (none: it was not). A block holds as many rounds as the phase's own; rounds that do not
-    split so are one block."""
-    metric = record.metrics.get(retimed_metric(phase))
-    if metric is None or not metric.value:
+def blocks_of(rounds: Sequence[float], size: int | None) -> list[tuple[float, ...]]:
+    """Re-timed ``rounds`` split into blocks of ``size`` (the phase's own rounds), in the order timed;
+    rounds that do not split so (or no size) are one block, and no rounds no block."""
+    values = tuple(rounds)
+    if not values:
         return []
-    values = tuple(metric.value)
-    own = record.phases.get(phase)
-    size = len(own.seconds) if own is not None and own.seconds else len(values)
-    if len(values) % size:
+    if not size or len(values) % size:
         return [values]
     return [values[i : i + size] for i in range(0, len(values), size)]
+
+
+def retimed_blocks(record: RunRecord, phase: str) -> list[tuple[float, ...]]:
+    """The blocks of rounds of ``phase`` timed again at the end of the record's session (``blocks_of``;
+    none: it was not)."""
+    metric = record.metrics.get(retimed_metric(phase))
+    own = record.phases.get(phase)
+    return blocks_of(metric.value if metric is not None else (), len(own.seconds) if own is not None else None)
 
 
 def retimed_rounds(record: RunRecord, phase: str) -> tuple[float, ...] | None:
