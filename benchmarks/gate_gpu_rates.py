@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gate_error_rates import record_of_report  # noqa: E402
 
-from pytest_rlbench.records.metrics import METRIC_FAMILIES  # noqa: E402
+from pytest_rlbench.records.metrics import METRIC_FAMILIES, family_of  # noqa: E402
 from pytest_rlbench.records.record import RunRecord  # noqa: E402
 from pytest_rlbench.verdict.compare import compare  # noqa: E402
 from pytest_rlbench.verdict.judge import WORK  # noqa: E402
@@ -97,7 +97,7 @@ class Session:
 
 def without_counts(record: RunRecord) -> RunRecord:
     """The record without its counted work (``work/*``): what the time alone decides."""
-    return replace(record, metrics={m: v for m, v in record.metrics.items() if not m.startswith(f"{WORK}/")})
+    return replace(record, metrics={m: v for m, v in record.metrics.items() if family_of(m) != WORK})
 
 
 def sessions(spec: Sequence[str], counts: bool = True) -> list[Session]:

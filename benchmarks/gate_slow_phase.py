@@ -40,6 +40,21 @@ DEFAULT_FRACTION = 0.25
 ORIGINAL_KEY = pytest.StashKey[list[tuple[str, Callable[..., Any]]]]()
 
 
+def burning(start: float, done: int, seconds: float, products: int | None) -> bool:
+    """Whether a burn goes on: until ``seconds`` have passed since ``start``, or ``products`` are done."""
+    return done < products if products is not None else time.perf_counter() - start < seconds
+
+
+def counted_share(burn: Callable[[], int], count: bool) -> tuple[int, Any]:
+    """Runs in a worker: ``burn()`` and, with ``count``, the work it dispatched (a WorkCounts, the
+    worker's share of a counted round; else None)."""
+    if not count:
+        return burn(), None
+    from trainer.work_counts import count_work
+
+    return count_work(burn)
+
+
 def burn_gpu(worker: Any, seconds: float, products: int | None = None) -> int:
     """Runs in a worker: bf16 matmuls on its GPU until ``seconds`` have passed, or exactly ``products``
     of them where given; how many it ran."""
@@ -51,7 +66,7 @@ def burn_gpu(worker: Any, seconds: float, products: int | None = None) -> int:
         worker._gate_burn_operand = operand
     torch.cuda.synchronize()
     start, done = time.perf_counter(), 0
-    while (done < products) if products is not None else (time.perf_counter() - start < seconds):
+    while burning(start, done, seconds, products):
         for _ in range(2):  # ~0.2 ms each on an H100: the added time overshoots by under 1 ms
             operand @ operand
         done += 2
@@ -60,13 +75,8 @@ def burn_gpu(worker: Any, seconds: float, products: int | None = None) -> int:
 
 
 def burn_worker_gpu(worker: Any, seconds: float, products: int | None, count: bool) -> tuple[int, Any]:
-    """Runs in a worker: ``burn_gpu``; with ``count``, also the work it dispatched (a WorkCounts), as the
-    worker's share of a counted round (else None)."""
-    if not count:
-        return burn_gpu(worker, seconds, products), None
-    from trainer.work_counts import count_work
-
-    return count_work(lambda: burn_gpu(worker, seconds, products))
+    """Runs in a worker: ``burn_gpu``, counted where ``count`` (``counted_share``)."""
+    return counted_share(lambda: burn_gpu(worker, seconds, products), count)
 
 
 def burn_cpu(seconds: float, products: int | None = None) -> int:
@@ -80,7 +90,7 @@ def burn_cpu(seconds: float, products: int | None = None) -> int:
     try:
         operand = torch.ones(192, 192)  # ~0.5 ms a product on one core: the added time overshoots by under 1 ms
         start, done = time.perf_counter(), 0
-        while (done < products) if products is not None else (time.perf_counter() - start < seconds):
+        while burning(start, done, seconds, products):
             operand @ operand
             done += 1
         return done
@@ -89,13 +99,8 @@ def burn_cpu(seconds: float, products: int | None = None) -> int:
 
 
 def burn_worker_cpu(worker: Any, seconds: float, products: int | None, count: bool) -> tuple[int, Any]:
-    """Runs in a worker: ``burn_cpu``; with ``count``, also the work it dispatched (a WorkCounts), as the
-    worker's share of a counted round (else None)."""
-    if not count:
-        return burn_cpu(seconds, products), None
-    from trainer.work_counts import count_work
-
-    return count_work(lambda: burn_cpu(seconds, products))
+    """Runs in a worker: ``burn_cpu``, counted where ``count`` (``counted_share``)."""
+    return counted_share(lambda: burn_cpu(seconds, products), count)
 
 
 def burn_on_workers(group: Any, seconds: float, on_gpu: bool, products: list[int] | None = None) -> list[int]:
@@ -117,11 +122,12 @@ def slowed(method: Callable[..., Any], fraction: float, on_gpu: bool, cpu_work: 
     """``method``, followed by ``fraction`` of the time the call took: asleep, or busy on the workers'
     GPUs (``on_gpu``) or CPUs (``cpu_work``); in a counted round, the last timed call's products again."""
 
-    overhead = [0.0]  # on CPU workers: what the last burn cost beyond its own seconds (the remote calls)
-    last: list[list[int]] = []  # each worker's products in the last timed call
+    overhead = 0.0  # on CPU workers: what the last burn cost beyond its own seconds (the remote calls)
+    last: list[int] | None = None  # each worker's products in the last timed call
 
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal overhead, last
         start = time.perf_counter()
         result = method(self, *args, **kwargs)
         extra = fraction * (time.perf_counter() - start)
@@ -129,14 +135,14 @@ def slowed(method: Callable[..., Any], fraction: float, on_gpu: bool, cpu_work: 
             time.sleep(extra)
             return result
         if self.workers.counted is not None:  # a counted round: the timed call's work, not its own time's
-            burn_on_workers(self.workers, extra, on_gpu, last[-1] if last else None)
+            burn_on_workers(self.workers, extra, on_gpu, last)
             return result
         # A remote call to each worker costs milliseconds on a 2-core VM, a large part of 10% of a 0.13 s
         # phase: on CPU workers burn for less by what the last call cost beyond its burn.
-        burn = extra if on_gpu else max(extra - overhead[0], 0.0)
+        burn = extra if on_gpu else max(extra - overhead, 0.0)
         begin = time.perf_counter()
-        last[:] = [burn_on_workers(self.workers, burn, on_gpu)]
-        overhead[0] = max(time.perf_counter() - begin - burn, 0.0)
+        last = burn_on_workers(self.workers, burn, on_gpu)
+        overhead = max(time.perf_counter() - begin - burn, 0.0)
         return result
 
     return wrapper

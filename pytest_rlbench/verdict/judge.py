@@ -256,7 +256,7 @@ def with_work(
             f" (the time alone: {reason}{why}); the work was {same} ({counts}): the machine ran slower, not the "
             "code (the counters cannot see a slower kernel doing the same work)"
         )
-    if verdict == "pass" and work.more and slower_by is not None and slower_by > 0:
+    if verdict == "pass" and work.more and slower_by is not None:  # slower_by is past the floor, so above 0
         against = " against the session's pace" if paced else ""
         return "fail", "more work", (
             f": {reason}{why}, but {slower_by:.1%} slower than the baseline{against}, past the noise floor, "
