@@ -2,10 +2,10 @@
 GPU the kernels, graph replays, copies, host syncs and collectives the call asked the GPU for.
 
 A phase's time moves with the machine; the work it dispatches does not. ``count_work(fn)`` runs ``fn``
-once under two dispatch modes: ``OpCounter`` (every ATen op that reached the dispatcher, whichever
-device runs it, collectives included) and torch's ``FlopCounterMode`` (the FLOPs of the ops it has a
-formula for: matmuls, convolutions, attention). Both see what was dispatched, not how fast a kernel
-ran: a slower kernel doing the same work counts the same.
+once under one dispatch mode, ``OpAndFlopCounter``: every ATen op that reached the dispatcher, whichever
+device runs it, collectives included, and the FLOPs of the ops torch's ``FlopCounterMode`` has a
+formula for (matmuls, convolutions, attention), by that mode's own handler. It sees what was
+dispatched, not how fast a kernel ran: a slower kernel doing the same work counts the same.
 
 In a process that has started CUDA, the call also runs under torch's profiler with CUDA activity, and
 ``device_counts`` files its events: the host's kernel launches (the CUDA runtime's and driver's launch
@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 from torch.autograd import DeviceType
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
 
 T = TypeVar("T")
 
@@ -109,6 +109,71 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# The size queries FlopCounterMode's handler leaves to the tensor (NotImplemented): ops of tensors with
+# their own sizes and strides (a nested tensor), never work
+SIZE_QUERIES = frozenset(
+    getattr(torch.ops.aten, name).default
+    for name in ("sym_is_contiguous", "is_contiguous", "is_strides_like_format", "is_non_overlapping_and_dense",
+                 "size", "sym_size", "stride", "sym_stride", "storage_offset", "sym_storage_offset", "numel",
+                 "sym_numel", "dim")
+    if hasattr(torch.ops.aten, name)
+) | {torch.ops.aten.is_contiguous.memory_format, torch.ops.prim.layout.default}
+
+
+class OpAndFlopCounter(_FlopCounterMode):
+    """One dispatch mode that counts what ``OpCounter`` stacked over torch's ``FlopCounterMode`` counted:
+    every ATen op as dispatched, and the FLOPs of FlopCounterMode's formulas, the same way (an op that
+    has a CompositeImplicitAutograd decomposition is counted by its parts' FLOPs; size queries are left
+    alone). About a third less Python per op than the two modes stacked, and no module tracking:
+    FlopCounterMode's ModuleTracker hooks every module's forward and backward only to file FLOPs by
+    module, which a total does not need. An op's decomposition counts as that op (as under the two
+    modes, where OpCounter saw the op and FlopCounterMode its parts); higher-order ops (compiled code)
+    take FlopCounterMode's own handler."""
+
+    def __init__(self, custom_mapping: dict[Any, Callable[..., int]]) -> None:
+        # FlopCounterMode holds the formulas (its custom_mapping wrapped as it wraps them); never entered
+        super().__init__(FlopCounterMode(display=False, custom_mapping=custom_mapping))
+        self.formulas = self.counter.flop_registry  # by op overload packet
+        self.ops = 0
+        self.own_flops = 0
+        self._decomposing = 0  # depth of the decompositions in progress: their parts are no ops
+        self._decomposable: dict[Any, bool] = {}  # by op overload (a registry lookup each is not free)
+
+    def _decomposes(self, func: Any) -> bool:
+        """Whether FlopCounterMode's handler would count ``func`` by its decomposition's parts."""
+        known = self._decomposable.get(func)
+        if known is None:
+            known = self._decomposable[func] = func is not torch.ops.prim.device.default and func._can_decompose()
+        return known
+
+    @property
+    def flops(self) -> int:
+        return self.own_flops + self.counter.get_total_flops()  # the latter: higher-order ops' only
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if not self._decomposing:
+            self.ops += 1
+        if func in SIZE_QUERIES:
+            return NotImplemented
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return self._handle_higher_order_ops(func, types, args, kwargs)
+        if self._decomposes(func):
+            self._decomposing += 1
+            try:
+                with self:  # its parts come back through this mode and count their FLOPs
+                    out = func.decompose(*args, **kwargs)
+            finally:
+                self._decomposing -= 1
+            if out is not NotImplemented:
+                return out
+        out = func(*args, **kwargs)
+        formula = self.formulas.get(func._overloadpacket)
+        if formula is not None:
+            self.own_flops += formula(*args, **kwargs, out_val=out)
+        return out
+
+
 # torch's attention FLOP formulas, by op: where each takes the query (the key and value follow it) and
 # which dimension holds the heads (the scaled_dot_product ops: [b, h, s, d]; the flash and efficient
 # kernels: [b, s, h, d], or [tokens, h, d] packed). Grouped-query attention gives key and value fewer
@@ -166,15 +231,24 @@ def attention_flop_formulas() -> dict[Any, Callable[..., int]]:
 
 def count_work(fn: Callable[[], T]) -> tuple[T, WorkCounts]:
     """``fn()``'s result and the work it dispatched in this process (on a GPU, what it asked of the GPU too)."""
-    flops = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
-    ops = OpCounter()
+    counter = OpAndFlopCounter(attention_flop_formulas())
     profiler = _device_profiler()
-    with profiler or contextlib.nullcontext(), flops, ops:  # the op counter innermost: it sees each op as dispatched
+    with profiler or contextlib.nullcontext(), counter:
         result = fn()
         if profiler is not None:
             torch.cuda.synchronize()  # the GPU's activities of this call end inside the profile
     device = device_counts(profiled_events(profiler)) if profiler is not None else {}
-    return result, WorkCounts(ops.ops, int(flops.get_total_flops()), **device)
+    return result, WorkCounts(counter.ops, int(counter.flops), **device)
+
+
+def count_work_stacked(fn: Callable[[], T]) -> tuple[T, WorkCounts]:
+    """``count_work`` as it counted before ``OpAndFlopCounter``: ``OpCounter`` stacked over torch's
+    ``FlopCounterMode`` (its module tracking on), no device counts. Kept to show both count alike."""
+    flops = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
+    ops = OpCounter()
+    with flops, ops:  # the op counter innermost: it sees each op as dispatched
+        result = fn()
+    return result, WorkCounts(ops.ops, int(flops.get_total_flops()))
 
 
 def profiled_events(profiler: Any) -> Iterable[tuple[str, bool, int]]:
