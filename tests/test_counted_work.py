@@ -231,6 +231,26 @@ def test_a_verdict_names_the_device_counts_that_changed_first() -> None:
     assert WorkEvidence(base, base).identical
 
 
+def test_counts_of_counted_rounds_that_sampled_other_lengths_do_not_decide() -> None:
+    """Where responses end at EOS a counted generation that sampled longer responses dispatches more:
+    its counts then say nothing of the code, so a slower gen is judged on its time alone, and its
+    verdict says why; the same lengths on both sides and the counts decide again."""
+    def generated(record: RunRecord, ops: float, tokens: float) -> RunRecord:
+        metrics = dict(with_counts(record, {**BASE_WORK, "old_log_prob": (ops, 2.4e9)}).metrics)
+        metrics[work_metric("response_tokens", "old_log_prob")] = Metric(value=[tokens], unit="tokens", higher_is_better=False)
+        return dataclasses.replace(record, metrics=metrics)
+
+    base = generated(session("base"), 1019, 8192)
+    slower = session("run", {"old_log_prob": 1.10})  # 10% slower, within the 20% tolerance
+    longer = timings(generated(slower, 1400, 9000), base)["old_log_prob"]
+    assert (longer.verdict, longer.reason) == ("pass", "within tolerance"), longer.message
+    assert "response tokens 8,192 -> 9,000" in longer.message and "cannot tell the code from the sampling" in longer.message
+    same_length = timings(generated(slower, 1400, 8192), base)["old_log_prob"]
+    assert (same_length.verdict, same_length.reason) == ("fail", "more work"), same_length.message
+    evidence = counted_work(generated(slower, 1400, 9000), base, "old_log_prob")
+    assert evidence is not None and not evidence.comparable and not evidence.more and not evidence.same
+
+
 def test_counted_work_reads_every_kind_a_session_recorded() -> None:
     counts = {**BASE_WORK}
     base = with_counts(session("base"), counts)

@@ -1,6 +1,8 @@
 """Counted work end to end, through pytester: a CPU session records each phase's work/* counts in its
 baseline, and against that baseline a session slower alike passes where the work was the same and
-fails the phase that dispatched more (``WorkEvidence`` in pytest_rlbench/verdict/judge.py).
+fails the phase that dispatched more (``WorkEvidence`` in pytest_rlbench/verdict/judge.py). A phase
+whose rounds name their own work (``tokens`` a function, as a generation's) records what its counted
+round did beside the counts.
 
 The phases are a controlled sleep (their time) beside a few matmuls (their work), counted in this
 process: the suite uses ``rl_bench`` alone, no trainer; the bundled trainer's workers count their own
@@ -18,6 +20,7 @@ SUITE = """
 import time
 import pytest
 import torch
+from pytest_rlbench.records.record import TokenCounts
 
 DELAY, EXTRA = {delay}, {extra}
 A = torch.eye(8)
@@ -32,8 +35,8 @@ def phase(matmuls):
 
 
 @pytest.mark.rl_phase("old_log_prob")
-def test_old_log_prob(rl_bench):
-    rl_bench(lambda: phase(2))
+def test_old_log_prob(rl_bench):  # its rounds name their own work, as a generation's do
+    rl_bench(lambda: phase(2), tokens=lambda x: TokenCounts(num_sequences=2, prompt_tokens=8, response_tokens=24))
 
 
 @pytest.mark.rl_phase("ref")
@@ -67,6 +70,8 @@ def test_more_work_turns_a_session_slower_alike_into_a_failure(pytester: pytest.
     # two matmuls and the sleep's nothing: 2 ops of 2 x 8^3 FLOPs each, the same in every phase
     assert metrics["work/ops/update_actor"]["value"] == 2.0  # a single value is stored as a number
     assert metrics["work/flops/update_actor"]["value"] == 2 * 2 * 8**3
+    assert metrics["work/response_tokens/old_log_prob"]["value"] == 24  # what its counted round did
+    assert "work/response_tokens/update_actor" not in metrics  # its work is the warm batch's, not a round's own
 
     # every phase 1.4x slower, the same work: the machine; it passes, and the verdict says why
     report = pytester.path / "same.json"

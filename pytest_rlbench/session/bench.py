@@ -31,7 +31,7 @@ from pytest_rlbench.session.progress import Progress, round_label
 from pytest_rlbench.session.recorder import BenchRecorder, get_recorder, local_hardware, mismatch_failure
 from pytest_rlbench.session.resources import RLModel
 from pytest_rlbench.session.round_timer import time_rounds
-from pytest_rlbench.verdict.judge import DEVICE_KINDS, FLOPS, OPS, WORK, work_metric
+from pytest_rlbench.verdict.judge import DEVICE_KINDS, FLOPS, OPS, ROUND_WORK, WORK, work_metric
 from pytest_rlbench.verdict.machine_load import MachineWatch
 
 if TYPE_CHECKING:
@@ -324,7 +324,7 @@ class PhaseBench:
             for metric, values, unit in watch.metrics(phase, warmup):
                 self.recorder.add_metric(metric, values, unit, higher_is_better=False)
         if self.count_work is not None:
-            self._count(phase, fn, setup)
+            self._count(phase, fn, setup, tokens if callable(tokens) else None)
         if self.keep_retimer:
             self._keep_retimer(phase, fn, setup, warmup, rounds)
         step_figures = [r.metrics for r in timed if isinstance(getattr(r, "metrics", None), dict)]
@@ -335,18 +335,28 @@ class PhaseBench:
         self._describe(phase, counts)
         return result
 
-    def _count(self, phase: str, fn: Callable[[], Any], setup: Callable[[], Any] | None) -> None:
+    def _count(
+        self, phase: str, fn: Callable[[], Any], setup: Callable[[], Any] | None,
+        tokens: Callable[[Any], BatchTokens | TokenCounts] | None,
+    ) -> None:
         """One more round, untimed, under the work counters (``trainer.work_counts``): the ATen ops
         and FLOPs the phase dispatched, recorded as ``work/ops/<phase>`` and ``work/flops/<phase>``,
         and on GPUs what it asked of them (``work/launches/<phase>``, ... : judge.DEVICE_KINDS)
         (evidence for its verdict: ``pytest_rlbench.verdict.judge.WorkEvidence``). A phase that
-        dispatched no op (a sleep) records nothing."""
+        dispatched no op (a sleep) records nothing. A phase whose rounds do work of their own (``tokens``
+        a function: a generation) records what the counted round did too (``work/response_tokens/<phase>``,
+        judge.ROUND_WORK): counts of rounds that sampled other lengths cannot decide."""
         assert self.count_work is not None
         with self.progress.stage(f"{phase}: counting its work (untimed)", 1) as stage:
             if setup is not None:
                 setup()
-            _, work = self.count_work(fn)
+            result, work = self.count_work(fn)
             stage.done()
+        done = token_counts(tokens(result)) if tokens is not None and work.ops else None
+        for kind in ROUND_WORK if done is not None else ():
+            value = getattr(done, kind)
+            if value is not None:
+                self.recorder.add_metric(work_metric(kind, phase), [value], "tokens", higher_is_better=False)
         if work.ops:
             self.recorder.add_metric(work_metric(OPS, phase), [work.ops], "ops", higher_is_better=False)
             self.recorder.add_metric(work_metric(FLOPS, phase), [work.flops], "FLOP", higher_is_better=False)

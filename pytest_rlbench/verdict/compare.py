@@ -50,6 +50,7 @@ from pytest_rlbench.verdict.gate_basis import (
 from pytest_rlbench.verdict.judge import ALPHA as ALPHA  # the rank test's level, for the reports
 from pytest_rlbench.verdict.judge import (
     OPS,
+    ROUND_WORK,
     WORK,
     WORK_KINDS,
     Comparison,
@@ -206,8 +207,14 @@ def counted_work(run: RunRecord, baseline: RunRecord, phase: str) -> WorkEvidenc
         found = {kind: record.metrics.get(work_metric(kind, phase)) for kind in WORK_KINDS}
         return {kind: float(m.value[0]) for kind, m in found.items() if m is not None and m.value}
 
+    def round_work(record: RunRecord) -> dict[str, float]:
+        found = {kind: record.metrics.get(work_metric(kind, phase)) for kind in ROUND_WORK}
+        return {kind: float(m.value[0]) for kind, m in found.items() if m is not None and m.value}
+
     ours, theirs = counts(run), counts(baseline)
-    return WorkEvidence(ours, theirs) if OPS in ours and OPS in theirs else None
+    if OPS not in ours or OPS not in theirs:
+        return None
+    return WorkEvidence(ours, theirs, round_work(run), round_work(baseline))
 
 
 def _tolerance(

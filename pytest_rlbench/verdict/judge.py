@@ -78,7 +78,7 @@ that slows every kernel alike (fewer threads, a slower build) passes as the mach
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pytest_rlbench.records.metrics import FAMILIES, TIMING, family_of, format_value, metric_label
@@ -120,8 +120,13 @@ WORK_KINDS = (OPS, FLOPS, *DEVICE_KINDS)  # every count a phase may record, in t
 # the default CPU workload; on GPUs every count of every step16x8 phase (ops, FLOPs, launches, graph
 # replays, kernels run, copies, host syncs, collectives) was the same in every session counted, on H100
 # and H200 machines alike (docs/benchmarks.md, "Counted work decides on GPUs"). A GPU count can still
-# move where the work does (ragged responses that end at EOS): that is what WORK_ALLOWANCE is for.
+# move where the work does (responses that end at EOS): the counted rounds' own work (ROUND_WORK) must
+# match for the counts to decide.
 DECIDING_KINDS = WORK_KINDS
+# What a counted round of a phase that generates did, beside its counts (TokenCounts' fields, each with
+# its words): where responses end at EOS, a round that sampled longer responses dispatches more, and
+# the counts then say nothing of the code.
+ROUND_WORK: dict[str, str] = {"response_tokens": "response tokens", "decode_steps": "decode steps"}
 # The inconclusive reasons of a phase slower in seconds that more counted work makes a regression.
 SLOWER_YET_EXCUSED = ("session slower", "not reproduced", "GPU clocks")
 
@@ -191,6 +196,26 @@ class WorkEvidence:
 
     run: dict[str, float]
     base: dict[str, float]
+    run_round: dict[str, float] = field(default_factory=dict)  # what the counted round did (ROUND_WORK)
+    base_round: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def comparable(self) -> bool:
+        """Whether the two counted rounds did the same work (ROUND_WORK, where both recorded it): else
+        their counts differ with the sampling and cannot tell a change in the code."""
+        shared = [k for k in ROUND_WORK if k in self.run_round and k in self.base_round]
+        return all(self.run_round[k] == self.base_round[k] for k in shared)
+
+    def other_work(self) -> str:
+        """ "its counted round did other work than the baseline's (response tokens 130,112 -> 131,072) ..." """
+        moved = ", ".join(
+            f"{words} {self.base_round[k]:,.0f} -> {self.run_round[k]:,.0f}" for k, words in ROUND_WORK.items()
+            if k in self.run_round and k in self.base_round and self.run_round[k] != self.base_round[k]
+        )
+        return (
+            f"its counted round did other work than the baseline's ({moved}), so its counts ({self.describe()}) "
+            "cannot tell the code from the sampling"
+        )
 
     def grew(self, kind: str) -> bool:
         """Whether the run dispatched more of ``kind`` than its baseline, past ``WORK_ALLOWANCE``."""
@@ -203,18 +228,18 @@ class WorkEvidence:
 
     @property
     def more(self) -> bool:
-        return any(self.grew(kind) for kind in self._shared())
+        return self.comparable and any(self.grew(kind) for kind in self._shared())
 
     @property
     def identical(self) -> bool:
         shared = self._shared()
-        return bool(shared) and all(self.run[kind] == self.base[kind] for kind in shared)
+        return self.comparable and bool(shared) and all(self.run[kind] == self.base[kind] for kind in shared)
 
     @property
     def same(self) -> bool:
         """Every deciding count both sides have is within ``WORK_ALLOWANCE`` of the other (and there is one)."""
         shared = self._shared()
-        return bool(shared) and all(
+        return self.comparable and bool(shared) and all(
             abs(self.run[kind] - self.base[kind]) <= self.base[kind] * WORK_ALLOWANCE for kind in shared
         )
 
@@ -245,6 +270,8 @@ def with_work(
     past the floor)."""
     if work is None:
         return verdict, reason, why
+    if not work.comparable:
+        return verdict, reason, f"{why}; {work.other_work()}"
     counts = work.describe()
     excused = verdict == "inconclusive" and reason in SLOWER_YET_EXCUSED
     if excused and work.more:
