@@ -217,17 +217,32 @@ for shape in "$@"; do
         # per GPU (CUDA_VISIBLE_DEVICES=0, 1, ...; each session its own Ray), reports under OUT/gpuN/. As
         # many sessions as GPUs in the time of one. Sharing the host's CPUs unpinned, four sessions ran
         # their host-side phases slower than alone (reward 89-238 ms against 42; docs/benchmarks.md,
-        # "Counted work decides"): each session now gets its own share of the cores (taskset, and as
-        # many torch threads), so that none runs on another's. The machine watch still sees the others'
-        # CPU use and names it beside a failure (it never turns one into a pass). Untried so far: check
-        # its reward and adv against a session alone before counting its unchanged sessions.
-        entries=(${RL_GATE_PLAN:-same})
-        cores=$(nproc); share=$((cores / ${#entries[@]}))
-        [ "$share" -ge 2 ] || { echo "gate16x8-each-gpu: $cores cores for ${#entries[@]} sessions" >&2; exit 2; }
+        # "Counted work decides"): each session now runs on its own share of the cores this script may
+        # use (taskset; a physical core's hyperthreads stay together), so that none runs on another's.
+        # The machine watch still sees the others' CPU use and names it beside a failure (it never turns
+        # one into a pass). Untried so far: check its reward and adv against a session alone before
+        # counting its unchanged sessions.
+        read -r -a entries <<< "${RL_GATE_PLAN:-same}"
+        [ "${#entries[@]}" -gt 0 ] || entries=(same)
+        mapfile -t shares < <(python3 - "${#entries[@]}" <<'PY'
+import os, sys
+n = int(sys.argv[1])
+def core(cpu):  # (package, core): hyperthreads of one physical core share it
+    top = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+    read = lambda name: int(open(top + name).read()) if os.path.exists(top + name) else cpu
+    return read("physical_package_id"), read("core_id"), cpu
+cpus = sorted(os.sched_getaffinity(0), key=core)
+share = len(cpus) // n
+if share < 1:
+    sys.exit(f"gate16x8-each-gpu: {len(cpus)} cores for {n} sessions")
+for i in range(n):
+    print(",".join(map(str, sorted(cpus[i * share:(i + 1) * share]))))
+PY
+        )
+        [ "${#shares[@]}" -eq "${#entries[@]}" ] || exit 2
         for i in "${!entries[@]}"; do
-            first=$((i * share)); last=$((first + share - 1))
-            CUDA_VISIBLE_DEVICES=$i OMP_NUM_THREADS=$share RL_GATE_PLAN="${entries[$i]}" \
-                taskset -c "$first-$last" bash "$0" "$out/gpu$i" gate16x8 > "$out/gpu$i.out" 2>&1 &
+            CUDA_VISIBLE_DEVICES=$i RL_GATE_PLAN="${entries[$i]}" \
+                taskset -c "${shares[$i]}" bash "$0" "$out/gpu$i" gate16x8 > "$out/gpu$i.out" 2>&1 &
         done
         wait
         tail -n 3 "$out"/gpu*.out ;;

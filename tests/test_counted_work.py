@@ -168,27 +168,44 @@ def test_count_work_counts_dispatched_ops_and_flops() -> None:
 def test_the_one_counting_mode_counts_what_the_two_stacked_modes_counted() -> None:
     """count_work's one dispatch mode (OpAndFlopCounter) must count as OpCounter stacked over
     FlopCounterMode did, or every baseline saved before it would read as more (or less) work: a
-    transformers model's forward and backward, its attention through SDPA with grouped-query heads,
-    and ops FlopCounterMode counts by their decomposition's parts (``linear`` on a 3-D input, ``gelu``)."""
+    transformers model's forward and backward (its attention through SDPA with grouped-query heads),
+    and the same forward under inference mode, where composite ops (linear, matmul, SDPA) reach the
+    mode whole and FlopCounterMode counts them by their decomposition's parts."""
     from trainer.models.presets import build_model
-    from trainer.work_counts import count_work_stacked
+    from trainer.work_counts import OpAndFlopCounter, attention_flop_formulas, stacked_counters
 
     model = build_model("tiny", seed=0)
     assert model.config.num_key_value_heads < model.config.num_attention_heads  # grouped-query attention
     ids = torch.randint(0, 100, (2, 48), generator=torch.Generator().manual_seed(0))
     weight = torch.randn(32, model.config.vocab_size, generator=torch.Generator().manual_seed(1))
 
-    def forward_and_backward() -> torch.Tensor:
+    def forward() -> torch.Tensor:
         logits = model(input_ids=ids).logits
-        loss = torch.nn.functional.gelu(torch.nn.functional.linear(logits, weight)).mean()
+        return torch.nn.functional.gelu(torch.nn.functional.linear(logits, weight)).mean() + (logits @ logits.mT).mean()
+
+    def forward_and_backward() -> torch.Tensor:
+        model.zero_grad(set_to_none=True)  # every counted call starts from no gradients
+        loss = forward()
         loss.backward()
         return loss
 
-    _, one = count_work(forward_and_backward)
-    _, stacked = count_work_stacked(forward_and_backward)
-    assert (one.ops, one.flops) == (stacked.ops, stacked.flops), f"one mode {one}, stacked {stacked}"
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    assert one.flops >= 6 * linear * ids.numel(), one  # the model's matmuls, forward and backward, at least
+    def inference() -> torch.Tensor:
+        with torch.inference_mode():
+            return forward()
+
+    for call in (forward_and_backward, inference):
+        call()  # warm: lazy state made outside the counts
+        _, one = count_work(call)
+        _, stacked = count_work(call, stacked_counters)
+        assert (one.ops, one.flops) == (stacked.ops, stacked.flops), f"{call.__name__}: one mode {one}, stacked {stacked}"
+        linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+        passes = 3 if call is forward_and_backward else 1  # a backward's matmuls are twice the forward's
+        assert one.flops >= 2 * passes * linear * ids.numel(), one  # the model's matmuls, at least
+    counter = OpAndFlopCounter(attention_flop_formulas())
+    with counter:
+        inference()
+    decomposed = {str(op) for op, parts in counter._decomposable.items() if parts}
+    assert {"aten.linear.default", "aten.matmul.default"} <= decomposed, decomposed  # the path was taken
 
 
 def test_device_counts_file_the_profilers_events_by_what_they_asked_of_the_gpu() -> None:

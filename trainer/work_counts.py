@@ -23,14 +23,19 @@ Counting slows the call (a Python call per op), so a counted call is never a tim
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 import torch
 from torch.autograd import DeviceType
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode
+
+# FlopCounterMode's handler as a dispatch mode of its own (recent torch): what OpAndFlopCounter extends.
+# Where a torch has none, count_work stacks OpCounter over FlopCounterMode, which counts the same.
+_FlopCounterMode: Any = getattr(torch.utils.flop_counter, "_FlopCounterMode", None)
 
 T = TypeVar("T")
 
@@ -120,23 +125,24 @@ SIZE_QUERIES = frozenset(
 ) | {torch.ops.aten.is_contiguous.memory_format, torch.ops.prim.layout.default}
 
 
-class OpAndFlopCounter(_FlopCounterMode):
-    """One dispatch mode that counts what ``OpCounter`` stacked over torch's ``FlopCounterMode`` counted:
+class OpAndFlopCounter(_FlopCounterMode or TorchDispatchMode):
+    """One dispatch mode that counts what ``OpCounter`` stacked over torch's ``FlopCounterMode`` counts:
     every ATen op as dispatched, and the FLOPs of FlopCounterMode's formulas, the same way (an op that
     has a CompositeImplicitAutograd decomposition is counted by its parts' FLOPs; size queries are left
     alone). About a third less Python per op than the two modes stacked, and no module tracking:
     FlopCounterMode's ModuleTracker hooks every module's forward and backward only to file FLOPs by
-    module, which a total does not need. An op's decomposition counts as that op (as under the two
-    modes, where OpCounter saw the op and FlopCounterMode its parts); higher-order ops (compiled code)
-    take FlopCounterMode's own handler."""
+    module, which a total does not need (its hooks' own ``view_as`` of an input that requires grad
+    counted as an op under the two modes: none of the trainer's phases has such an input). An op's
+    decomposition counts as that op (as under the two modes, where OpCounter saw the op and
+    FlopCounterMode its parts). Higher-order ops (compiled code), which the two modes stacked refused,
+    take FlopCounterMode's own handler. Needs a torch that has ``_FlopCounterMode``."""
 
     def __init__(self, custom_mapping: dict[Any, Callable[..., int]]) -> None:
-        # FlopCounterMode holds the formulas (its custom_mapping wrapped as it wraps them); never entered
+        # FlopCounterMode holds the formulas (its custom_mapping wrapped as it wraps them) and the FLOPs,
+        # filed under "Global" (its ModuleTracker is never entered)
         super().__init__(FlopCounterMode(display=False, custom_mapping=custom_mapping))
-        self.formulas = self.counter.flop_registry  # by op overload packet
         self.ops = 0
-        self.own_flops = 0
-        self._decomposing = 0  # depth of the decompositions in progress: their parts are no ops
+        self._depth = threading.local()  # decompositions in progress on this thread: their parts are no ops
         self._decomposable: dict[Any, bool] = {}  # by op overload (a registry lookup each is not free)
 
     def _decomposes(self, func: Any) -> bool:
@@ -148,30 +154,28 @@ class OpAndFlopCounter(_FlopCounterMode):
 
     @property
     def flops(self) -> int:
-        return self.own_flops + self.counter.get_total_flops()  # the latter: higher-order ops' only
+        return self.counter.get_total_flops()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if not self._decomposing:
+        depth = getattr(self._depth, "value", 0)
+        if not depth:
             self.ops += 1
         if func in SIZE_QUERIES:
             return NotImplemented
         if isinstance(func, torch._ops.HigherOrderOperator):
-            return self._handle_higher_order_ops(func, types, args, kwargs)
+            return super().__torch_dispatch__(func, types, args, kwargs)
         if self._decomposes(func):
-            self._decomposing += 1
+            self._depth.value = depth + 1
             try:
                 with self:  # its parts come back through this mode and count their FLOPs
                     out = func.decompose(*args, **kwargs)
             finally:
-                self._decomposing -= 1
+                self._depth.value = depth
             if out is not NotImplemented:
                 return out
         out = func(*args, **kwargs)
-        formula = self.formulas.get(func._overloadpacket)
-        if formula is not None:
-            self.own_flops += formula(*args, **kwargs, out_val=out)
-        return out
+        return self.counter._count_flops(func._overloadpacket, out, args, kwargs)
 
 
 # torch's attention FLOP formulas, by op: where each takes the query (the key and value follow it) and
@@ -229,26 +233,38 @@ def attention_flop_formulas() -> dict[Any, Callable[..., int]]:
     return out
 
 
-def count_work(fn: Callable[[], T]) -> tuple[T, WorkCounts]:
-    """``fn()``'s result and the work it dispatched in this process (on a GPU, what it asked of the GPU too)."""
+@contextlib.contextmanager
+def one_mode_counters() -> Iterator[Callable[[], tuple[int, int]]]:
+    """Counts ops and FLOPs in one dispatch mode (``OpAndFlopCounter``); yields how to read (ops, FLOPs)."""
     counter = OpAndFlopCounter(attention_flop_formulas())
+    with counter:
+        yield lambda: (counter.ops, int(counter.flops))
+
+
+@contextlib.contextmanager
+def stacked_counters() -> Iterator[Callable[[], tuple[int, int]]]:
+    """Counts ops and FLOPs as count_work did before ``OpAndFlopCounter`` (and still does on a torch
+    without ``_FlopCounterMode``): ``OpCounter`` over torch's ``FlopCounterMode``, its module tracking on."""
+    flops = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
+    ops = OpCounter()
+    with flops, ops:  # the op counter innermost: it sees each op as dispatched
+        yield lambda: (ops.ops, int(flops.get_total_flops()))
+
+
+def count_work(
+    fn: Callable[[], T], counters: Callable[[], contextlib.AbstractContextManager] | None = None
+) -> tuple[T, WorkCounts]:
+    """``fn()``'s result and the work it dispatched in this process (on a GPU, what it asked of the GPU
+    too), counted by ``counters`` (default: ``one_mode_counters`` where this torch has its FLOP mode)."""
+    counters = counters or (one_mode_counters if _FlopCounterMode is not None else stacked_counters)
     profiler = _device_profiler()
-    with profiler or contextlib.nullcontext(), counter:
+    with profiler or contextlib.nullcontext(), counters() as read:
         result = fn()
         if profiler is not None:
             torch.cuda.synchronize()  # the GPU's activities of this call end inside the profile
     device = device_counts(profiled_events(profiler)) if profiler is not None else {}
-    return result, WorkCounts(counter.ops, int(counter.flops), **device)
-
-
-def count_work_stacked(fn: Callable[[], T]) -> tuple[T, WorkCounts]:
-    """``count_work`` as it counted before ``OpAndFlopCounter``: ``OpCounter`` stacked over torch's
-    ``FlopCounterMode`` (its module tracking on), no device counts. Kept to show both count alike."""
-    flops = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
-    ops = OpCounter()
-    with flops, ops:  # the op counter innermost: it sees each op as dispatched
-        result = fn()
-    return result, WorkCounts(ops.ops, int(flops.get_total_flops()))
+    ops, flops = read()
+    return result, WorkCounts(ops, flops, **device)
 
 
 def profiled_events(profiler: Any) -> Iterable[tuple[str, bool, int]]:

@@ -31,7 +31,15 @@ from pytest_rlbench.session.progress import Progress, round_label
 from pytest_rlbench.session.recorder import BenchRecorder, get_recorder, local_hardware, mismatch_failure
 from pytest_rlbench.session.resources import RLModel
 from pytest_rlbench.session.round_timer import time_rounds
-from pytest_rlbench.verdict.judge import DEVICE_KINDS, FLOPS, OPS, ROUND_WORK, WORK, work_metric
+from pytest_rlbench.verdict.judge import (
+    DEVICE_KINDS,
+    FLOPS,
+    OPS,
+    ROUND_WORK,
+    ROUND_WORK_UNITS,
+    WORK,
+    work_metric,
+)
 from pytest_rlbench.verdict.machine_load import MachineWatch
 
 if TYPE_CHECKING:
@@ -344,8 +352,9 @@ class PhaseBench:
         and on GPUs what it asked of them (``work/launches/<phase>``, ... : judge.DEVICE_KINDS)
         (evidence for its verdict: ``pytest_rlbench.verdict.judge.WorkEvidence``). A phase that
         dispatched no op (a sleep) records nothing. A phase whose rounds do work of their own (``tokens``
-        a function: a generation) records what the counted round did too (``work/response_tokens/<phase>``,
-        judge.ROUND_WORK): counts of rounds that sampled other lengths cannot decide."""
+        a function: a generation, the step) records what the counted round did too
+        (``work/response_tokens/<phase>``, ``work/decode_steps/<phase>``: judge.ROUND_WORK): counts of
+        rounds that sampled other lengths cannot decide."""
         assert self.count_work is not None
         with self.progress.stage(f"{phase}: counting its work (untimed)", 1) as stage:
             if setup is not None:
@@ -356,7 +365,8 @@ class PhaseBench:
         for kind in ROUND_WORK if done is not None else ():
             value = getattr(done, kind)
             if value is not None:
-                self.recorder.add_metric(work_metric(kind, phase), [value], "tokens", higher_is_better=False)
+                unit = ROUND_WORK_UNITS[kind]
+                self.recorder.add_metric(work_metric(kind, phase), [value], unit, higher_is_better=False)
         if work.ops:
             self.recorder.add_metric(work_metric(OPS, phase), [work.ops], "ops", higher_is_better=False)
             self.recorder.add_metric(work_metric(FLOPS, phase), [work.flops], "FLOP", higher_is_better=False)

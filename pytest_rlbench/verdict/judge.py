@@ -71,6 +71,11 @@ decide what the time alone cannot:
   CPU work, +6% ops, passed 6 times in 15 at 1.09x; a 5% slower update_actor on a GPU came out at
   1.03-1.09x its baselines). The medians, not the rank test: one slow round of the baseline's (a 10%
   slowdown of old_log_prob, 0.134-0.147 s against 0.122-0.161 s) must not hide it.
+Counts decide only between counted rounds that did the same work: a phase whose rounds do work of
+their own (a generation, the step) also keeps what its counted round did (``ROUND_WORK``: response
+tokens, decode steps); where the run's and the baseline's differ (responses that end at EOS sampled
+to other lengths), its counts decide nothing and the verdict says why (``WorkEvidence.comparable``).
+A baseline saved before these were kept is read on its counts alone.
 The counters cannot see a slower kernel doing the same work: that is left to the time, and a change
 that slows every kernel alike (fewer threads, a slower build) passes as the machine's.
 """
@@ -115,7 +120,7 @@ DEVICE_KINDS: dict[str, str] = {
     "syncs": "host syncs",
     "collectives": "collectives",
 }
-WORK_KINDS = (OPS, FLOPS, *DEVICE_KINDS)  # every count a phase may record, in the order verdicts name them
+WORK_KINDS = (OPS, FLOPS, *DEVICE_KINDS)  # every count of a phase's work, in the order verdicts name them
 # The counts that decide a verdict: every kind. The ATen ops and FLOPs repeat exactly across sessions on
 # the default CPU workload; on GPUs every count of every step16x8 phase (ops, FLOPs, launches, graph
 # replays, kernels run, copies, host syncs, collectives) was the same in every session counted, on H100
@@ -127,6 +132,7 @@ DECIDING_KINDS = WORK_KINDS
 # its words): where responses end at EOS, a round that sampled longer responses dispatches more, and
 # the counts then say nothing of the code.
 ROUND_WORK: dict[str, str] = {"response_tokens": "response tokens", "decode_steps": "decode steps"}
+ROUND_WORK_UNITS: dict[str, str] = {"response_tokens": "tokens", "decode_steps": "steps"}
 # The inconclusive reasons of a phase slower in seconds that more counted work makes a regression.
 SLOWER_YET_EXCUSED = ("session slower", "not reproduced", "GPU clocks")
 
@@ -186,7 +192,8 @@ class MachineEvidence:
 
 
 def work_metric(kind: str, phase: str) -> str:
-    """The run metric id of one count of a phase: work/<kind>/<phase> (kind: one of WORK_KINDS)."""
+    """The run metric id of one count of a phase: work/<kind>/<phase> (kind: one of WORK_KINDS, or of
+    ROUND_WORK: what its counted round did)."""
     return f"{WORK}/{kind}/{phase}"
 
 
