@@ -14,7 +14,8 @@ through the baseline's own per-metric tolerances), and counted:
 - unchanged run against an unchanged baseline: should pass (same machine and across machines apart),
   and which phases failed when it did not;
 - slowed run against an unchanged baseline, once for each slowed method and per fraction: caught when
-  the phase that method's time lands in fails; per session, against how many baselines it was caught.
+  the phase that method's time lands in fails, "caught in step" when only a phase that holds it fails
+  (the step holds the update); per session, against how many baselines it was caught on its own phase.
 
     python benchmarks/gate_gpu_rates.py H100-A=docs/.../x1a H100-B=docs/.../x1b \
         [--tolerance 0.05] [--tolerance-for update_actor=0.06] [--no-counts] [--json out.json] [-v]
@@ -44,6 +45,7 @@ from pytest_rlbench.records.record import RunRecord  # noqa: E402
 from pytest_rlbench.verdict.compare import compare  # noqa: E402
 from pytest_rlbench.verdict.judge import WORK  # noqa: E402
 from pytest_rlbench.verdict.noise import default_tolerance  # noqa: E402
+from trainer.phases import PHASE_KEYS, phases_within  # noqa: E402
 
 # The phases a slowed method's time lands in (gen = reshard + generate_sequences).
 SLOWED_PHASES = {
@@ -51,6 +53,16 @@ SLOWED_PHASES = {
     "generate_sequences": ("generate_sequences", "gen"),
     "compute_old_log_prob": ("old_log_prob",),
 }
+
+
+def catch_of(failed_phases: Sequence[str], slowed: Sequence[str], outcome: str) -> str:
+    """How a slowed session's pair came out: "caught" where a phase the slowed method's time lands in
+    failed; "caught in step" (say) where only a phase that holds one of them did (the step holds the
+    update: its time and counts carry the regression too); else "missed (<the pair's outcome>)"."""
+    if any(p in failed_phases for p in slowed):
+        return "caught"
+    holders = sorted(p for p in failed_phases if p in PHASE_KEYS and any(s in phases_within(p) for s in slowed))
+    return f"caught in {', '.join(holders)}" if holders else f"missed ({outcome})"
 
 
 def parse_name(name: str) -> tuple[tuple[str, ...], str | None]:
@@ -184,11 +196,10 @@ def rates(all_sessions: list[Session], tolerance: float | None, per_phase: dict[
             for method in run.methods:  # a session slowed in several methods counts once for each
                 scenario = f"{method} +{float(run.fraction) * 100:g}%"
                 phases = SLOWED_PHASES.get(method, (method,))
-                caught = any(p in failed_phases for p in phases)
-                verdict = "caught" if caught else f"missed ({outcome})"
+                verdict = catch_of(failed_phases, phases, outcome)
                 counts.setdefault(scenario, Counter())[verdict] += 1
                 tally = caught_by_session.setdefault(scenario, {}).setdefault(run.label, [0, 0])
-                tally[0] += caught
+                tally[0] += verdict == "caught"
                 tally[1] += 1
                 pairs.append({**entry, "scenario": scenario, "outcome": verdict})
     return {
@@ -225,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("sessions per machine: " + ", ".join(f"{m} {n}" for m, n in machines.items()))
     if args.verbose:
         for pair in result["pairs"]:
-            if pair["outcome"] not in ("passed", "caught"):
+            if pair["outcome"] != "passed" and not pair["outcome"].startswith("caught"):
                 print(f"{pair['scenario']}: {pair['run']} vs {pair['baseline']}: {pair['outcome']}")
                 for r in pair["rows"]:
                     print(f"    {r[:300]}")

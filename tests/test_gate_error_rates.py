@@ -164,6 +164,16 @@ def test_the_gpu_rates_read_each_sessions_slowed_methods_and_fraction_from_its_n
         parse_phase_tolerance("update_actor")
 
 
+def test_a_slowed_pair_is_caught_on_its_phase_or_on_one_that_holds_it() -> None:
+    from gate_gpu_rates import catch_of
+
+    assert catch_of(["reward", "update_actor"], ("update_actor",), "failed") == "caught"
+    assert catch_of(["step"], ("update_actor",), "failed") == "caught in step"  # the step holds the update
+    assert catch_of(["reward"], ("update_actor",), "failed") == "missed (failed)"  # a phase beside it is no catch
+    assert catch_of([], ("generate_sequences", "gen"), "passed") == "missed (passed)"
+    assert catch_of(["gen"], ("generate_sequences", "gen"), "failed") == "caught"
+
+
 def test_the_gpu_rates_skip_each_sessions_saved_baseline_and_can_drop_the_counts(tmp_path: Path) -> None:
     from gate_gpu_rates import sessions
     from test_counted_work import BASE_WORK, with_counts
