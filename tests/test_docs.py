@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_rlbench.options.table import OPTIONS
-from pytest_rlbench.verdict import judge, machine_load, noise, session_pace
+from pytest_rlbench.verdict import judge, machine_load, noise, retiming, session_pace
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
@@ -156,6 +156,8 @@ def test_gating_docs_state_the_gates_constants() -> None:
         "judge.HOST_DRIFT_LIMIT": f"{judge.HOST_DRIFT_LIMIT:g}x",
         "session_pace.PACE_MIN_S": seconds_as_ms(session_pace.PACE_MIN_S),
         "session_pace.MIN_PEERS": f"{session_pace.MIN_PEERS}",
+        "retiming.SIDE_BY_SIDE_PASSES": f"{retiming.SIDE_BY_SIDE_PASSES}",
+        **{f"noise.CPU_SIDE_BY_SIDE_TOLERANCES.{p}": f"{t:.2f}" for p, t in noise.CPU_SIDE_BY_SIDE_TOLERANCES.items()},
     }
     assert figures_section() == expected  # a changed constant: update that section of docs/gating.md
     body = (ROOT / "docs" / "gating.md").read_text()

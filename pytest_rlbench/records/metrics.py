@@ -16,6 +16,10 @@ TIMING = "timing_s"
 # A phase's rounds timed again at the end of the session when its gate failed on CPU workers
 # ("retimed_s/<phase>"): evidence for that verdict (pytest_rlbench.verdict.judge), never judged on its own.
 RETIMED = "retimed_s"
+# One round of every gated phase in turn, pass after pass, at the end of a session on CPU workers
+# ("side_by_side_s/<phase>", a round per pass): each phase timed beside its peers in the same seconds
+# (pytest_rlbench.verdict.session_pace.SideBySide). Evidence, never judged on its own.
+SIDE_BY_SIDE = "side_by_side_s"
 TIMING_PER_TOKEN = "timing_per_token_ms"
 THROUGHPUT = "tokens_per_s_per_gpu"
 MFU = "mfu"

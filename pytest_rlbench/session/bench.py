@@ -27,7 +27,7 @@ from pytest_rlbench.records.workload_format import Workload
 from pytest_rlbench.session.cluster import ClusterInfo
 from pytest_rlbench.session.fixtures import RLBenchSession, get_session
 from pytest_rlbench.session.gpu_watch import GpuWatch, machine_label
-from pytest_rlbench.session.progress import Progress, round_label
+from pytest_rlbench.session.progress import Progress, Stage, round_label
 from pytest_rlbench.session.recorder import BenchRecorder, get_recorder, local_hardware, mismatch_failure
 from pytest_rlbench.session.resources import RLModel
 from pytest_rlbench.session.round_timer import time_rounds
@@ -36,7 +36,6 @@ from pytest_rlbench.verdict.judge import (
     FLOPS,
     OPS,
     ROUND_WORK,
-    ROUND_WORK_UNITS,
     WORK,
     work_metric,
 )
@@ -53,6 +52,8 @@ if TYPE_CHECKING:
 # Per benchmark node id, on CPU workers only: its phase's rounds timed again, as its benchmark timed
 # them (a gate asks for them, pytest_rlbench.session.gate_items).
 RETIMERS_KEY = pytest.StashKey[dict[str, Callable[[], list[float]]]]()
+# One round of a benchmark's phase, by its node id (CPU workers): a side-by-side pass's (gate_items).
+ROUND_TIMERS_KEY = pytest.StashKey[dict[str, Callable[[], float]]]()
 
 
 class RoundWatch(Protocol):
@@ -365,7 +366,7 @@ class PhaseBench:
         for kind in ROUND_WORK if done is not None else ():
             value = getattr(done, kind)
             if value is not None:
-                unit = ROUND_WORK_UNITS[kind]
+                unit = ROUND_WORK[kind][1]
                 self.recorder.add_metric(work_metric(kind, phase), [value], unit, higher_is_better=False)
         if work.ops:
             self.recorder.add_metric(work_metric(OPS, phase), [work.ops], "ops", higher_is_better=False)
@@ -383,7 +384,11 @@ class PhaseBench:
             with self.progress.stage(f"{phase}: timed again", warmup + rounds) as stage:
                 return time_rounds(fn, warmup, rounds, stage, setup)[0]
 
+        def one_round() -> float:  # a round of a side-by-side pass (gate_items, which shows its progress)
+            return time_rounds(fn, 0, 1, Stage(None, phase), setup)[0][0]
+
         self.item.config.stash.setdefault(RETIMERS_KEY, {})[self.item.nodeid] = retime
+        self.item.config.stash.setdefault(ROUND_TIMERS_KEY, {})[self.item.nodeid] = one_round
 
     def _describe(self, phase: str, counts: TokenCounts | None) -> None:
         """Token counts and derived figures of this phase in pytest-benchmark's extra_info."""

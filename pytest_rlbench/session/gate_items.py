@@ -19,7 +19,11 @@ test in pytest's summary, and ``-x``, ``-k``, ``--lf`` and CI annotations see it
   kept as the run's ``retimed_s/<phase>`` metric (``pytest_rlbench.verdict.retiming``): every phase of a
   session that saves a baseline, twice, the second time after every phase was timed once (the
   baseline's bar is the median of its three blocks, spread over the session), and a phase whose time
-  failed with the phases that pace it, whose verdict then stands only if the re-timed rounds fail too.
+  failed with the phases that pace it, whose verdict then stands only if the re-timed rounds fail too;
+- on CPU workers the session's first gate also times every gated phase side by side: one round of
+  each in turn, ``SIDE_BY_SIDE_PASSES`` passes (``side_by_side_s/<phase>``), so that each phase is
+  judged against its peers in the same seconds (``pytest_rlbench.verdict.session_pace.SideBySide``);
+  where both sessions have them, they stand in for the pace and the re-timing.
 
 Gates are made where a baseline can gate: one given with ``--rl-baseline`` (or the ini file, or a
 ``pytest_rlbench_baselines`` hook) or a replayed ``--rl-workload``; and in a session on CPU workers
@@ -37,12 +41,18 @@ import pytest
 
 from pytest_rlbench.records.metrics import TIMING
 from pytest_rlbench.reports.verdict_lines import short_verdict
-from pytest_rlbench.session.bench import RETIMERS_KEY, complete_context
+from pytest_rlbench.session.bench import RETIMERS_KEY, ROUND_TIMERS_KEY, complete_context
 from pytest_rlbench.session.fixtures import get_session
 from pytest_rlbench.session.recorder import RECORDERS_KEY
 from pytest_rlbench.verdict.compare import BaselineComparison, Comparison, phase_comparisons
-from pytest_rlbench.verdict.retiming import SAVED_RETIMED_BLOCKS, blocks_of, retimed_metric
-from pytest_rlbench.verdict.session_pace import session_paces
+from pytest_rlbench.verdict.retiming import (
+    SAVED_RETIMED_BLOCKS,
+    SIDE_BY_SIDE_PASSES,
+    blocks_of,
+    retimed_metric,
+    side_by_side_metric,
+)
+from pytest_rlbench.verdict.session_pace import MIN_PEERS, session_paces
 
 if TYPE_CHECKING:
     from pytest_rlbench.session.recorder import BenchRecorder
@@ -82,6 +92,8 @@ class PhaseGate(pytest.Item):
         if recorder is None:
             pytest.skip(f"{self.bench.nodeid} did not time {self.phase}: nothing to judge")
         complete_context(recorder, get_session(config))
+        if self is _gates(self.session)[0]:
+            self._time_side_by_side()
         if get_session(config).opts.save_baseline is not None:  # a saved baseline keeps three blocks
             self._retime(recorder, self.phase)
             if self is _gates(self.session)[-1]:
@@ -89,7 +101,8 @@ class PhaseGate(pytest.Item):
         if not gating_session(config):
             return  # a session that only saves a baseline: its phase was timed again, nothing to judge
         results = self._compare(recorder)
-        if self._timing_failed(results):  # a regression must reproduce, against its peers timed again too
+        side_by_side = side_by_side_metric(self.phase) in recorder.metrics
+        if self._timing_failed(results) and not side_by_side:  # must reproduce, against its peers timed again too
             for phase in (self.phase, *self._peers(recorder, results)):
                 self._retime(recorder, phase)
             results = self._compare(recorder)
@@ -139,6 +152,30 @@ class PhaseGate(pytest.Item):
         if len(blocks_of(kept, len(own.seconds) if own is not None else None)) >= blocks:
             return
         recorder.add_metric(metric, [*kept, *retimer()], "s", higher_is_better=False)
+
+    def _time_side_by_side(self) -> None:
+        """The session's first gate, on CPU workers: one round of every gated phase in turn, pass after
+        pass (``SIDE_BY_SIDE_PASSES``), kept as ``side_by_side_s/<phase>``, so that each phase is judged
+        against peers timed in the same seconds (``pytest_rlbench.verdict.session_pace.SideBySide``)."""
+        timers = self.config.stash.get(ROUND_TIMERS_KEY, {})
+        recorders = self.config.stash[RECORDERS_KEY]
+        timed = [
+            (gate.phase, timers[gate.bench.nodeid], recorder)
+            for gate in _gates(self.session)
+            if gate.bench.nodeid in timers and (recorder := recorders.of_benchmark(gate.bench.nodeid)) is not None
+        ]
+        if len(timed) <= MIN_PEERS:
+            return
+        rounds: dict[str, list[float]] = {phase: [] for phase, _, _ in timed}
+        progress = get_session(self.config).progress()
+        with progress.stage("every phase side by side", SIDE_BY_SIDE_PASSES * len(timed)) as stage:
+            for index in range(SIDE_BY_SIDE_PASSES):
+                for phase, one_round, _ in timed:
+                    stage.step(f"pass {index + 1}/{SIDE_BY_SIDE_PASSES}: {phase}")
+                    rounds[phase].append(one_round())
+                    stage.done()
+        for phase, _, recorder in timed:
+            recorder.add_metric(side_by_side_metric(phase), rounds[phase], "s", higher_is_better=False)
 
     def _time_every_phase_again(self) -> None:
         """A saving session's last gate: every gated phase's second re-timed block, after each was timed

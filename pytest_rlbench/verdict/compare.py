@@ -30,6 +30,7 @@ from pytest_rlbench.records.metrics import (
     METRIC_FAMILIES,
     REFERENCE_FAMILIES,
     RETIMED,
+    SIDE_BY_SIDE,
     TIMING,
     family_label,
     family_of,
@@ -71,7 +72,12 @@ from pytest_rlbench.verdict.machine_load import (
     evidence,
     machine_metric,
 )
-from pytest_rlbench.verdict.noise import DEFAULT_TOLERANCE, phase_tolerance, spread_tolerance
+from pytest_rlbench.verdict.noise import (
+    DEFAULT_TOLERANCE,
+    phase_tolerance,
+    side_by_side_tolerance,
+    spread_tolerance,
+)
 from pytest_rlbench.verdict.retiming import (
     bar_block,
     block_medians,
@@ -79,7 +85,7 @@ from pytest_rlbench.verdict.retiming import (
     retimed_rounds,
     retimed_view,
 )
-from pytest_rlbench.verdict.session_pace import session_paces
+from pytest_rlbench.verdict.session_pace import session_paces, side_by_side
 from trainer.phases import PHASE_KEYS
 
 JUDGED = ("pass", "fail", "inconclusive")  # the verdicts of a judged figure
@@ -186,7 +192,7 @@ def _beside_text(rows: list[Comparison]) -> dict[str | None, str]:
 def custom_metrics(run: RunRecord, baseline: RunRecord) -> set[str]:
     """The records' own metrics that are compared like figures (the machine's figures and re-timed
     rounds are evidence for the verdicts of phase times, never judged themselves)."""
-    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in (MACHINE, RETIMED, GPU, WORK)}
+    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in (MACHINE, RETIMED, SIDE_BY_SIDE, GPU, WORK)}
 
 
 def machines_text(run_machine: str | None, base_machine: str | None) -> str:
@@ -200,32 +206,34 @@ def machines_text(run_machine: str | None, base_machine: str | None) -> str:
     return f"another machine of this kind: this run {run_machine}; the baseline {base_machine}"
 
 
+def recorded(record: RunRecord, phase: str, kinds) -> dict[str, float]:
+    """The first value of each ``work_metric(kind, phase)`` that ``record`` holds, by kind."""
+    found = {kind: record.metrics.get(work_metric(kind, phase)) for kind in kinds}
+    return {kind: float(m.value[0]) for kind, m in found.items() if m is not None and m.value}
+
+
 def counted_work(run: RunRecord, baseline: RunRecord, phase: str) -> WorkEvidence | None:
-    """``phase``'s counted work in both sessions (None: either did not count its ops)."""
-
-    def counts(record: RunRecord) -> dict[str, float]:
-        found = {kind: record.metrics.get(work_metric(kind, phase)) for kind in WORK_KINDS}
-        return {kind: float(m.value[0]) for kind, m in found.items() if m is not None and m.value}
-
-    def round_work(record: RunRecord) -> dict[str, float]:
-        found = {kind: record.metrics.get(work_metric(kind, phase)) for kind in ROUND_WORK}
-        return {kind: float(m.value[0]) for kind, m in found.items() if m is not None and m.value}
-
-    ours, theirs = counts(run), counts(baseline)
+    """``phase``'s counted work in both sessions, with the work its counted rounds did (None: either
+    did not count its ops)."""
+    ours, theirs = recorded(run, phase, WORK_KINDS), recorded(baseline, phase, WORK_KINDS)
     if OPS not in ours or OPS not in theirs:
         return None
-    return WorkEvidence(ours, theirs, round_work(run), round_work(baseline))
+    return WorkEvidence(ours, theirs, recorded(run, phase, ROUND_WORK), recorded(baseline, phase, ROUND_WORK))
 
 
 def _tolerance(
-    metric: str, baseline: RunRecord, tolerance: float, base_fig: Figure, basis: str, run: RunRecord
+    metric: str, baseline: RunRecord, tolerance: float, base_fig: Figure, basis: str, run: RunRecord,
+    side_by_side: bool = False,
 ) -> float:
     """The tolerance a gated figure is judged at: the baseline's or the option's, or where nobody chose
     one and the same work ran on the same kind of GPU, its phase's measured default; on CPU workers, the
-    spread of the baseline's own blocks of rounds where wider than the default."""
+    spread of the baseline's own blocks of rounds where wider than the default, unless the phase was
+    timed side by side (then that, not the blocks, decides)."""
     applied = tolerance_for(metric, baseline, tolerance)
     if basis != SAME_MACHINE:
         return applied
+    if side_by_side:
+        return side_by_side_tolerance(applied, base_fig.phase)
     if run.hardware.device == "cpu" and base_fig.phase is not None and family_of(metric) == TIMING:
         return spread_tolerance(applied, base_fig.phase, block_medians(baseline, base_fig.phase))
     return phase_tolerance(applied, base_fig.phase, run.hardware.device)
@@ -275,9 +283,11 @@ def _gate_rows(
         same_machine = basis == SAME_MACHINE and family == TIMING and base_fig.phase is not None
         if same_machine and on_cpu:
             base_fig = bar_block(base_fig, retimed_blocks(baseline, base_fig.phase))
+        side = side_by_side(run, baseline, base_fig.phase) if same_machine and on_cpu else None
         rows.append(
             judge(
-                ours.get(metric), base_fig, baseline.name, _tolerance(metric, baseline, tolerance, base_fig, basis, run), "gate",
+                ours.get(metric), base_fig, baseline.name,
+                _tolerance(metric, baseline, tolerance, base_fig, basis, run, side is not None), "gate",
                 judged=metric in custom or family in gated,
                 phase_ran=base_fig.phase is None or metric in custom or base_fig.phase in run.phases,
                 run_time=timed.value if timed is not None else None,
@@ -288,6 +298,7 @@ def _gate_rows(
                 retimed=retimed_rounds(run, base_fig.phase) if same_machine and on_cpu else None,
                 pace_again=paces_again.get(base_fig.phase) if same_machine else None,
                 work=counted_work(run, baseline, base_fig.phase) if same_machine else None,
+                side=side,
             )
         )
     beside = _beside_text(rows)

@@ -41,6 +41,13 @@ things the session knows of itself:
   (reason "not reproduced"). The baseline's figure is then its median block of rounds
   (``retiming.bar_block``, applied by ``pytest_rlbench.verdict.compare``).
 A failure without contention lists the CPU used beside the rounds, for the record.
+Where both sessions timed the phase side by side with its peers (``SideBySide``: one round of every
+gated phase in turn, pass after pass, at the session's end) that stands in for the pace and the
+re-timing (``against_side_by_side``): its rounds, each over its peers' in the same pass and brought to
+seconds at the baseline's peer level, are judged by the tolerance, the floor and the rank test. Slower
+there is a regression, whatever the seconds say (a session that ran fast hides a slower phase in
+them); slower in seconds only is "inconclusive" ("session slower"), unless past ``HOST_DRIFT_LIMIT``.
+The tolerance is then not widened to the baseline's own spread of blocks.
 The default tolerance (``noise.default_tolerance``) is 0.15 on CPU workers and 0.10 on GPUs, where
 the phases with a measured tolerance of their own (``noise.GPU_PHASE_TOLERANCES``: 3% for generation,
 5% for step, 7% for old_log_prob, 8% for update_actor, 10% for ref) get theirs; a tolerance from
@@ -92,7 +99,7 @@ from pytest_rlbench.verdict.derived import Figure
 from pytest_rlbench.verdict.machine_load import GpuEvidence, clocks_explain
 from pytest_rlbench.verdict.noise import DefaultTolerance, phase_floor, value_floor
 from pytest_rlbench.verdict.rank_test import p_greater, rounds_needed, smallest_p
-from pytest_rlbench.verdict.session_pace import SessionPace
+from pytest_rlbench.verdict.session_pace import SessionPace, SideBySide
 
 ALPHA = 0.01  # the one-sided level of the rank test
 # Average cores used by processes outside the session during a phase's rounds from which its timing
@@ -129,10 +136,12 @@ WORK_KINDS = (OPS, FLOPS, *DEVICE_KINDS)  # every count of a phase's work, in th
 # match for the counts to decide.
 DECIDING_KINDS = WORK_KINDS
 # What a counted round of a phase that generates did, beside its counts (TokenCounts' fields, each with
-# its words): where responses end at EOS, a round that sampled longer responses dispatches more, and
-# the counts then say nothing of the code.
-ROUND_WORK: dict[str, str] = {"response_tokens": "response tokens", "decode_steps": "decode steps"}
-ROUND_WORK_UNITS: dict[str, str] = {"response_tokens": "tokens", "decode_steps": "steps"}
+# its words and unit): where responses end at EOS, a round that sampled longer responses dispatches
+# more, and the counts then say nothing of the code.
+ROUND_WORK: dict[str, tuple[str, str]] = {
+    "response_tokens": ("response tokens", "tokens"),
+    "decode_steps": ("decode steps", "steps"),
+}
 # The inconclusive reasons of a phase slower in seconds that more counted work makes a regression.
 SLOWER_YET_EXCUSED = ("session slower", "not reproduced", "GPU clocks")
 
@@ -216,7 +225,7 @@ class WorkEvidence:
     def other_work(self) -> str:
         """ "its counted round did other work than the baseline's (response tokens 130,112 -> 131,072) ..." """
         moved = ", ".join(
-            f"{words} {self.base_round[k]:,.0f} -> {self.run_round[k]:,.0f}" for k, words in ROUND_WORK.items()
+            f"{words} {self.base_round[k]:,.0f} -> {self.run_round[k]:,.0f}" for k, (words, _) in ROUND_WORK.items()
             if k in self.run_round and k in self.base_round and self.run_round[k] != self.base_round[k]
         )
         return (
@@ -358,6 +367,7 @@ def gate_verdict(
     pace_again: SessionPace | None = None,
     gpu: GpuEvidence | None = None,
     work: WorkEvidence | None = None,
+    side: SideBySide | None = None,
 ) -> tuple[Verdict, str, str]:
     """(verdict, reason, detail) for two present values by the rules of the module docstring.
     ``run_time``: the run's median seconds of the figure's phase (None: no floor applies); ``machine``:
@@ -366,16 +376,53 @@ def gate_verdict(
     rounds timed again at the end of the session (None: none were); ``pace_again``: the pace of its
     peers timed again beside them (None: plain seconds decide on the re-timed rounds); ``gpu``: the
     GPU telemetry of the phase's rounds in both sessions (None: not recorded); ``work``: the phase's
-    counted work in both sessions (None: not counted), read last (``with_work``)."""
-    verdict, reason, why = _time_verdict(
-        run_fig, base_fig, tolerance, run_time, device, machine, pace, retimed, pace_again, gpu
-    )
+    counted work in both sessions (None: not counted), read last (``with_work``); ``side``: the phase
+    timed side by side with its peers in both sessions (None: not), which then stands in for the pace
+    and the re-timing (``against_side_by_side``)."""
+    contended = machine is not None and machine.contended  # plain seconds decide under contention
+    if side is not None and not contended and base_fig.family == TIMING:
+        verdict, reason, why = against_side_by_side(run_fig, base_fig, tolerance, run_time, device, machine, side)
+    else:
+        verdict, reason, why = _time_verdict(
+            run_fig, base_fig, tolerance, run_time, device, machine, pace, retimed, pace_again, gpu
+        )
     if work is None or base_fig.family != TIMING:
         return verdict, reason, why
-    contended = machine is not None and machine.contended  # plain seconds decide under contention
+    if side is not None and not contended:
+        run_side, base_side = side.figures(run_fig, base_fig)
+        return with_work(verdict, reason, why, work, paced_slowdown(run_side, base_side, None, device), True)
     paced = pace is not None and not contended
     slower_by = paced_slowdown(run_fig, base_fig, pace if paced else None, device)
     return with_work(verdict, reason, why, work, slower_by, paced)
+
+
+def against_side_by_side(
+    run_fig: Figure, base_fig: Figure, tolerance: float, run_time: float | None, device: str,
+    machine: MachineEvidence | None, side: SideBySide,
+) -> tuple[Verdict, str, str]:
+    """A CPU phase's time judged on its rounds timed side by side with its peers (``SideBySide``), by the
+    tolerance, the floor and the rank test: slower against its peers is a regression, whether or not the
+    session's seconds show it (a session that ran faster hides it there); slower in seconds only is
+    "inconclusive" (reason "session slower"), unless past any host drift measured."""
+    verdict, reason, why = plain_verdict(run_fig, base_fig, tolerance, run_time, device)
+    run_side, base_side = side.figures(run_fig, base_fig)
+    side_verdict, side_reason, side_why = plain_verdict(run_side, base_side, tolerance, run_side.value, device)
+    plain_ratio = run_fig.value / base_fig.value
+    beside = f"; beside the rounds {b}" if machine is not None and (b := machine.describe()) else ""
+    if side_verdict == "fail":
+        seconds = f"in seconds too{why}" if verdict == "fail" else f"in seconds at ratio {plain_ratio:.2f} ({reason}{why})"
+        return "fail", side_reason, f": {side.describe()}{side_why}; {seconds}{beside}"
+    if verdict != "fail":
+        return verdict, reason, why
+    if plain_ratio > HOST_DRIFT_LIMIT:
+        return "fail", reason, (
+            f"{why}; {side.describe()} ({side_reason}{side_why}), but {plain_ratio:.2f}x is past the largest drift "
+            f"of a whole session measured on a CPU host ({HOST_DRIFT_LIMIT:g}x){beside}"
+        )
+    return "inconclusive", "session slower", (
+        f": slower in seconds{why}, but not against its peers: {side.describe()} ({side_reason}{side_why}): "
+        "the host ran slower, or a change slowed every phase alike, which one session cannot tell apart"
+    )
 
 
 def _time_verdict(
@@ -522,7 +569,7 @@ def judge(
     judged: bool = True, phase_ran: bool = True, run_time: float | None = None, device: str = "cpu",
     machine: MachineEvidence | None = None, pace: SessionPace | None = None,
     retimed: tuple[float, ...] | None = None, pace_again: SessionPace | None = None,
-    gpu: GpuEvidence | None = None, work: WorkEvidence | None = None,
+    gpu: GpuEvidence | None = None, work: WorkEvidence | None = None, side: SideBySide | None = None,
 ) -> Comparison:
     """Compare one figure of the run with the baseline's (see the module docstring for the rules).
 
@@ -550,7 +597,7 @@ def judge(
     else:
         assert run_fig is not None
         verdict, reason, why = gate_verdict(
-            run_fig, base_fig, applied, run_time, device, machine, pace, retimed, pace_again, gpu, work
+            run_fig, base_fig, applied, run_time, device, machine, pace, retimed, pace_again, gpu, work, side
         )
         detail = f"{numbers} ({ratio_text}, tolerance {applied:.2f}{_default_text(tolerance)}): {reason}{why}"
     message = f"{metric_label(base_fig.metric)}: {detail}"

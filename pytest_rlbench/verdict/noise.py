@@ -62,6 +62,24 @@ def phase_tolerance(tolerance: float, phase: str | None, device: str) -> float:
     return DefaultTolerance(GPU_PHASE_TOLERANCES[phase], f"{phase}'s measured GPU default")
 
 
+# On CPU workers a phase timed side by side with its peers (pytest_rlbench.verdict.session_pace.SideBySide)
+# is judged on its time relative to theirs. Over 6 default sessions on the 2-core CI VM that relative
+# level spread 10-13% between sessions for old_log_prob, ref, update_actor and step (cv 3-4.5%), within
+# the default, and 18-21% for the generation phases (cv 6-6.5%; docs/benchmarks.md, "The CPU gate side
+# by side"), whose decode of small ops keeps pace with the host otherwise than the training phases'
+# matmuls: an unchanged gen at 1.16x failed against a baseline of three sessions at 0.15. Those phases
+# get a tolerance of their own where nobody chose one.
+CPU_SIDE_BY_SIDE_TOLERANCES: dict[str, float] = {"gen": 0.25, "generate_sequences": 0.25}
+
+
+def side_by_side_tolerance(tolerance: float, phase: str | None) -> float:
+    """The tolerance a CPU phase judged side by side is judged at: its measured one
+    (``CPU_SIDE_BY_SIDE_TOLERANCES``) where the tolerance in force is a default nobody chose."""
+    if phase not in CPU_SIDE_BY_SIDE_TOLERANCES or not isinstance(tolerance, DefaultTolerance):
+        return tolerance
+    return DefaultTolerance(CPU_SIDE_BY_SIDE_TOLERANCES[phase], f"{phase}'s measured side-by-side spread on CPU")
+
+
 # On CPU workers a saved baseline times each phase in three blocks of rounds (pytest_rlbench.verdict.retiming).
 # On the 2-core CI VM the generation phases' blocks move between two levels about 30% apart, in one
 # session and between sessions, with the same work counted (docs/benchmarks.md, "The median block"):

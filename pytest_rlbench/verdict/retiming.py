@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pytest_rlbench.records.metrics import RETIMED
+from pytest_rlbench.records.metrics import RETIMED, SIDE_BY_SIDE
 from pytest_rlbench.records.record import PhaseRecord, RunRecord
 from pytest_rlbench.verdict.derived import Figure
 
@@ -40,6 +40,24 @@ SESSION_BLOCKS = SAVED_RETIMED_BLOCKS + 1
 # sessions, the newest first: one session's level can sit 15-50% off the machine's for a phase
 # (docs/benchmarks.md, "The median block"), and the median block of several is nearer the machine's.
 POOLED_SESSIONS = 3
+
+
+# Passes of one round per gated phase that a session on CPU workers times side by side at its end: on
+# the embedded default a pass takes about 2 s, and 12 put a phase's relative level within 4-6% across
+# sessions (docs/benchmarks.md, "The CPU gate side by side"); judged in
+# ``pytest_rlbench.verdict.session_pace.SideBySide``.
+SIDE_BY_SIDE_PASSES = 12
+
+
+def side_by_side_metric(phase: str) -> str:
+    return f"{SIDE_BY_SIDE}/{phase}"
+
+
+def side_by_side_rounds(record: RunRecord) -> dict[str, tuple[float, ...]]:
+    """Each phase's rounds timed side by side, one per pass, in the order timed (pooled sessions one
+    after the other); none where the session did not."""
+    prefix = f"{SIDE_BY_SIDE}/"
+    return {m[len(prefix):]: tuple(v.value) for m, v in record.metrics.items() if m.startswith(prefix) and v.value}
 
 
 def retimed_metric(phase: str) -> str:
@@ -121,7 +139,24 @@ def with_earlier_sessions(run: RunRecord, earlier: RunRecord) -> RunRecord:
         metric = metrics.get(retimed_metric(phase))
         if metric is not None:
             metrics[retimed_metric(phase)] = replace(metric, value=[t for block in blocks for t in block])
+    metrics.update(_pooled_side_by_side(run, earlier))
     return replace(run, metrics=metrics) if metrics != run.metrics else run
+
+
+def _pooled_side_by_side(run: RunRecord, earlier: RunRecord) -> dict:
+    """``run``'s side-by-side rounds with ``earlier``'s after them, up to ``POOLED_SESSIONS`` sessions'
+    passes, where both timed the same phases in as many passes each (a pass stays one pass across its
+    phases); else nothing."""
+    ours, theirs = side_by_side_rounds(run), side_by_side_rounds(earlier)
+    if not ours or set(ours) != set(theirs) or len({len(v) for v in ours.values()}) != 1:
+        return {}
+    if len({len(v) for v in theirs.values()}) != 1:
+        return {}
+    cap = POOLED_SESSIONS * SIDE_BY_SIDE_PASSES
+    return {
+        side_by_side_metric(p): replace(run.metrics[side_by_side_metric(p)], value=[*ours[p], *theirs[p]][:cap])
+        for p in ours
+    }
 
 
 def pooled_sessions(record: RunRecord, phase: str) -> int:

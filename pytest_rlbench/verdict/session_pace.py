@@ -15,15 +15,27 @@ generate_sequences and reshard: their times share work, so a regression in one m
 phase with fewer than ``MIN_PEERS`` candidates apart from it that holds others (step, beside which
 only save_checkpoint runs) is paced by the phases inside it. With fewer than
 ``MIN_PEERS`` peers a phase has no pace, and plain seconds decide.
+
+Side by side (``SideBySide``): the pace above is read from each phase's own benchmark, timed minutes
+apart, and on a shared VM the host's speed moves by tens of percent over seconds, so a phase's level
+belongs to its stretch of time more than to the session (docs/benchmarks.md, "The CPU gate side by
+side"). So a session on CPU workers also times one round of every gated phase in turn, pass after
+pass, at its end (``side_by_side_s/<phase>``, ``pytest_rlbench.session.gate_items``). In each pass a
+phase's round is divided by the geometric mean of its peers' rounds of the same pass: what is left is
+its cost relative to its peers, with the host's speed of those seconds taken out. A verdict compares
+the run's relative rounds with the baseline's, both brought to seconds at the baseline's peer level.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from pytest_rlbench.records.record import RunRecord
-from pytest_rlbench.verdict.retiming import baseline_median
+from pytest_rlbench.verdict.derived import Figure
+from pytest_rlbench.verdict.retiming import baseline_median, side_by_side_rounds
 from trainer.phases import nested, phases_within
 
 # Phases that pace a session must take at least this long in the baseline: 5x the CPU noise floor
@@ -81,3 +93,71 @@ def session_paces(run: RunRecord, baseline: RunRecord) -> dict[str, SessionPace]
         if len(peers) >= MIN_PEERS:
             paces[phase] = SessionPace(phase, tuple((p, ratios[p]) for p in peers))
     return paces
+
+
+def relative_rounds(rounds: dict[str, Sequence[float]], phase: str, peers: Sequence[str]) -> tuple[float, ...]:
+    """Each pass's round of ``phase`` over the geometric mean of its ``peers``' rounds in that pass."""
+    own = rounds[phase]
+    return tuple(
+        t / math.exp(statistics.fmean(math.log(rounds[q][i]) for q in peers)) for i, t in enumerate(own)
+    )
+
+
+def peer_level(rounds: dict[str, Sequence[float]], peers: Sequence[str]) -> float:
+    """The median over the passes of the peers' geometric mean: seconds to bring relative rounds to."""
+    n = len(rounds[peers[0]])
+    return statistics.median(math.exp(statistics.fmean(math.log(rounds[q][i]) for q in peers)) for i in range(n))
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """A phase's rounds timed side by side with its peers', in the run and in the baseline, each over the
+    geometric mean of its peers' rounds in the same pass (``relative_rounds``)."""
+
+    phase: str
+    peers: tuple[str, ...]
+    run: tuple[float, ...]  # the run's relative rounds, one per pass
+    base: tuple[float, ...]  # the baseline's (of every session it pools)
+    level: float  # the baseline's peer level in seconds (``peer_level``)
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.run) / statistics.median(self.base)
+
+    def figures(self, run_fig: Figure, base_fig: Figure) -> tuple[Figure, Figure]:
+        """The two time figures as side by side tells them: relative rounds in seconds at the baseline's
+        peer level, so that the tolerance, the noise floor and the rank test read them as times."""
+        run = tuple(r * self.level for r in self.run)
+        base = tuple(b * self.level for b in self.base)
+        return (
+            replace(run_fig, value=statistics.median(run), samples=run),
+            replace(base_fig, value=statistics.median(base), samples=base),
+        )
+
+    def describe(self) -> str:
+        return (
+            f"timed side by side with {', '.join(self.peers)} at the end of the session ({len(self.run)} vs "
+            f"{len(self.base)} passes), its time relative to theirs was {self.ratio:.2f}x the baseline's"
+        )
+
+
+def side_by_side(run: RunRecord, baseline: RunRecord, phase: str) -> SideBySide | None:
+    """``phase``'s side-by-side evidence where both sessions timed it and at least ``MIN_PEERS`` of its
+    peers so (peers as ``pace_peers``, of the phases both timed in as many passes), else None."""
+    ours, theirs = side_by_side_rounds(run), side_by_side_rounds(baseline)
+    if phase not in ours or phase not in theirs:
+        return None
+    candidates = [
+        p for p in ours
+        if p in theirs and p in baseline.phases and baseline.phases[p].seconds
+        and len(ours[p]) == len(ours[phase]) and len(theirs[p]) == len(theirs[phase])
+        and baseline_median(baseline, p) >= PACE_MIN_S
+    ]
+    peers = [p for p in pace_peers(phase, [*candidates, phase]) if p != phase]
+    if len(peers) < MIN_PEERS:
+        return None
+    return SideBySide(
+        phase, tuple(peers), relative_rounds(ours, phase, peers), relative_rounds(theirs, phase, peers),
+        peer_level(theirs, peers),
+    )
+
