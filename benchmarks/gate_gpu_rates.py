@@ -142,7 +142,8 @@ def with_tolerances(base: RunRecord, per_phase: dict[str, float]) -> RunRecord:
 
 def judged(run: Session, base: Session, tolerance: float | None, per_phase: dict[str, float]):
     """("failed" | "inconclusive" | "passed", the failing/inconclusive comparisons)."""
-    tol = default_tolerance(gpu=True) if tolerance is None else tolerance
+    # the default of the sessions' device: the script also recounts CPU sessions' reports
+    tol = default_tolerance(gpu=base.record.hardware.device == "gpu") if tolerance is None else tolerance
     result = compare(run.record, with_tolerances(base.record, per_phase), tol)
     rows = [c for c in result.comparisons if c.verdict in ("fail", "inconclusive")]
     verdicts = {c.verdict for c in rows}

@@ -44,7 +44,12 @@ from pytest_rlbench.reports.verdict_lines import short_verdict
 from pytest_rlbench.session.bench import RETIMERS_KEY, ROUND_TIMERS_KEY, complete_context
 from pytest_rlbench.session.fixtures import get_session
 from pytest_rlbench.session.recorder import RECORDERS_KEY
-from pytest_rlbench.verdict.compare import BaselineComparison, Comparison, phase_comparisons
+from pytest_rlbench.verdict.compare import (
+    BaselineComparison,
+    Comparison,
+    deciding_side_by_side,
+    phase_comparisons,
+)
 from pytest_rlbench.verdict.retiming import (
     SAVED_RETIMED_BLOCKS,
     SIDE_BY_SIDE_PASSES,
@@ -52,7 +57,7 @@ from pytest_rlbench.verdict.retiming import (
     retimed_metric,
     side_by_side_metric,
 )
-from pytest_rlbench.verdict.session_pace import MIN_PEERS, session_paces
+from pytest_rlbench.verdict.session_pace import MIN_SIDE_BY_SIDE_GROUPS, session_paces
 
 if TYPE_CHECKING:
     from pytest_rlbench.session.recorder import BenchRecorder
@@ -88,12 +93,12 @@ class PhaseGate(pytest.Item):
 
     def runtest(self) -> None:
         config = self.config
+        if self is self._framework_gates()[0]:  # its trainer's phases, side by side, before any verdict
+            self._time_side_by_side()
         recorder = config.stash[RECORDERS_KEY].of_benchmark(self.bench.nodeid)
         if recorder is None:
             pytest.skip(f"{self.bench.nodeid} did not time {self.phase}: nothing to judge")
         complete_context(recorder, get_session(config))
-        if self is _gates(self.session)[0]:
-            self._time_side_by_side()
         if get_session(config).opts.save_baseline is not None:  # a saved baseline keeps three blocks
             self._retime(recorder, self.phase)
             if self is _gates(self.session)[-1]:
@@ -101,8 +106,8 @@ class PhaseGate(pytest.Item):
         if not gating_session(config):
             return  # a session that only saves a baseline: its phase was timed again, nothing to judge
         results = self._compare(recorder)
-        side_by_side = side_by_side_metric(self.phase) in recorder.metrics
-        if self._timing_failed(results) and not side_by_side:  # must reproduce, against its peers timed again too
+        if self._timing_failed(results) and not self._judged_side_by_side(recorder, results):
+            # a regression must reproduce, against its peers timed again too
             for phase in (self.phase, *self._peers(recorder, results)):
                 self._retime(recorder, phase)
             results = self._compare(recorder)
@@ -126,6 +131,18 @@ class PhaseGate(pytest.Item):
     def _timing_failed(self, results: list[BaselineComparison]) -> bool:
         timing = f"{TIMING}/{self.phase}"
         return any(c.metric == timing for r in results if r.mode == "gate" for c in r.failures)
+
+    def _judged_side_by_side(self, recorder: BenchRecorder, results: list[BaselineComparison]) -> bool:
+        """Whether the phase's side-by-side rounds decide its verdict against every baseline that gates it
+        (``compare.deciding_side_by_side``): then a re-timing would add nothing."""
+        record = recorder.build_record()
+        baselines = get_session(self.config).baseline_records
+        gated = [b for b, r in zip(baselines, results, strict=True) if r.mode == "gate"]
+        return bool(gated) and all(deciding_side_by_side(record, b, self.phase) is not None for b in gated)
+
+    def _framework_gates(self) -> list[PhaseGate]:
+        """The session's gates of this gate's framework (all of them where one framework runs)."""
+        return [g for g in _gates(self.session) if framework_of(g.bench) == framework_of(self.bench)]
 
     def _peers(self, recorder: BenchRecorder, results: list[BaselineComparison]) -> list[str]:
         """The phases that pace this one against the baselines it is gated on in the same session."""
@@ -154,20 +171,23 @@ class PhaseGate(pytest.Item):
         recorder.add_metric(metric, [*kept, *retimer()], "s", higher_is_better=False)
 
     def _time_side_by_side(self) -> None:
-        """The session's first gate, on CPU workers: one round of every gated phase in turn, pass after
-        pass (``SIDE_BY_SIDE_PASSES``), kept as ``side_by_side_s/<phase>``, so that each phase is judged
-        against peers timed in the same seconds (``pytest_rlbench.verdict.session_pace.SideBySide``)."""
+        """A framework's first gate, on CPU workers: one round of each of its gated phases in turn, pass
+        after pass (``SIDE_BY_SIDE_PASSES``), kept as ``side_by_side_s/<phase>``, so that each phase is
+        judged against peers timed in the same seconds (``pytest_rlbench.verdict.session_pace.SideBySide``)."""
+        session = get_session(self.config)
+        if session.opts.save_baseline is None and not any(b.hardware.device == "cpu" for b in session.baseline_records):
+            return  # no baseline of this session could read them (the published ones ran on GPUs)
         timers = self.config.stash.get(ROUND_TIMERS_KEY, {})
         recorders = self.config.stash[RECORDERS_KEY]
         timed = [
             (gate.phase, timers[gate.bench.nodeid], recorder)
-            for gate in _gates(self.session)
+            for gate in self._framework_gates()
             if gate.bench.nodeid in timers and (recorder := recorders.of_benchmark(gate.bench.nodeid)) is not None
         ]
-        if len(timed) <= MIN_PEERS:
+        if len(timed) <= MIN_SIDE_BY_SIDE_GROUPS:  # a phase needs that many peers apart from itself
             return
         rounds: dict[str, list[float]] = {phase: [] for phase, _, _ in timed}
-        progress = get_session(self.config).progress()
+        progress = session.progress()
         with progress.stage("every phase side by side", SIDE_BY_SIDE_PASSES * len(timed)) as stage:
             for index in range(SIDE_BY_SIDE_PASSES):
                 for phase, one_round, _ in timed:

@@ -85,7 +85,7 @@ from pytest_rlbench.verdict.retiming import (
     retimed_rounds,
     retimed_view,
 )
-from pytest_rlbench.verdict.session_pace import session_paces, side_by_side
+from pytest_rlbench.verdict.session_pace import SideBySide, session_paces, side_by_side
 from trainer.phases import PHASE_KEYS
 
 JUDGED = ("pass", "fail", "inconclusive")  # the verdicts of a judged figure
@@ -248,6 +248,22 @@ def gpu_evidence(run: RunRecord, baseline: RunRecord, phase: str) -> GpuEvidence
     return evidence(values(run), values(baseline), phase)
 
 
+def deciding_side_by_side(run: RunRecord, baseline: RunRecord, phase: str) -> SideBySide | None:
+    """``phase``'s side-by-side evidence where it decides its verdict (``judge.against_side_by_side``):
+    on CPU workers, with no contention beside its rounds (under contention plain seconds decide); with
+    whether every peer did the same counted work as in the baseline."""
+    if run.hardware.device != "cpu":
+        return None
+    machine = machine_evidence(run, baseline, phase)
+    if machine is not None and machine.contended:
+        return None
+    side = side_by_side(run, baseline, phase)
+    if side is None:
+        return None
+    works = [counted_work(run, baseline, peer) for group in side.groups for peer in group]
+    return replace(side, peers_same_work=all(w is not None and w.comparable and w.same for w in works))
+
+
 def machine_evidence(run: RunRecord, baseline: RunRecord, phase: str) -> MachineEvidence | None:
     """The CPU used beside ``phase``'s rounds in both sessions, where either recorded it (None: neither)."""
     sides = ((run, OTHER_CORES), (run, STEAL_CORES), (baseline, OTHER_CORES))
@@ -283,7 +299,7 @@ def _gate_rows(
         same_machine = basis == SAME_MACHINE and family == TIMING and base_fig.phase is not None
         if same_machine and on_cpu:
             base_fig = bar_block(base_fig, retimed_blocks(baseline, base_fig.phase))
-        side = side_by_side(run, baseline, base_fig.phase) if same_machine and on_cpu else None
+        side = deciding_side_by_side(run, baseline, base_fig.phase) if same_machine and on_cpu else None
         rows.append(
             judge(
                 ours.get(metric), base_fig, baseline.name,

@@ -42,12 +42,13 @@ things the session knows of itself:
   (``retiming.bar_block``, applied by ``pytest_rlbench.verdict.compare``).
 A failure without contention lists the CPU used beside the rounds, for the record.
 Where both sessions timed the phase side by side with its peers (``SideBySide``: one round of every
-gated phase in turn, pass after pass, at the session's end) that stands in for the pace and the
-re-timing (``against_side_by_side``): its rounds, each over its peers' in the same pass and brought to
-seconds at the baseline's peer level, are judged by the tolerance, the floor and the rank test. Slower
-there is a regression, whatever the seconds say (a session that ran fast hides a slower phase in
-them); slower in seconds only is "inconclusive" ("session slower"), unless past ``HOST_DRIFT_LIMIT``.
-The tolerance is then not widened to the baseline's own spread of blocks.
+gated phase in turn, pass after pass, at the session's end), that stands in for the pace and the
+re-timing (``against_side_by_side``): a phase past the tolerance in seconds is judged again on those
+rounds, each divided by the host's speed in its pass (read from its peers), by the tolerance, the floor
+and the rank test. Slower there too: a regression; not: "inconclusive" ("session slower"), unless
+past ``HOST_DRIFT_LIMIT``. Within the tolerance in seconds but slower there ("slower beside its peers"):
+a failure where every peer did the same counted work as in the baseline, or the phase did more, else
+"inconclusive" (peers the code made faster look the same). The tolerance is then not widened to the baseline's own spread of blocks.
 The default tolerance (``noise.default_tolerance``) is 0.15 on CPU workers and 0.10 on GPUs, where
 the phases with a measured tolerance of their own (``noise.GPU_PHASE_TOLERANCES``: 3% for generation,
 5% for step, 7% for old_log_prob, 8% for update_actor, 10% for ref) get theirs; a tolerance from
@@ -144,6 +145,10 @@ ROUND_WORK: dict[str, tuple[str, str]] = {
 }
 # The inconclusive reasons of a phase slower in seconds that more counted work makes a regression.
 SLOWER_YET_EXCUSED = ("session slower", "not reproduced", "GPU clocks")
+# The inconclusive reason of a phase within the tolerance in seconds but slower beside its peers timed
+# side by side (``against_side_by_side``): more counted work makes it a regression too, the same work
+# does not excuse it (a wait or a slower kernel does the same work).
+SLOWER_BESIDE_PEERS = "slower beside its peers"
 
 Verdict = Literal["pass", "fail", "inconclusive", "reference", "not run"]
 Mode = Literal["gate", "reference"]
@@ -278,19 +283,19 @@ class WorkEvidence:
 
 def with_work(
     verdict: Verdict, reason: str, why: str, work: WorkEvidence | None, slower_by: float | None = None,
-    paced: bool = False,
+    against: str = "",
 ) -> tuple[Verdict, str, str]:
     """A phase time's (verdict, reason, detail) read beside its counted work (the module docstring).
-    ``slower_by``: how much slower the run's median was than the baseline's, divided by the session's
-    pace where ``paced``, where the gap was above the noise floor (``paced_slowdown``; None: not slower
-    past the floor)."""
+    ``slower_by``: how much slower the run's median was than the baseline's, where the gap was above the
+    noise floor (``paced_slowdown``; None: not slower past the floor), measured as ``against`` says
+    (" against the session's pace"; empty: in plain seconds)."""
     if work is None:
         return verdict, reason, why
     if not work.comparable:
         return verdict, reason, f"{why}; {work.other_work()}"
     counts = work.describe()
     excused = verdict == "inconclusive" and reason in SLOWER_YET_EXCUSED
-    if excused and work.more:
+    if (excused or reason == SLOWER_BESIDE_PEERS) and work.more:
         why += f"; but it dispatched more work than its baseline ({counts}): a change in the code, whatever the pace"
         return "fail", "more work", why
     if excused and work.same:
@@ -300,7 +305,6 @@ def with_work(
             "code (the counters cannot see a slower kernel doing the same work)"
         )
     if verdict == "pass" and work.more and slower_by is not None:  # slower_by is past the floor, so above 0
-        against = " against the session's pace" if paced else ""
         return "fail", "more work", (
             f": {reason}{why}, but {slower_by:.1%} slower than the baseline{against}, past the noise floor, "
             f"and it dispatched more work ({counts}): a change in the code"
@@ -390,38 +394,58 @@ def gate_verdict(
         return verdict, reason, why
     if side is not None and not contended:
         run_side, base_side = side.figures(run_fig, base_fig)
-        return with_work(verdict, reason, why, work, paced_slowdown(run_side, base_side, None, device), True)
+        slower_by = paced_slowdown(run_side, base_side, None, device)
+        return with_work(verdict, reason, why, work, slower_by, " at the host's speed of its side-by-side passes")
     paced = pace is not None and not contended
     slower_by = paced_slowdown(run_fig, base_fig, pace if paced else None, device)
-    return with_work(verdict, reason, why, work, slower_by, paced)
+    return with_work(verdict, reason, why, work, slower_by, " against the session's pace" if paced else "")
 
 
 def against_side_by_side(
     run_fig: Figure, base_fig: Figure, tolerance: float, run_time: float | None, device: str,
     machine: MachineEvidence | None, side: SideBySide,
 ) -> tuple[Verdict, str, str]:
-    """A CPU phase's time judged on its rounds timed side by side with its peers (``SideBySide``), by the
-    tolerance, the floor and the rank test: slower against its peers is a regression, whether or not the
-    session's seconds show it (a session that ran faster hides it there); slower in seconds only is
-    "inconclusive" (reason "session slower"), unless past any host drift measured."""
+    """A CPU phase's time judged beside its rounds timed side by side with its peers (``SideBySide``,
+    each divided by the host's speed in its pass), by the tolerance, the floor and the rank test: a phase
+    past the tolerance and the floor in seconds (whatever the rank test of its benchmark's few rounds
+    says) that is slower there too is a regression; one slower in seconds only is "inconclusive" (reason
+    "session slower"), unless past ``HOST_DRIFT_LIMIT``. As the pace, side by
+    side only excuses: a phase within the tolerance in seconds passes (peers the code made faster would
+    otherwise fail it)."""
     verdict, reason, why = plain_verdict(run_fig, base_fig, tolerance, run_time, device)
+    plain_ratio = run_fig.value / base_fig.value if base_fig.value else 1.0
     run_side, base_side = side.figures(run_fig, base_fig)
     side_verdict, side_reason, side_why = plain_verdict(run_side, base_side, tolerance, run_side.value, device)
-    plain_ratio = run_fig.value / base_fig.value
     beside = f"; beside the rounds {b}" if machine is not None and (b := machine.describe()) else ""
-    if side_verdict == "fail":
-        seconds = f"in seconds too{why}" if verdict == "fail" else f"in seconds at ratio {plain_ratio:.2f} ({reason}{why})"
-        return "fail", side_reason, f": {side.describe()}{side_why}; {seconds}{beside}"
-    if verdict != "fail":
+    if reason == "below the noise floor":
         return verdict, reason, why
+    if reason == "within tolerance":
+        if side_verdict != "fail":
+            return verdict, reason, why
+        if side.peers_same_work:
+            return "fail", SLOWER_BESIDE_PEERS, (
+                f": within the tolerance in seconds (ratio {plain_ratio:.2f}), but {side.describe()}{side_why}, and "
+                "its peers did the same counted work as in the baseline, so the change did not make them faster: "
+                f"this phase is slower, by what the counters cannot see (a wait, a slower kernel){beside}"
+            )
+        return "inconclusive", SLOWER_BESIDE_PEERS, (
+            f": within the tolerance in seconds (ratio {plain_ratio:.2f}), but {side.describe()}{side_why}: this "
+            "phase slower in a session that ran fast, or its peers made faster by the change, which side by side "
+            "cannot tell apart (rerun, or save the baseline again)"
+        )
+    seconds = f"slower in seconds at ratio {plain_ratio:.2f} ({reason}{why})"
+    if side_verdict == "fail":
+        return "fail", side_reason, f": {seconds}, and {side.describe()}{side_why}{beside}"
+    if verdict != "fail":  # the benchmark's rounds did not make it a failure either
+        return verdict, reason, f"{why}; {side.describe()}"
     if plain_ratio > HOST_DRIFT_LIMIT:
-        return "fail", reason, (
-            f"{why}; {side.describe()} ({side_reason}{side_why}), but {plain_ratio:.2f}x is past the largest drift "
-            f"of a whole session measured on a CPU host ({HOST_DRIFT_LIMIT:g}x){beside}"
+        return "fail", _worse(base_fig), (
+            f": {seconds}; {side.describe()} ({side_reason}{side_why}), but {plain_ratio:.2f}x is past the largest "
+            f"drift of a whole session measured on a CPU host ({HOST_DRIFT_LIMIT:g}x){beside}"
         )
     return "inconclusive", "session slower", (
-        f": slower in seconds{why}, but not against its peers: {side.describe()} ({side_reason}{side_why}): "
-        "the host ran slower, or a change slowed every phase alike, which one session cannot tell apart"
+        f": {seconds}, but not beside its peers: {side.describe()} ({side_reason}{side_why}): the host ran "
+        "slower, or a change slowed every phase alike, which one session cannot tell apart"
     )
 
 

@@ -20,17 +20,18 @@ Side by side (``SideBySide``): the pace above is read from each phase's own benc
 apart, and on a shared VM the host's speed moves by tens of percent over seconds, so a phase's level
 belongs to its stretch of time more than to the session (docs/benchmarks.md, "The CPU gate side by
 side"). So a session on CPU workers also times one round of every gated phase in turn, pass after
-pass, at its end (``side_by_side_s/<phase>``, ``pytest_rlbench.session.gate_items``). In each pass a
-phase's round is divided by the geometric mean of its peers' rounds of the same pass: what is left is
-its cost relative to its peers, with the host's speed of those seconds taken out. A verdict compares
-the run's relative rounds with the baseline's, both brought to seconds at the baseline's peer level.
+pass, at its end (``side_by_side_s/<phase>``, ``pytest_rlbench.session.gate_items``). The host's speed
+in a pass is read from the phase's peers in that pass: each group of peers (nested phases, the same
+work, are one group) against its own level in the baseline, and the median of the groups, so that
+one peer made faster or slower by the code does not move it. A phase's round divided by that speed is
+its time as at the baseline's usual speed, and the verdict compares those of the run and the baseline.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pytest_rlbench.records.record import RunRecord
@@ -95,55 +96,85 @@ def session_paces(run: RunRecord, baseline: RunRecord) -> dict[str, SessionPace]
     return paces
 
 
-def relative_rounds(rounds: dict[str, Sequence[float]], phase: str, peers: Sequence[str]) -> tuple[float, ...]:
-    """Each pass's round of ``phase`` over the geometric mean of its ``peers``' rounds in that pass."""
-    own = rounds[phase]
-    return tuple(
-        t / math.exp(statistics.fmean(math.log(rounds[q][i]) for q in peers)) for i, t in enumerate(own)
-    )
+# Peer groups a phase needs to be judged side by side: with three, the host's speed of a pass is their
+# median, which one group that changed (a phase made faster) cannot move; with two it would sit halfway.
+MIN_SIDE_BY_SIDE_GROUPS = 3
 
 
-def peer_level(rounds: dict[str, Sequence[float]], peers: Sequence[str]) -> float:
-    """The median over the passes of the peers' geometric mean: seconds to bring relative rounds to."""
-    n = len(rounds[peers[0]])
-    return statistics.median(math.exp(statistics.fmean(math.log(rounds[q][i]) for q in peers)) for i in range(n))
+def peer_groups(peers: Sequence[str]) -> list[tuple[str, ...]]:
+    """``peers`` in groups of phases nested in one another (gen and generate_sequences: the same work
+    timed twice), each group one witness of the host's speed, in the peers' order."""
+    groups: list[list[str]] = []
+    for peer in peers:
+        home = next((g for g in groups if any(nested(peer, q) for q in g)), None)
+        if home is None:
+            groups.append([peer])
+        else:
+            home.append(peer)
+    return [tuple(g) for g in groups]
+
+
+def group_rounds(rounds: Mapping[str, Sequence[float]], group: Sequence[str]) -> list[float]:
+    """A group's round in each pass: the geometric mean of its phases' rounds (0 where one took none)."""
+    n = len(rounds[group[0]])
+    return [
+        math.exp(statistics.fmean(math.log(rounds[q][i]) for q in group)) if all(rounds[q][i] > 0 for q in group) else 0.0
+        for i in range(n)
+    ]
+
+
+def host_speeds(rounds: Mapping[str, Sequence[float]], groups: Sequence[Sequence[str]], levels: Sequence[float]) -> list[float]:
+    """The host's speed in each pass, as a factor of the baseline's: the median over the peer groups of
+    each group's round over its baseline level (``levels``); 0 where a group took no time."""
+    per_group = [group_rounds(rounds, g) for g in groups]
+    n = len(per_group[0])
+    return [
+        statistics.median(r[i] / level for r, level in zip(per_group, levels, strict=True))
+        if all(r[i] > 0 for r in per_group)
+        else 0.0
+        for i in range(n)
+    ]
+
+
+def paced_rounds(own: Sequence[float], speeds: Sequence[float]) -> tuple[float, ...]:
+    """A phase's rounds with each pass's host speed taken out (passes whose speed is unknown left out)."""
+    return tuple(t / h for t, h in zip(own, speeds, strict=True) if h > 0)
 
 
 @dataclass(frozen=True)
 class SideBySide:
-    """A phase's rounds timed side by side with its peers', in the run and in the baseline, each over the
-    geometric mean of its peers' rounds in the same pass (``relative_rounds``)."""
+    """A phase's rounds timed side by side with its peers' in the run and in the baseline, each divided
+    by the host's speed in its pass (``host_speeds``): seconds as at the baseline's usual speed."""
 
     phase: str
-    peers: tuple[str, ...]
-    run: tuple[float, ...]  # the run's relative rounds, one per pass
+    groups: tuple[tuple[str, ...], ...]  # its peers, nested ones grouped
+    run: tuple[float, ...]  # the run's paced rounds, one per pass
     base: tuple[float, ...]  # the baseline's (of every session it pools)
-    level: float  # the baseline's peer level in seconds (``peer_level``)
+    peers_same_work: bool = False  # every peer counted the same work as in the baseline (judge.WorkEvidence)
 
     @property
     def ratio(self) -> float:
         return statistics.median(self.run) / statistics.median(self.base)
 
     def figures(self, run_fig: Figure, base_fig: Figure) -> tuple[Figure, Figure]:
-        """The two time figures as side by side tells them: relative rounds in seconds at the baseline's
-        peer level, so that the tolerance, the noise floor and the rank test read them as times."""
-        run = tuple(r * self.level for r in self.run)
-        base = tuple(b * self.level for b in self.base)
+        """The two time figures as side by side tells them, for the tolerance, the floor and the rank test."""
         return (
-            replace(run_fig, value=statistics.median(run), samples=run),
-            replace(base_fig, value=statistics.median(base), samples=base),
+            replace(run_fig, value=statistics.median(self.run), samples=self.run),
+            replace(base_fig, value=statistics.median(self.base), samples=self.base),
         )
 
     def describe(self) -> str:
+        peers = ", ".join("/".join(g) for g in self.groups)
         return (
-            f"timed side by side with {', '.join(self.peers)} at the end of the session ({len(self.run)} vs "
-            f"{len(self.base)} passes), its time relative to theirs was {self.ratio:.2f}x the baseline's"
+            f"timed side by side with {peers} at the end of the session ({len(self.run)} vs {len(self.base)} "
+            f"passes), at the host's speed of each pass it was at ratio {self.ratio:.2f}"
         )
 
 
 def side_by_side(run: RunRecord, baseline: RunRecord, phase: str) -> SideBySide | None:
-    """``phase``'s side-by-side evidence where both sessions timed it and at least ``MIN_PEERS`` of its
-    peers so (peers as ``pace_peers``, of the phases both timed in as many passes), else None."""
+    """``phase``'s side-by-side evidence where both sessions timed it and at least
+    ``MIN_SIDE_BY_SIDE_GROUPS`` groups of its peers so (peers as ``pace_peers``, of the phases both timed
+    in as many passes), else None."""
     ours, theirs = side_by_side_rounds(run), side_by_side_rounds(baseline)
     if phase not in ours or phase not in theirs:
         return None
@@ -153,11 +184,14 @@ def side_by_side(run: RunRecord, baseline: RunRecord, phase: str) -> SideBySide 
         and len(ours[p]) == len(ours[phase]) and len(theirs[p]) == len(theirs[phase])
         and baseline_median(baseline, p) >= PACE_MIN_S
     ]
-    peers = [p for p in pace_peers(phase, [*candidates, phase]) if p != phase]
-    if len(peers) < MIN_PEERS:
+    groups = peer_groups([p for p in pace_peers(phase, [*candidates, phase]) if p != phase])
+    if len(groups) < MIN_SIDE_BY_SIDE_GROUPS:
         return None
-    return SideBySide(
-        phase, tuple(peers), relative_rounds(ours, phase, peers), relative_rounds(theirs, phase, peers),
-        peer_level(theirs, peers),
-    )
-
+    levels = [statistics.median(group_rounds(theirs, g)) for g in groups]
+    if not all(level > 0 for level in levels):
+        return None
+    run_rounds = paced_rounds(ours[phase], host_speeds(ours, groups, levels))
+    base_rounds = paced_rounds(theirs[phase], host_speeds(theirs, groups, levels))
+    if not run_rounds or not base_rounds or statistics.median(base_rounds) <= 0:
+        return None
+    return SideBySide(phase, tuple(groups), run_rounds, base_rounds)
