@@ -438,15 +438,24 @@ def against_side_by_side(
         return "fail", side_reason, f": {seconds}, and {side.describe()}{side_why}{beside}"
     if verdict != "fail":  # the benchmark's rounds did not make it a failure either
         return verdict, reason, f"{why}; {side.describe()}"
+    verdict, reason, why = excused_by_peers(
+        base_fig, plain_ratio, f": {seconds}; {side.describe()} ({side_reason}{side_why})",
+        f": {seconds}, but not beside its peers: {side.describe()} ({side_reason}{side_why}): the host ran "
+        "slower, or a change slowed every phase alike, which one session cannot tell apart",
+    )
+    return verdict, reason, why + (beside if verdict == "fail" else "")
+
+
+def excused_by_peers(base_fig: Figure, plain_ratio: float, evidence: str, excused: str) -> tuple[Verdict, str, str]:
+    """A phase slower in seconds but not against its peers (the session's pace, or side by side):
+    "inconclusive" (reason "session slower", detail ``excused``), unless it is more than
+    ``HOST_DRIFT_LIMIT`` times slower, which fails whatever its peers did (``evidence``: what they did)."""
     if plain_ratio > HOST_DRIFT_LIMIT:
         return "fail", _worse(base_fig), (
-            f": {seconds}; {side.describe()} ({side_reason}{side_why}), but {plain_ratio:.2f}x is past the largest "
-            f"drift of a whole session measured on a CPU host ({HOST_DRIFT_LIMIT:g}x){beside}"
+            f"{evidence}, but {plain_ratio:.2f}x is past the largest drift of a whole session measured on a CPU "
+            f"host ({HOST_DRIFT_LIMIT:g}x)"
         )
-    return "inconclusive", "session slower", (
-        f": {seconds}, but not beside its peers: {side.describe()} ({side_reason}{side_why}): the host ran "
-        "slower, or a change slowed every phase alike, which one session cannot tell apart"
-    )
+    return "inconclusive", "session slower", excused
 
 
 def _time_verdict(
@@ -536,16 +545,11 @@ def against_pace(
     ratio = paced.value / base_fig.value
     if verdict == "fail":
         return "fail", reason, f"{why}; against the session's pace too, at ratio {ratio:.2f}{paced_why}: {pace.describe()}"
-    plain_ratio = run_fig.value / base_fig.value
-    if plain_ratio > HOST_DRIFT_LIMIT:
-        return "fail", _worse(base_fig), (
-            f"{why}; {pace.describe()}, but {plain_ratio:.2f}x is past the largest drift of a whole session "
-            f"measured on a CPU host ({HOST_DRIFT_LIMIT:g}x)"
-        )
-    return "inconclusive", "session slower", (
+    return excused_by_peers(
+        base_fig, run_fig.value / base_fig.value, f"{why}; {pace.describe()}",
         f": slower in seconds{why}, but {pace.describe()}, and against that pace the phase is at ratio {ratio:.2f} "
         f"({reason}): the host ran slower, or a change slowed every phase alike, which one session cannot tell "
-        "apart (rerun, or save the baseline again)"
+        "apart (rerun, or save the baseline again)",
     )
 
 
