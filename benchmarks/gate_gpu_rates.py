@@ -15,7 +15,8 @@ through the baseline's own per-metric tolerances), and counted:
   and which phases failed when it did not;
 - slowed run against an unchanged baseline, once for each slowed method and per fraction: caught when
   the phase that method's time lands in fails, "caught in step" when only a phase that holds it fails
-  (the step holds the update); per session, against how many baselines it was caught on its own phase.
+  (the step holds the update); per session, against how many baselines it was caught on its own phase;
+  the pairs whose baseline ran on the run's own machine are counted apart ("..., same machine").
 
     python benchmarks/gate_gpu_rates.py H100-A=docs/.../x1a H100-B=docs/.../x1b \
         [--tolerance 0.05] [--tolerance-for update_actor=0.06] [--no-counts] [--json out.json] [-v]
@@ -196,6 +197,8 @@ def rates(all_sessions: list[Session], tolerance: float | None, per_phase: dict[
                 continue
             for method in run.methods:  # a session slowed in several methods counts once for each
                 scenario = f"{method} +{float(run.fraction) * 100:g}%"
+                if run.machine == base.machine:  # a baseline from the machine itself: the one-machine tolerances
+                    scenario += ", same machine"
                 phases = SLOWED_PHASES.get(method, (method,))
                 verdict = catch_of(failed_phases, phases, outcome)
                 counts.setdefault(scenario, Counter())[verdict] += 1

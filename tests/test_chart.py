@@ -25,6 +25,8 @@ from pytest_rlbench.reports.chart import (
     breakdown_segments,
     draw_chart,
     drawn_baselines,
+    failed_label,
+    failure_reasons,
     median_step_round,
     nothing_to_draw,
     step_segments,
@@ -186,7 +188,9 @@ def test_the_legend_and_the_note_fit_inside_the_figure_with_failed_phases() -> N
         legend.get_window_extent(renderer),
         fig.bbox,
     )
-    assert any(t.get_text().startswith("failed gate: ") for t in legend.get_texts())
+    (crosses,) = [t.get_text() for t in legend.get_texts() if t.get_text().startswith("failed gate: ")]
+    reasons = failure_reasons(results)
+    assert reasons and all(f"({reason})" in crosses for reason in reasons.values()), (crosses, reasons)
     (note,) = [t for t in fig.texts if t.get_text().startswith("Not drawn: ")]
     assert inside(note.get_window_extent(renderer), fig.bbox), (note.get_window_extent(renderer), fig.bbox)
     assert (
@@ -374,3 +378,10 @@ def test_a_baseline_saved_from_whole_steps_alone_is_drawn_split_by_its_median_ro
     median = median_step_round(ROUNDS)
     assert [w for _, w in bars(ax)[base_row]][:-1] == pytest.approx([v for _, v in breakdown_segments(median)][:-1])
     assert totals(ax)[base_row] == pytest.approx(summary_seconds(results, "base")["step"])  # as the table says
+
+
+def test_the_failed_legend_groups_the_phases_by_why_they_failed() -> None:
+    reasons = {"old_log_prob": "slower beside its peers", "gen": "slower", "update_actor": "slower"}
+    label = failed_label(["gen", "old_log_prob", "update_actor"], reasons)
+    assert label == "failed gate: gen, update_actor (slower); old_log_prob (slower beside its peers)", label
+    assert failed_label(["ref"], {}) == "failed gate: ref (failed)"

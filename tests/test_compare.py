@@ -13,7 +13,12 @@ from pytest_rlbench.records.baselines import load_baseline
 from pytest_rlbench.records.record import RunRecord, record_from_dict
 from pytest_rlbench.verdict.compare import compare, gate_mismatches, tolerance_for
 from pytest_rlbench.verdict.judge import time_gap_s
-from pytest_rlbench.verdict.noise import DEFAULT_TOLERANCE, GPU_PHASE_TOLERANCES, default_tolerance
+from pytest_rlbench.verdict.noise import (
+    DEFAULT_TOLERANCE,
+    GPU_PHASE_TOLERANCES,
+    GPU_SAME_MACHINE_TOLERANCES,
+    default_tolerance,
+)
 
 BASE: dict[str, Any] = tiny_record(
     "local-ci",
@@ -249,12 +254,30 @@ def test_a_gpu_phase_nobody_chose_a_tolerance_for_is_judged_at_its_measured_one(
     slower = [t * 1.05 for t in base]  # 5% slower, every round
     gen = gpu_row("gen", base, slower, default_tolerance(gpu=True))
     assert (gen.verdict, gen.tolerance) == ("fail", GPU_PHASE_TOLERANCES["gen"]), gen.message
-    assert "tolerance 0.03, gen's measured GPU default" in gen.message
+    assert f"tolerance {GPU_PHASE_TOLERANCES['gen']:.2f}, gen's measured GPU default" in gen.message
     update = gpu_row("update_actor", base, slower, default_tolerance(gpu=True))
     assert (update.verdict, update.tolerance) == ("pass", GPU_PHASE_TOLERANCES["update_actor"]), update.message
     # a tolerance someone chose wins, and a phase without a measured one keeps the default
     assert gpu_row("gen", base, slower, 0.10).verdict == "pass"
     assert gpu_row("reshard", base, slower, default_tolerance(gpu=True)).tolerance == DEFAULT_TOLERANCE
+
+
+def test_a_gpu_baseline_saved_on_the_machine_that_runs_the_gate_is_judged_at_the_one_machine_tolerance() -> None:
+    base = [3.00, 3.01, 3.02, 3.03, 3.04]
+    slower = [t * 1.10 for t in base]  # 10%: past update_actor's one-machine tolerance, within its across-machines one
+    here, there = {"machine": "gpus 1a2b3c4d5e6f, driver 580.82.07"}, {"machine": "gpus 9f8e7d6c5b4a, driver 580.82.07"}
+
+    def row(run_hw: dict, base_hw: dict) -> Any:
+        baseline = record("local-ci", phases={"update_actor": {"seconds": base}}, hardware=base_hw)
+        run = record(phases={"update_actor": {"seconds": slower}}, hardware=run_hw)
+        return by_metric(compare(run, baseline, default_tolerance(gpu=True)))["timing_s/update_actor"]
+
+    same, other, unknown = row(here, here), row(here, there), row(here, {})
+    assert GPU_SAME_MACHINE_TOLERANCES["update_actor"] < 0.10 < GPU_PHASE_TOLERANCES["update_actor"]
+    assert (same.verdict, same.tolerance) == ("fail", GPU_SAME_MACHINE_TOLERANCES["update_actor"]), same.message
+    assert "update_actor's measured GPU default on one machine" in same.message, same.message
+    for across in (other, unknown):  # a baseline that names no machine is read as from another one
+        assert (across.verdict, across.tolerance) == ("pass", GPU_PHASE_TOLERANCES["update_actor"]), across.message
 
 
 def test_the_short_verdict_line_says_the_tolerance_was_the_phases_measured_one() -> None:
@@ -263,7 +286,7 @@ def test_the_short_verdict_line_says_the_tolerance_was_the_phases_measured_one()
     base = [3.00, 3.01, 3.02, 3.03, 3.04]
     row = gpu_row("gen", base, [t * 1.05 for t in base], default_tolerance(gpu=True))
     assert row.tolerance_source == "gen's measured GPU default"
-    assert "1.05x > 1.03 (measured)" in short_verdict(row), short_verdict(row)
+    assert f"1.05x > {1 + GPU_PHASE_TOLERANCES['gen']:.2f} (measured)" in short_verdict(row), short_verdict(row)
     chosen = gpu_row("gen", base, [t * 1.05 for t in base], 0.03)  # chosen: no source, no tag
     assert chosen.tolerance_source == "" and "(measured)" not in short_verdict(chosen)
 

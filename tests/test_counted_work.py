@@ -16,6 +16,7 @@ from pytest_rlbench.verdict.compare import compare, counted_work, custom_metrics
 from pytest_rlbench.verdict.judge import (
     DEVICE_KINDS,
     FLOPS,
+    NOT_SIGNIFICANT,
     OPS,
     WORK_ALLOWANCE,
     WorkEvidence,
@@ -371,3 +372,17 @@ def test_the_device_counters_see_launches_graph_replays_and_syncs_on_a_gpu(tok, 
     assert first.on_device and first.graph_replays > 0 and first.launches > 0 and first.syncs > 0, first
     assert first.kernels > first.launches, first  # the kernels inside the replayed graphs count as run
     assert again == first, (first, again)
+
+
+def test_a_time_past_the_tolerance_but_not_significant_fails_with_more_work_only() -> None:
+    # what the rank test of 5 rounds left a pass ("not significant", past the tolerance and the floor)
+    why = " (p = 0.075 >= 0.01, 5 vs 5 rounds)"
+    more = WorkEvidence({OPS: 1070, FLOPS: 3.08e9}, {OPS: 1019, FLOPS: 2.38e9})
+    same = WorkEvidence({OPS: 1019, FLOPS: 2.38e9}, {OPS: 1019, FLOPS: 2.38e9})
+    verdict, reason, detail = with_work("pass", NOT_SIGNIFICANT, why, more, None)
+    assert (verdict, reason) == ("fail", "more work"), detail
+    assert "past the tolerance in seconds" in detail and "ops 1,019 -> 1,070" in detail, detail
+    # the same work leaves it a pass: the counts say nothing changed
+    assert with_work("pass", NOT_SIGNIFICANT, why, same, None)[:2] == ("pass", NOT_SIGNIFICANT)
+    # more work within the tolerance and not slower past the floor is no failure either
+    assert with_work("pass", "within tolerance", "", more, None)[:2] == ("pass", "within tolerance")

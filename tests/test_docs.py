@@ -139,6 +139,9 @@ def test_gating_docs_state_the_gates_constants() -> None:
         if phase != "save_checkpoint"
     }
     gpu_tolerances = {f"noise.GPU_PHASE_TOLERANCES.{p}": f"{t:.2f}" for p, t in noise.GPU_PHASE_TOLERANCES.items()}
+    gpu_tolerances |= {
+        f"noise.GPU_SAME_MACHINE_TOLERANCES.{p}": f"{t:.2f}" for p, t in noise.GPU_SAME_MACHINE_TOLERANCES.items()
+    }
     expected = {
         **gpu_floors,
         **gpu_tolerances,

@@ -92,8 +92,9 @@ class Hardware:
     gpu_model: str | None = None
     cpu_model: str | None = None
     cpus_per_node: int | None = field(default=None, metadata=POSITIVE)
-    # Which machine of that kind: "gpus <hash of the GPU UUIDs>, driver <version>" (never compared: a
-    # baseline gates any machine of the same kind; it says where each figure came from).
+    # Which machine of that kind: "gpus <hash of the GPU UUIDs>, driver <version>". A baseline gates any
+    # machine of the same kind; it says where each figure came from, and a GPU baseline saved on the
+    # machine that runs the gate is judged at the tighter one-machine tolerances (verdict.noise).
     machine: str | None = field(default=None, metadata={"omit_default": True})
 
 

@@ -26,7 +26,8 @@ measured step that no phase accounts for is drawn as "other". save_checkpoint ru
 and is left out (a step whose rounds also saved is recorded less its saves). A phase that
 failed its gate gets a red edge and a red cross on the run's bar that holds the judged figure: the
 step's on the measured step, any other phase's on the phases timed apart (legend "failed gate:
-<phases>"); an inconclusive one a dashed amber edge; one that passed on its counted work though its
+<phases> (<reason>)", the phases grouped by the reason of their first failure, such as "slower"
+or "slower beside its peers"); an inconclusive one a dashed amber edge; one that passed on its counted work though its
 time was past the tolerance (the machine ran slower) a dotted grey edge; a reference-only baseline
 is drawn faded.
 The legend and the note under the chart are sized to fit inside the figure. Drawn on matplotlib's Agg
@@ -253,9 +254,29 @@ def nothing_to_draw(
     return f"no phase inside the step was timed (timed: {timed}), and no baseline of this model to draw"
 
 
+def failure_reasons(results: Sequence[BaselineComparison]) -> dict[str, str]:
+    """Each phase with a failed gate comparison and the reason of its first failure, in the order first met."""
+    reasons: dict[str, str] = {}
+    for result in results:
+        for c in result.failures:
+            if c.phase:
+                reasons.setdefault(c.phase, c.reason)
+    return reasons
+
+
 def failed_phases(results: Sequence[BaselineComparison]) -> list[str]:
     """The phases with a failed gate comparison, in the order first met."""
-    return list(dict.fromkeys(c.phase for r in results for c in r.failures if c.phase))
+    return list(failure_reasons(results))
+
+
+def failed_label(phases: Sequence[str], reasons: Mapping[str, str]) -> str:
+    """The legend's text for the red crosses: the phases grouped by why they failed, so a failure the bars
+    cannot show (slower only beside its peers, more counted work) is read off the chart too."""
+    by_reason: dict[str, list[str]] = {}
+    for phase in phases:
+        by_reason.setdefault(reasons.get(phase) or "failed", []).append(phase)
+    groups = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in by_reason.items())
+    return f"failed gate: {groups}"
 
 
 def inconclusive_phases(results: Sequence[BaselineComparison]) -> list[str]:
@@ -571,10 +592,8 @@ def draw_chart(
         if h.get_label().startswith("failed: ")
     ]
     if crosses:  # one legend entry for every cross, naming the phases
-        names = ", ".join(dict.fromkeys(crosses))
-        handles.append(
-            Line2D([], [], marker="X", color=FAILED_COLOUR, linestyle="none", label=f"failed gate: {names}")
-        )
+        label = failed_label(list(dict.fromkeys(crosses)), failure_reasons(results))
+        handles.append(Line2D([], [], marker="X", color=FAILED_COLOUR, linestyle="none", label=label))
     outlined = (
         ("inconclusive", drawn_inconclusive, "inconclusive"),  # past tolerance, the session could not tell
         ("same work", drawn_same_work, "passed on counted work (the machine ran slower)"),

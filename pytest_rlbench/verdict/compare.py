@@ -236,7 +236,12 @@ def _tolerance(
         return side_by_side_tolerance(applied, base_fig.phase)
     if run.hardware.device == "cpu" and base_fig.phase is not None and family_of(metric) == TIMING:
         return spread_tolerance(applied, base_fig.phase, block_medians(baseline, base_fig.phase))
-    return phase_tolerance(applied, base_fig.phase, run.hardware.device)
+    return phase_tolerance(applied, base_fig.phase, run.hardware.device, saved_on_this_machine(run, baseline))
+
+
+def saved_on_this_machine(run: RunRecord, baseline: RunRecord) -> bool:
+    """Whether the baseline was saved on the machine the run ran on (both name one, and it is the same)."""
+    return run.hardware.machine is not None and run.hardware.machine == baseline.hardware.machine
 
 
 def gpu_evidence(run: RunRecord, baseline: RunRecord, phase: str) -> GpuEvidence | None:

@@ -38,27 +38,41 @@ def default_tolerance(gpu: bool) -> float:
 
 
 # The GPU gate's tolerance per phase, where nobody chose one, from unchanged-code sessions at step16x8
-# (16 prompts x 8, 256 + 1024 tokens, 5 rounds): 10 sessions on five H100 machines, every ordered pair
-# judged (docs/benchmarks.md, "The GPU gate's error rates"). Each is the largest spread of the phase's
-# median between those sessions, rounded up to a whole percent, plus one point, and at least 3%:
-# generation 0.9% (generate_sequences 0.7%), step 3.6%, old_log_prob 5.3%, update_actor 6.5%, ref 8.9%.
-# At 4% (old_log_prob) and 5% (ref), set from the first 8 sessions, a later fast session's baseline
-# failed 3 of 78 pairs across machines. Other phases keep DEFAULT_TOLERANCE.
+# (16 prompts x 8, 256 + 1024 tokens, 5 rounds; docs/benchmarks.md, "The GPU gate's error rates" and
+# "The GPU gate across fourteen H100 machines"). Each is the largest spread of the phase's median between
+# those sessions, rounded up to a whole percent, plus one point, and at least 3%. Across machines of one
+# kind: 20 sessions on 14 H100 machines spread gen 2.9%, generate_sequences 1.6%, old_log_prob 8.4%,
+# ref 10.2%, update_actor 19.2% and step 8.2%. update_actor's level is the machine's (each machine's
+# sessions agree within 0-6%; its slow machines ran it at lower power: the GPU waits on its host), so a
+# baseline saved on the machine that runs the gate is judged tighter: on one machine (6 machines with 2
+# or more sessions) the medians spread gen 0.6%, generate_sequences 0.4%, old_log_prob 6.8%, ref 6.9%,
+# update_actor 5.8% and step 4.8%. Other phases keep DEFAULT_TOLERANCE.
 GPU_PHASE_TOLERANCES: dict[str, float] = {
+    "gen": 0.04,
+    "generate_sequences": 0.03,
+    "step": 0.10,
+    "old_log_prob": 0.10,
+    "update_actor": 0.21,
+    "ref": 0.12,
+}
+GPU_SAME_MACHINE_TOLERANCES: dict[str, float] = {
     "gen": 0.03,
     "generate_sequences": 0.03,
-    "step": 0.05,
-    "old_log_prob": 0.07,
-    "update_actor": 0.08,
-    "ref": 0.10,
+    "step": 0.06,
+    "old_log_prob": 0.08,
+    "update_actor": 0.07,
+    "ref": 0.08,
 }
 
 
-def phase_tolerance(tolerance: float, phase: str | None, device: str) -> float:
-    """The tolerance a GPU phase is judged at: its measured default (``GPU_PHASE_TOLERANCES``) where the
-    tolerance in force is a default nobody chose, else ``tolerance`` itself."""
+def phase_tolerance(tolerance: float, phase: str | None, device: str, same_machine: bool = False) -> float:
+    """The tolerance a GPU phase is judged at: its measured default where the tolerance in force is a
+    default nobody chose (``GPU_SAME_MACHINE_TOLERANCES`` where the baseline was saved on the machine that
+    runs the gate, else ``GPU_PHASE_TOLERANCES``), else ``tolerance`` itself."""
     if device != "gpu" or phase not in GPU_PHASE_TOLERANCES or not isinstance(tolerance, DefaultTolerance):
         return tolerance
+    if same_machine:
+        return DefaultTolerance(GPU_SAME_MACHINE_TOLERANCES[phase], f"{phase}'s measured GPU default on one machine")
     return DefaultTolerance(GPU_PHASE_TOLERANCES[phase], f"{phase}'s measured GPU default")
 
 
