@@ -60,6 +60,7 @@ from pytest_rlbench.verdict.retiming import (
 from pytest_rlbench.verdict.session_pace import MIN_SIDE_BY_SIDE_GROUPS, session_paces
 
 if TYPE_CHECKING:
+    from pytest_rlbench.records.record import RunRecord
     from pytest_rlbench.session.recorder import BenchRecorder
 
 GATE_ID = "gate"
@@ -135,10 +136,13 @@ class PhaseGate(pytest.Item):
     def _judged_side_by_side(self, recorder: BenchRecorder, results: list[BaselineComparison]) -> bool:
         """Whether the phase's side-by-side rounds decide its verdict against every baseline that gates it
         (``compare.deciding_side_by_side``): then a re-timing would add nothing."""
-        record = recorder.build_record()
-        baselines = get_session(self.config).baseline_records
-        gated = [b for b, r in zip(baselines, results, strict=True) if r.mode == "gate"]
+        gated, record = self._gating(results), recorder.build_record()
         return bool(gated) and all(deciding_side_by_side(record, b, self.phase) is not None for b in gated)
+
+    def _gating(self, results: list[BaselineComparison]) -> list[RunRecord]:
+        """The session's baselines that gate this phase (``results``: its comparisons, one per baseline)."""
+        baselines = get_session(self.config).baseline_records
+        return [b for b, r in zip(baselines, results, strict=True) if r.mode == "gate"]
 
     def _framework_gates(self) -> list[PhaseGate]:
         """The session's gates of this gate's framework (all of them where one framework runs)."""
@@ -147,12 +151,7 @@ class PhaseGate(pytest.Item):
     def _peers(self, recorder: BenchRecorder, results: list[BaselineComparison]) -> list[str]:
         """The phases that pace this one against the baselines it is gated on in the same session."""
         record = recorder.build_record()
-        gated = [
-            b
-            for b, r in zip(get_session(self.config).baseline_records, results, strict=True)
-            if r.mode == "gate"
-        ]
-        paces = [session_paces(record, b).get(self.phase) for b in gated]
+        paces = [session_paces(record, b).get(self.phase) for b in self._gating(results)]
         return list(dict.fromkeys(p for pace in paces if pace is not None for p, _ in pace.peers))
 
     def _retime(self, recorder: BenchRecorder, phase: str, blocks: int = 1) -> None:
