@@ -125,17 +125,22 @@ def compute_log_probs(
     model.eval()
     out = torch.zeros(batch.response_ids.shape, dtype=torch.float32)
     lockstep = needs_lockstep(model, dp)
+    # Each micro-batch's log-probs stay on the device until the last is queued: one wait on the GPU
+    # for the whole call, not one per micro-batch (the GPU idled while the host caught up after each).
+    pieces: list[tuple[list[int], torch.Tensor]] = []
     try:
         with keep_gathered(model):  # one all-gather of the weights for all micro-batches
             for rows in micro_batch_groups(batch, micro_batch_size, use_dynamic_bsz, max_token_len, dp, lockstep):
                 if not rows:
                     response_log_probs(model, dummy_micro_batch(batch, device), temperature)
                     continue
-                micro = trim_padding(batch.select(rows)).to(device)
+                micro = trim_padding(batch.select(rows)).to_device(device)
                 logp, _ = response_log_probs(model, micro, temperature)
-                out[torch.as_tensor(rows), : logp.shape[1]] = logp.float().cpu()
+                pieces.append((rows, logp.float()))  # [rows, R'] on the device
     finally:
         model.train(was_training)
+    for rows, logp in pieces:
+        out[torch.as_tensor(rows), : logp.shape[1]] = logp.cpu()
     return out
 
 
@@ -262,7 +267,7 @@ def backward_micro_batch(
         (logp.sum() * 0.0).backward()
         return
     cpu_micro = trim_padding(mini.select(rows))
-    out = micro_batch_loss(model, cpu_micro.to(settings.device), cfg, settings)
+    out = micro_batch_loss(model, cpu_micro.to_device(settings.device), cfg, settings)
     # The weight and token count come from the host copy of the mask: no device sync here.
     cpu_mask = cpu_micro.response_mask.float()
     weight = loss_normaliser(cfg.loss_agg_mode, cpu_mask) / max(global_norm, 1.0)

@@ -1,0 +1,303 @@
+"""Where the training phases' time goes on one GPU: the GPU busy, or waiting on its host (issue 31).
+
+    python benchmarks/update_profile.py OUT_DIR [--rounds 3] [--phases old_log_prob ref update_actor]
+                                                [--config KEY=VALUE ...]
+
+One training worker (trainer/workers/train_worker.py, as a session builds it, without Ray: FSDP2 over
+a group of one) at step16x8's shape by default (16 prompts x 8, prompt 256 + response 1024, the 1.5B
+preset, use_liger, the KL loss; ``--config`` adds or replaces keys). It generates one batch with its
+own rollout engine, then times each phase ``--rounds`` times on that batch (as the suites time them,
+the device synchronised at the end), with NVML sampling the GPU: SM clock, power and how often the
+power cap held the clock back. Then it runs each phase once more under torch's profiler and reads
+the trace: how long the GPU ran kernels (the union of their intervals) against the call's wall time,
+and every stretch longer than 10 microseconds in which the GPU ran nothing, filed under the host
+call that launched the kernel after it (the host was late) and whether the host had just waited on
+the GPU (a sync drains the queue, and the GPU idles until the host launches again). The profiler
+slows the host, so the profiled call's gaps bound the timed calls' from above.
+
+Results: OUT_DIR/update_profile.json; the profiled traces (chrome format, gzip) beside it, which
+``python benchmarks/update_profile.py --read TRACE.json.gz`` summarises again. Runs on a CPU too (with
+``--config trainer.device=cpu`` and a small model), where there is no GPU trace to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STEP16X8 = [
+    "actor_rollout_ref.model.path=r1-distill-qwen-1.5b",
+    "trainer.device=cuda",
+    "actor_rollout_ref.rollout.name=fast",
+    "data.max_prompt_length=256",
+    "data.max_response_length=1024",
+    "actor_rollout_ref.rollout.ignore_eos=True",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.rollout.n=8",
+    "data.train_batch_size=16",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.model.use_liger=True",
+]
+GAP_US = 10.0  # a GPU pause shorter than this is the kernels' own turnaround, not a wait
+SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def gpu_intervals(events: list[dict]) -> list[tuple[float, float, int]]:
+    """(start, end, correlation) of every kernel, copy and fill on the GPU, by start (microseconds)."""
+    out = [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), int(e.get("args", {}).get("correlation", -1)))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    ]
+    return sorted(out)
+
+
+def busy_and_gaps(intervals: list[tuple[float, float, int]]) -> tuple[float, list[tuple[float, float, int]]]:
+    """The union of the intervals' lengths, and each pause between them: (start, length, correlation
+    of the work that ended it)."""
+    busy, gaps = 0.0, []
+    end = None
+    for start, stop, corr in intervals:
+        if end is None:
+            busy += stop - start
+            end = stop
+            continue
+        if start > end:
+            if start - end >= GAP_US:
+                gaps.append((end, start - end, corr))
+            busy += stop - start
+            end = stop
+        elif stop > end:
+            busy += stop - end
+            end = stop
+    return busy, gaps
+
+
+def innermost_op(cpu_ops: list[dict], starts: list[float], tid: int, at: float, look_back: int = 5000) -> str:
+    """The name of the innermost op of host thread ``tid`` running at ``at``: ops nest, so the latest
+    started op of that thread that has not ended by ``at`` (``starts``: the ops' start times, sorted
+    as ``cpu_ops``)."""
+    i = bisect.bisect_right(starts, at)
+    for e in reversed(cpu_ops[max(0, i - look_back) : i]):
+        if e["tid"] == tid and e["ts"] + e.get("dur", 0.0) >= at:
+            return e["name"]
+    return "(no op: Python between ops)"
+
+
+def top_level_ops(cpu_ops: list[dict]) -> dict[int, tuple[list[dict], list[float]]]:
+    """Per host thread, its outermost ops (those no other op of the thread encloses) and their starts:
+    what the host was busy with (a layer's forward, an autograd node's backward) at a moment."""
+    by_thread: dict[int, list[dict]] = defaultdict(list)
+    for e in cpu_ops:
+        by_thread[e["tid"]].append(e)
+    out = {}
+    for tid, ops in by_thread.items():
+        ops.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
+        top, end = [], float("-inf")
+        for e in ops:
+            if e["ts"] >= end:
+                top.append(e)
+                end = e["ts"] + e.get("dur", 0.0)
+        out[tid] = (top, [e["ts"] for e in top])
+    return out
+
+
+def outermost_op(tops: dict[int, tuple[list[dict], list[float]]], tid: int, at: float) -> str:
+    top, starts = tops.get(tid, ([], []))
+    i = bisect.bisect_right(starts, at) - 1
+    if i >= 0 and top[i]["ts"] + top[i].get("dur", 0.0) >= at:
+        return top[i]["name"]
+    return "(between ops: Python)"
+
+
+def read_trace(path: Path) -> dict[str, Any]:
+    """The trace's summary (a chrome trace, gzip or not): GPU busy time against the wall, the pauses
+    filed by cause."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    # the launches: the CUDA runtime's calls, and the driver's (Triton's kernels: liger-kernel's, ours)
+    runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    cpu_ops = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
+    launch_of = {int(e.get("args", {}).get("correlation", -1)): e for e in runtime}
+    intervals = gpu_intervals(events)
+    if not intervals:
+        return {"kernels": 0}
+    busy, gaps = busy_and_gaps(intervals)
+    begin = min(e["ts"] for e in cpu_ops) if cpu_ops else intervals[0][0]
+    wall = max(intervals[-1][1], max((e["ts"] + e.get("dur", 0.0) for e in cpu_ops), default=0.0)) - begin
+    syncs = [e for e in runtime if e["name"] in SYNC_NAMES or (e["name"].startswith("cudaMemcpy") and e.get("dur", 0) > 20)]
+    sync_ends = sorted(e["ts"] + e.get("dur", 0.0) for e in syncs)
+    by_op: dict[str, list[float]] = defaultdict(list)
+    by_top: dict[str, list[float]] = defaultdict(list)
+    tops = top_level_ops(cpu_ops)
+    after_sync = 0.0
+    top = []
+    starts = [e["ts"] for e in cpu_ops]
+    for start, length, corr in gaps:
+        launch = launch_of.get(corr)
+        at = launch["ts"] if launch else start + length
+        name = innermost_op(cpu_ops, starts, launch["tid"], at) if launch else "(no launch found)"
+        i = bisect.bisect_right(sync_ends, at)
+        waited = i > 0 and sync_ends[i - 1] >= start - 1.0  # the host came back from a wait inside this pause
+        if waited:
+            after_sync += length
+        by_op[name].append(length)
+        by_top[outermost_op(tops, launch["tid"], at) if launch else "(no launch found)"].append(length)
+        top.append((length, name, waited))
+    top.sort(reverse=True)
+    sync_calls = [e for e in runtime if e["name"] in SYNC_NAMES]
+    syncs_by_op: dict[str, int] = defaultdict(int)
+    for e in sync_calls:
+        syncs_by_op[outermost_op(tops, e["tid"], e["ts"])] += 1
+    sizes = {"10-50us": (10, 50), "50-200us": (50, 200), "200us-1ms": (200, 1000), ">1ms": (1000, float("inf"))}
+    return {
+        "wall_s": wall / 1e6,
+        "gpu_busy_s": busy / 1e6,
+        "gpu_busy_fraction": busy / wall,
+        "gpu_work_items": len(intervals),
+        "launch_calls": sum(1 for e in runtime if "Launch" in e["name"]),
+        "syncs": len(sync_calls),
+        "syncs_by_outermost_op": dict(sorted(syncs_by_op.items(), key=lambda kv: -kv[1])),
+        "host_blocked_in_syncs_s": sum(e.get("dur", 0.0) for e in sync_calls) / 1e6,
+        # a copy from pageable host memory may block the host without a sync call: counted apart
+        "pageable_copies": sum(
+            1 for e in events if e.get("ph") == "X" and e.get("cat") == "gpu_memcpy" and "Pageable" in e["name"]
+        ),
+        # the GPU idle between the call's first host op and its first work, and after its last work
+        "idle_at_the_ends_s": max(0.0, intervals[0][0] - begin) / 1e6
+        + max(0.0, wall - (max(i[1] for i in intervals) - begin)) / 1e6,
+        "gaps": len(gaps),
+        "gap_s": sum(g[1] for g in gaps) / 1e6,
+        "gap_after_a_sync_s": after_sync / 1e6,
+        "gaps_by_length": {
+            label: [sum(1 for g in gaps if lo <= g[1] < hi), sum(g[1] for g in gaps if lo <= g[1] < hi) / 1e6]
+            for label, (lo, hi) in sizes.items()
+        },
+        "gap_s_by_launching_op": dict(
+            sorted(((k, sum(v) / 1e6) for k, v in by_op.items()), key=lambda kv: -kv[1])[:20]
+        ),
+        "gap_s_by_outermost_op": dict(
+            sorted(((k, sum(v) / 1e6) for k, v in by_top.items()), key=lambda kv: -kv[1])[:20]
+        ),
+        "longest_gaps": [{"us": round(n, 1), "launched_in": op, "after_sync": w} for n, op, w in top[:15]],
+    }
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", nargs="?", default="update_profile_out")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--phases", nargs="+", default=["old_log_prob", "ref", "update_actor"],
+                    choices=["old_log_prob", "ref", "update_actor"])
+    ap.add_argument("--config", nargs="*", default=[], help="KEY=VALUE overrides after step16x8's")
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--read", nargs="+", default=None, metavar="TRACE", help="only summarise these traces")
+    args = ap.parse_args()
+    if args.read:
+        print(json.dumps({Path(path).name: read_trace(Path(path)) for path in args.read}, indent=1))
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    from pytest_rlbench.session.gpu_watch import GpuWatch
+    from pytest_rlbench.verdict.machine_load import POWER_REASONS, throttle_names
+    from trainer.algorithms.advantages import compute_advantage
+    from trainer.config import build_config
+    from trainer.workers.train_worker import TrainWorker
+
+    cfg = build_config(STEP16X8 + list(args.config))
+    worker = TrainWorker(cfg, rank=0, world_size=1)
+    host, port = worker.address()
+    info = worker.setup(host, port)
+    prompts = cfg.data.train_batch_size
+    gen = torch.Generator().manual_seed(0)
+    vocab = len(worker.tokenizer)  # random ids among the tokenizer's: the engine embeds them as any prompt
+    prompt_ids = [torch.randint(0, vocab, (cfg.data.max_prompt_length,), generator=gen).tolist() for _ in range(prompts)]
+    t0 = time.perf_counter()
+    batch = worker.generate(prompt_ids, list(range(prompts)), [""] * prompts, seed=0)
+    gen_s = time.perf_counter() - t0
+    batch.token_level_scores = torch.zeros(batch.response_ids.shape)
+    last = batch.response_mask.sum(1).clamp(min=1) - 1
+    batch.token_level_scores[torch.arange(batch.size), last] = torch.randint(0, 2, (batch.size,), generator=gen).float()
+    batch.token_level_rewards = batch.token_level_scores
+    batch.old_log_probs = worker.compute_old_log_prob(batch)
+    batch.ref_log_probs = worker.compute_ref_log_prob(batch)
+    alg = cfg.algorithm
+    batch.advantages, batch.returns = compute_advantage(
+        alg.adv_estimator, token_level_rewards=batch.token_level_rewards, response_mask=batch.response_mask,
+        index=batch.uids.tolist(), gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+    )
+    n_mini = cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    calls = {
+        "old_log_prob": lambda: worker.compute_old_log_prob(batch),
+        "ref": lambda: worker.compute_ref_log_prob(batch),
+        "update_actor": lambda: worker.update_actor(batch, n_mini),
+    }
+    watch = GpuWatch([info["gpu_uuid"]] if info["gpu_uuid"] else [], interval_s=0.01)
+    watch.start()
+    result: dict[str, Any] = {
+        "gpu": info["device_name"], "worker": info, "config": STEP16X8 + list(args.config),
+        "rows": batch.size, "response_tokens": int(batch.response_mask.sum()), "generate_s": gen_s, "phases": {},
+    }
+    for phase in args.phases:
+        call = calls[phase]
+        call()  # warm-up: allocator and Triton caches
+        sync()
+        seconds, telemetry = [], []
+        for _ in range(args.rounds):
+            watch.mark_start()
+            start = time.perf_counter()
+            call()
+            sync()
+            seconds.append(time.perf_counter() - start)
+            watch.mark_end()
+        since = watch._marks[-args.rounds][0] if watch.available else float("inf")
+        samples = [s for s in watch._samples if since <= s.t]
+        capped = sum(1 for s in samples if POWER_REASONS & set(throttle_names(s.reasons)))
+        for r in watch.rounds(skip=len(watch._marks) - args.rounds) if watch.available else []:
+            telemetry.append({"sm_mhz": r.sm_clock_mhz, "power_w": round(r.power_w, 1), "cap_w": r.power_cap_w,
+                              "throttle": list(r.throttle)})
+        row: dict[str, Any] = {
+            "seconds": seconds, "median_s": statistics.median(seconds), "rounds": telemetry,
+            "samples": len(samples), "power_capped_fraction": capped / max(len(samples), 1),
+        }
+        if not args.no_profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])) as prof:
+                start = time.perf_counter()
+                call()
+                sync()
+                row["profiled_s"] = time.perf_counter() - start
+            trace = out / f"trace_{phase}.json"
+            prof.export_chrome_trace(str(trace))
+            with open(trace, "rb") as src, gzip.open(str(trace) + ".gz", "wb") as dst:
+                dst.write(src.read())
+            trace.unlink()
+            row["trace"] = read_trace(Path(str(trace) + ".gz"))
+        result["phases"][phase] = row
+        print(json.dumps({phase: row}, indent=1), flush=True)
+    watch.stop()
+    (out / "update_profile.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
