@@ -27,7 +27,9 @@
 #                                                      # replay shape may end in -packed (use_remove_padding)
 #                                                      # and/or -liger (use_liger), and -mlp or -mlpN (the mlp
 #                                                      # checkpointing policy, on the first N layers), e.g.
-#                                                      # replay-step-packed-liger, replay-step-uniform-liger-mlp20
+#                                                      # replay-step-packed-liger, replay-step-uniform-liger-mlp20;
+#                                                      # RL_GPUS=N runs them on N GPUs of the node, each doing
+#                                                      # the baseline's work per GPU
 #   bash benchmarks/gpu_suites.sh OUT_DIR replay7b-step  # VERL f252da3's 7B work per GPU (--rl-workload
 #                                                      # verl-7b) on the node's 4 GPUs: one step, every phase
 #                                                      # gated from inside it, save_checkpoint after it
@@ -163,7 +165,9 @@ for shape in "$@"; do
             *) break ;;
             esac
         done
+        # RL_GPUS (default 1): the GPUs of the node it runs on, each doing the baseline's work per GPU
         replay=(-q -p no:cacheprovider "${plugin[@]}" --gpu --rl-workload verl-v0.5.0-1.5b --rl-rollout fast
+                --rl-gpus-per-node "${RL_GPUS:-1}"
                 --rl-config actor_rollout_ref.rollout.free_cache_engine=True "${extra[@]}"
                 --rl-rounds 1 --rl-warmup-rounds 0 --rl-report "$out/$shape.json")
         uniform=(--rl-config actor_rollout_ref.rollout.target_lengths.distribution=constant)

@@ -234,3 +234,37 @@ def test_an_assumed_gpu_model_is_read_only_for_the_gate_it_allows() -> None:
     assert result.mode == "reference"
     # no efficiency figure of the baseline computed on a GPU model it does not state
     assert all(c.baseline is None for c in result.comparisons if c.metric.startswith(("mfu/", "bandwidth_util/")))
+
+
+def test_a_replay_on_fewer_gpus_than_the_baseline_names_its_slowest_worker_left_out() -> None:
+    result = compare(replay_record(VERL, H100, world_size=1), VERL)
+    note = [a for a in result.assumptions if a.startswith("replayed_workers:")]
+    assert len(note) == 1, result.assumptions
+    assert "the slowest of its 8 GPUs' shares" in note[0] and "the slowest of its own 1 (the first 1" in note[0]
+    # the 1.5B's draws at the trainer's seed: one GPU's share reads higher than the baseline's layout
+    mean = float(note[0].split(": about x", 1)[1].split(" ", 1)[0])
+    step0 = float(note[0].split("a one-round session's, x", 1)[1].split(")", 1)[0])
+    assert mean > 1.0 and step0 > 1.0, note[0]
+    assert "replayed_workers" in rows(result)["tokens_per_s_per_gpu/gen"].message
+
+
+def test_a_replay_on_as_many_gpus_or_at_constant_lengths_has_no_slowest_worker_left_out() -> None:
+    on_eight = compare(replay_record(VERL, H100, world_size=8), VERL)
+    assert not [a for a in on_eight.assumptions if a.startswith("replayed_workers:")], on_eight.assumptions
+    w = VERL.workload
+    shape = dataclasses.replace(w.response_length.shape, value="constant")
+    constant = dataclasses.replace(
+        VERL, workload=dataclasses.replace(w, response_length=dataclasses.replace(w.response_length, shape=shape, sigma=None))
+    )
+    from pytest_rlbench.records.replay_draws import slowest_worker_note
+
+    assert slowest_worker_note(replay_record(VERL, H100, world_size=1), constant) == []
+
+
+def test_a_tensor_parallel_rollout_is_named_without_a_factor() -> None:
+    """RLinf's 1.5B run decoded with tp 2 (4 replicas on 8 GPUs): the draw model does not cover it."""
+    from pytest_rlbench.records.replay_draws import slowest_worker_note
+
+    note = slowest_worker_note(replay_record(RLINF, H100, world_size=1), RLINF)
+    assert len(note) == 1 and "not modelled for this baseline's lengths or rollout layout" in note[0], note
+    assert "about x" not in note[0]

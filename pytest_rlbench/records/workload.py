@@ -10,12 +10,13 @@ torch (the model presets are read only when a preset is looked up).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from pytest_rlbench.records.length_shapes import CONSTANT, LOGNORMAL, NATURAL, expected_lengths
-from pytest_rlbench.records.record import ModelArch, RunRecord, TokenCounts
+from pytest_rlbench.records.record import DTYPE_BYTES, ModelArch, RunRecord, TokenCounts
 from pytest_rlbench.records.workload_format import (
     MEMORY_PLACEMENT,
     PUBLISHED,
@@ -24,7 +25,7 @@ from pytest_rlbench.records.workload_format import (
     Workload,
 )
 from pytest_rlbench.records.workload_replay import NO_TARGET, TARGET_LENGTHS
-from trainer.models.flops import DecoderArch
+from trainer.models.flops import DecoderArch, flops_params
 
 SYNTHETIC_FILE = "synthetic_math.parquet"  # in the session's temp dir when --rl-dataset is not given
 
@@ -207,6 +208,19 @@ def decode_replicas(record: RunRecord) -> tuple[int, str | None]:
         replicas,
         f"parallelism: the rollout's tensor-parallel size taken as {tp} ({replicas} decode replicas)",
     )
+
+
+def decode_weight_bytes(arch: ModelArch) -> int:
+    """Bytes of weights one decode step reads: the layers' matrices and the LM head (not the embedding)."""
+    layer_params = flops_params(arch) - 2 * arch.vocab_size * arch.hidden_size
+    return (layer_params + arch.vocab_size * arch.hidden_size) * DTYPE_BYTES[arch.dtype]
+
+
+def kv_cache_read_bytes(arch: ModelArch, prompt_lengths: Sequence[int], response_lengths: Sequence[int]) -> int:
+    """KV-cache bytes read while generating: sequence i reads p_i + t cached positions at its step t."""
+    per_position = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * DTYPE_BYTES[arch.dtype]
+    positions = sum(r * p + r * (r - 1) // 2 for p, r in zip(prompt_lengths, response_lengths, strict=True))
+    return positions * per_position
 
 
 def workload_tokens(record: RunRecord) -> TokenCounts:

@@ -347,7 +347,11 @@ def _placement_note(run: RunRecord, baseline: RunRecord) -> str:
 
 def _per_gpu_compare(run: RunRecord, baseline: RunRecord, basis: str, tolerance: float, wanted: Wanted) -> BaselineComparison:
     """The per-GPU gate: each published phase's gated figure judged, the others listed beside."""
-    assumed = tuple(hardware_assumptions(run, baseline, basis)[1] + assumptions(baseline.workload))
+    from pytest_rlbench.records.replay_draws import slowest_worker_note  # draws lengths with torch: only here
+
+    assumed = tuple(
+        hardware_assumptions(run, baseline, basis)[1] + assumptions(baseline.workload) + slowest_worker_note(run, baseline)
+    )
     names = ", ".join(dict.fromkeys(line.split(" ", 1)[0].rstrip(":") for line in assumed))
     note = f"; rests on {len(assumed)} assumed value(s): {names}" if assumed else ""
     note += _placement_note(run, baseline)

@@ -44,7 +44,6 @@ from pytest_rlbench.records.metrics import (
     family_of,
 )
 from pytest_rlbench.records.record import (
-    DTYPE_BYTES,
     Hardware,
     ModelArch,
     PhaseRecord,
@@ -52,9 +51,9 @@ from pytest_rlbench.records.record import (
     RunRecord,
     TokenCounts,
 )
-from pytest_rlbench.records.workload import workload_tokens
+from pytest_rlbench.records.workload import decode_weight_bytes, kv_cache_read_bytes, workload_tokens
 from pytest_rlbench.verdict.peaks import peak_bf16_flops, peak_memory_bandwidth
-from trainer.models.flops import flops_params, train_flops
+from trainer.models.flops import train_flops
 from trainer.phases import PHASE_KEYS
 
 # Passes over the batch, in units of a training step (forward + backward = 3 forward passes).
@@ -91,22 +90,6 @@ class Known:
 
 
 # --- The formulas, on plain numbers. ----------------------------------------------------------------
-
-
-def _layer_params(arch: ModelArch) -> int:
-    return flops_params(arch) - 2 * arch.vocab_size * arch.hidden_size
-
-
-def decode_weight_bytes(arch: ModelArch) -> int:
-    """Bytes of weights one decode step reads: the layers' matrices and the LM head (not the embedding)."""
-    return (_layer_params(arch) + arch.vocab_size * arch.hidden_size) * DTYPE_BYTES[arch.dtype]
-
-
-def kv_cache_read_bytes(arch: ModelArch, prompt_lengths: Sequence[int], response_lengths: Sequence[int]) -> int:
-    """KV-cache bytes read while generating: sequence i reads p_i + t cached positions at its step t."""
-    per_position = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * DTYPE_BYTES[arch.dtype]
-    positions = sum(r * p + r * (r - 1) // 2 for p, r in zip(prompt_lengths, response_lengths, strict=True))
-    return positions * per_position
 
 
 def tokens_per_s_per_gpu(tokens: float, seconds: float, devices: int) -> float:

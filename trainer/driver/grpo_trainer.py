@@ -36,6 +36,7 @@ from trainer.driver.step_figures import BatchTokens, batch_metrics, batch_tokens
 from trainer.driver.tracking import Tracking
 from trainer.driver.worker_group import WorkerGroup
 from trainer.models.presets import load_tokenizer, model_spec
+from trainer.rollout.requests import rollout_seed
 from trainer.timing import PhaseTimer
 from trainer.work_counts import WorkCounts, count_work
 
@@ -165,7 +166,7 @@ class GRPOTrainer:
 
     def _rollout_seed(self) -> int:
         """One seed per step for every worker: the static engine keys each row's noise by its uid."""
-        return (self.cfg.trainer.seed * 1_000_003 + self.global_step * 1_009) % (2**31 - 1)
+        return rollout_seed(self.cfg.trainer.seed, self.global_step)
 
     def compute_reward(self, batch: Batch) -> Batch:
         """Rule-based math reward on the decoded responses, as token-level scores on the last token."""

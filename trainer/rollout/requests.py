@@ -120,3 +120,9 @@ class RowsRequest:
     def nonfinite(self, engine: str, step: int, rows: Sequence[int]) -> NonFiniteLogitsError:
         """The error for non-finite logits at ``step`` in these micro-batch ``rows``."""
         return NonFiniteLogitsError(engine, step, [r + self.row_offset for r in rows], self.micro_batch, self.n)
+
+
+def rollout_seed(trainer_seed: int, global_step: int) -> int:
+    """The generation seed of step ``global_step``, every worker's: a row's sampling noise and target
+    length depend on (this seed, the row's key) alone, wherever the row runs."""
+    return (trainer_seed * 1_000_003 + global_step * 1_009) % (2**31 - 1)

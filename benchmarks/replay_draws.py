@@ -1,0 +1,92 @@
+"""What a replay on fewer GPUs than its baseline leaves out: each baseline worker's draw of target
+lengths, and the slowest one, which set the baseline's phase time (issue 31). CPU only, seconds.
+
+    python benchmarks/replay_draws.py [--workload verl-v0.5.0-1.5b] [--gpus 1 2 4] [--steps 0 1 2]
+                                      [--gpu "H100 SXM"] [--seed 1] [--json OUT.json]
+
+A baseline's generation on its M GPUs lasts as long as its slowest worker's, and its per-GPU
+throughput is all tokens / (M x that time). ``--rl-workload`` gives each of N local GPUs the rows of
+one baseline worker: the rows' target lengths depend only on (the step's rollout seed, the row's
+key u * n + j over the global prompt index u; trainer/rollout/target_lengths.py), so local worker w
+draws exactly what baseline worker w would, and a replay on N < M GPUs leaves workers N..M-1 out.
+Their draws differ, and the replay waits only for the slowest of its own.
+
+For each step this prints every baseline worker's draw and decode bound at the GPU's peak bandwidth,
+then, for each N, the factor by which the replay's per-GPU throughput at the same pace would exceed
+the one the same engine shows doing the baseline's whole step (pytest_rlbench/records/replay_draws.py,
+whose average a per-GPU gate names among its assumptions). A factor above 1 flatters the replay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+from pytest_rlbench.records.baselines import load_baseline
+from pytest_rlbench.records.replay_draws import ReplayLayouts, flattery
+from pytest_rlbench.records.workload import decode_replicas
+from pytest_rlbench.verdict.peaks import peak_memory_bandwidth
+from trainer.config.schema import TrainerSection
+from trainer.rollout.requests import rollout_seed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", default="verl-v0.5.0-1.5b")
+    ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--steps", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--gpu", default="H100 SXM",
+                    help="the GPU whose peak bandwidth the bounds' seconds use (the factors do not depend on it)")
+    ap.add_argument("--seed", type=int, default=None, help="trainer.seed (default: the trainer's)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    baseline = load_baseline(args.workload)
+    workers = baseline.hardware.world_size
+    if any(n < 1 or n > workers for n in args.gpus):
+        ap.error(f"--gpus: each must be 1..{workers}, the baseline's GPU count")
+    layouts = ReplayLayouts.of(baseline)
+    spec = layouts.spec
+    if spec.get("actor_rollout_ref.rollout.target_lengths.distribution", "none") == "none":
+        ap.error(f"--workload {args.workload}: its responses have no drawn target lengths to compare")
+    if decode_replicas(baseline)[0] < workers:
+        print(f"note: {args.workload}'s rollout decoded with tensor parallelism ({decode_replicas(baseline)[0]} "
+              f"replicas on {workers} GPUs); the factors below treat each GPU as decoding its own share")
+    gpu = args.gpu
+    bandwidth = peak_memory_bandwidth(gpu)
+    if bandwidth is None:
+        ap.error(f"--gpu {gpu!r}: no peak memory bandwidth tabled for it (pytest_rlbench/verdict/peaks.py)")
+    trainer_seed = TrainerSection().seed if args.seed is None else args.seed
+    n = spec["actor_rollout_ref.rollout.n"]
+    print(f"{args.workload}: {layouts.gpus} GPUs' shares of {layouts.prompts_per_gpu * n} rows each; bounds on one "
+          f"{gpu} ({bandwidth / 1e12:.2f} TB/s); trainer.seed {trainer_seed}")
+    result = {"workload": args.workload, "gpu": gpu, "trainer_seed": trainer_seed, "steps": []}
+    factors: dict[int, list[float]] = {g: [] for g in args.gpus}
+    for step in args.steps:
+        seed = rollout_seed(trainer_seed, step)
+        base = layouts.step(baseline.model, 1, seed, bandwidth)[1]
+        slowest = max(base, key=lambda d: d.bound_s)
+        print(f"\nstep {step}: GPU | tokens | rows at the cap | longest | decode bound (s)")
+        for d in base:
+            mark = "  <- slowest" if d is slowest else ""
+            print(f"  {d.worker:2d} | {d.tokens:,} | {d.rows_at_cap} | {d.longest:,} | {d.bound_s:.1f}{mark}")
+        row = {"step": step, "shares": [asdict(d) for d in base], "flattery": {}}
+        for g in args.gpus:
+            run = layouts.step(baseline.model, g, seed, bandwidth)[0]
+            f = flattery(run, base)
+            factors[g].append(f)
+            row["flattery"][g] = f
+            print(f"  a replay on {g} GPU(s): slowest bound {max(d.bound_s for d in run):.1f} s, the baseline's "
+                  f"{slowest.bound_s:.1f} s; its per-GPU throughput flattered x{f:.3f}")
+        result["steps"].append(row)
+    print("\nflattery over the steps (mean, min-max):")
+    for n, fs in factors.items():
+        print(f"  {n} GPU(s): x{statistics.fmean(fs):.3f} ({min(fs):.3f}-{max(fs):.3f})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""pytest_rlbench/records/replay_draws.py (and benchmarks/replay_draws.py over it): each baseline worker's draw of target lengths, its decode bound, and
+how much a replay on fewer GPUs flatters its per-GPU throughput."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_rlbench.records.baselines import load_baseline
+from pytest_rlbench.records.replay_draws import (
+    ReplayLayouts,
+    WorkerDraw,
+    decode_bound_s,
+    flattery,
+    flattery_over_steps,
+    group_targets,
+)
+from pytest_rlbench.records.workload import decode_weight_bytes
+from trainer.rollout.requests import rollout_seed
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MEASURED = ROOT / "docs/benchmarks/2026-11-27/replay_gpus_h200"
+
+
+def _generated_tokens(report: Path) -> int:
+    """Response tokens a recorded replay-gen generated: its gen throughput x seconds x GPUs."""
+    d = json.loads(report.read_text())
+    gen = d["phases"]["gen"]
+    per_gpu = gen["figures"]["tokens_per_s_per_gpu"]["value"]
+    return round(per_gpu * gen["seconds"]["samples"][0] * d["run"]["hardware"]["world_size"])
+
+
+def test_the_draws_are_the_tokens_the_gpu_replays_generated() -> None:
+    """Worker w's draw is what local worker w of a replay on GPUs generated (two H200s and one)."""
+    layouts = ReplayLayouts.of(load_baseline("verl-v0.5.0-1.5b"))
+    seed = rollout_seed(1, 0)  # the trainer's seed; one round, no warm-up: step 0
+    per_gpu = layouts.prompts_per_gpu
+    w0, w1 = (sum(group_targets(layouts.spec, w * per_gpu, per_gpu, seed)) for w in (0, 1))
+    assert _generated_tokens(MEASURED / "replay-gen_gpus1_h200.json") == w0
+    assert _generated_tokens(MEASURED / "replay-gen_gpus2_h200.json") == w0 + w1
+
+
+def test_the_decode_bound_reads_the_weights_per_step_and_each_rows_kv() -> None:
+    arch = load_baseline("verl-v0.5.0-1.5b").model
+    per_position = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 2  # K and V, bf16
+    # rows of 2 and 4 tokens after a 3-token prompt read 3+4 and 3+4+5+6 cached positions
+    expected = 4 * decode_weight_bytes(arch) + (7 + 18) * per_position
+    assert decode_bound_s(arch, 3, [2, 4], 2.0) == pytest.approx(expected / 2.0)
+
+
+def test_flattery_is_one_with_every_worker_or_equal_draws_and_above_one_without_the_slowest() -> None:
+    equal = [WorkerDraw(w, 100, 0, 50, 10.0) for w in range(4)]
+    assert flattery(equal[:1], equal) == pytest.approx(1.0)
+    mixed = [WorkerDraw(0, 100, 0, 50, 10.0), WorkerDraw(1, 120, 1, 60, 12.5)]
+    assert flattery(mixed, mixed) == pytest.approx(1.0)
+    # alone, worker 0 does 100 tokens in 10 s; both together 110 a GPU in the slower's 12.5 s
+    assert flattery(mixed[:1], mixed) == pytest.approx((100 / 10.0) / (110 / 12.5))
+
+
+def test_the_replay_draws_the_first_of_the_baselines_gpu_shares() -> None:
+    """VERL's 7B run: 64 GPUs of 32 rows; a replay on 4 GPUs draws the first 4 shares."""
+    layouts = ReplayLayouts.of(load_baseline("verl-7b"))
+    n = layouts.spec["actor_rollout_ref.rollout.n"]
+    assert (layouts.gpus, layouts.prompts_per_gpu * n) == (64, 32)
+    run, base = layouts.step(load_baseline("verl-7b").model, 4, rollout_seed(1, 0))
+    assert len(base) == 64 and run == base[:4]
+    assert run[1].tokens == sum(group_targets(layouts.spec, layouts.prompts_per_gpu, layouts.prompts_per_gpu, rollout_seed(1, 0)))
+
+
+def test_the_measured_four_gpu_throughput_is_what_the_draws_predict() -> None:
+    """One H200 and four H200s (two hosts) replaying gen: the four-GPU run's per-GPU throughput over
+    the one-GPU run's, against flattery(4 GPUs) / flattery(1 GPU) of step 0's draws (within 3%)."""
+    verl = load_baseline("verl-v0.5.0-1.5b")
+    one, four = (json.loads((MEASURED / f"replay-gen_gpus{n}_h200.json").read_text()) for n in (1, 4))
+    measured = four["phases"]["gen"]["figures"]["tokens_per_s_per_gpu"]["value"] / (
+        one["phases"]["gen"]["figures"]["tokens_per_s_per_gpu"]["value"]
+    )
+    (f1,), (f4,) = (flattery_over_steps(verl, n, 1, steps=[0]) for n in (1, 4))
+    assert measured == pytest.approx(f4 / f1, rel=0.03), (measured, f4 / f1)
