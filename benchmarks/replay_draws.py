@@ -66,7 +66,7 @@ def main() -> None:
     factors: dict[int, list[float]] = {g: [] for g in args.gpus}
     for step in args.steps:
         seed = rollout_seed(trainer_seed, step)
-        base = layouts.step(baseline.model, 1, seed, bandwidth)[1]
+        base = layouts.shares(baseline.model, seed, bandwidth)
         slowest = max(base, key=lambda d: d.bound_s)
         print(f"\nstep {step}: GPU | tokens | rows at the cap | longest | decode bound (s)")
         for d in base:
@@ -74,7 +74,7 @@ def main() -> None:
             print(f"  {d.worker:2d} | {d.tokens:,} | {d.rows_at_cap} | {d.longest:,} | {d.bound_s:.1f}{mark}")
         row = {"step": step, "shares": [asdict(d) for d in base], "flattery": {}}
         for g in args.gpus:
-            run = layouts.step(baseline.model, g, seed, bandwidth)[0]
+            run = base[:g]
             f = flattery(run, base)
             factors[g].append(f)
             row["flattery"][g] = f

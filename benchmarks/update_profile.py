@@ -122,6 +122,12 @@ def outermost_op(tops: dict[int, tuple[list[dict], list[float]]], tid: int, at: 
     return "(between ops: Python)"
 
 
+def _largest_seconds(pauses: dict[str, list[float]], most: int = 20) -> dict[str, float]:
+    """The ``most`` names with the longest pauses in all, in seconds, longest first."""
+    totals = sorted(((name, sum(us) / 1e6) for name, us in pauses.items()), key=lambda kv: -kv[1])
+    return dict(totals[:most])
+
+
 def read_trace(path: Path) -> dict[str, Any]:
     """The trace's summary (a chrome trace, gzip or not): GPU busy time against the wall, the pauses
     filed by cause."""
@@ -137,9 +143,12 @@ def read_trace(path: Path) -> dict[str, Any]:
         return {"kernels": 0}
     busy, gaps = busy_and_gaps(intervals)
     begin = min(e["ts"] for e in cpu_ops) if cpu_ops else intervals[0][0]
-    wall = max(intervals[-1][1], max((e["ts"] + e.get("dur", 0.0) for e in cpu_ops), default=0.0)) - begin
-    syncs = [e for e in runtime if e["name"] in SYNC_NAMES or (e["name"].startswith("cudaMemcpy") and e.get("dur", 0) > 20)]
-    sync_ends = sorted(e["ts"] + e.get("dur", 0.0) for e in syncs)
+    gpu_end = max(i[1] for i in intervals)
+    wall = max(gpu_end, max((e["ts"] + e.get("dur", 0.0) for e in cpu_ops), default=0.0)) - begin
+    sync_calls = [e for e in runtime if e["name"] in SYNC_NAMES]
+    # the host's waits on the GPU: the sync calls, and copies long enough to have blocked
+    waits = sync_calls + [e for e in runtime if e["name"].startswith("cudaMemcpy") and e.get("dur", 0) > 20]
+    wait_ends = sorted(e["ts"] + e.get("dur", 0.0) for e in waits)
     by_op: dict[str, list[float]] = defaultdict(list)
     by_top: dict[str, list[float]] = defaultdict(list)
     tops = top_level_ops(cpu_ops)
@@ -150,15 +159,14 @@ def read_trace(path: Path) -> dict[str, Any]:
         launch = launch_of.get(corr)
         at = launch["ts"] if launch else start + length
         name = innermost_op(cpu_ops, starts, launch["tid"], at) if launch else "(no launch found)"
-        i = bisect.bisect_right(sync_ends, at)
-        waited = i > 0 and sync_ends[i - 1] >= start - 1.0  # the host came back from a wait inside this pause
+        i = bisect.bisect_right(wait_ends, at)
+        waited = i > 0 and wait_ends[i - 1] >= start - 1.0  # the host came back from a wait inside this pause
         if waited:
             after_sync += length
         by_op[name].append(length)
         by_top[outermost_op(tops, launch["tid"], at) if launch else "(no launch found)"].append(length)
         top.append((length, name, waited))
     top.sort(reverse=True)
-    sync_calls = [e for e in runtime if e["name"] in SYNC_NAMES]
     syncs_by_op: dict[str, int] = defaultdict(int)
     for e in sync_calls:
         syncs_by_op[outermost_op(tops, e["tid"], e["ts"])] += 1
@@ -178,7 +186,7 @@ def read_trace(path: Path) -> dict[str, Any]:
         ),
         # the GPU idle between the call's first host op and its first work, and after its last work
         "idle_at_the_ends_s": max(0.0, intervals[0][0] - begin) / 1e6
-        + max(0.0, wall - (max(i[1] for i in intervals) - begin)) / 1e6,
+        + max(0.0, wall - (gpu_end - begin)) / 1e6,
         "gaps": len(gaps),
         "gap_s": sum(g[1] for g in gaps) / 1e6,
         "gap_after_a_sync_s": after_sync / 1e6,
@@ -186,12 +194,8 @@ def read_trace(path: Path) -> dict[str, Any]:
             label: [sum(1 for g in gaps if lo <= g[1] < hi), sum(g[1] for g in gaps if lo <= g[1] < hi) / 1e6]
             for label, (lo, hi) in sizes.items()
         },
-        "gap_s_by_launching_op": dict(
-            sorted(((k, sum(v) / 1e6) for k, v in by_op.items()), key=lambda kv: -kv[1])[:20]
-        ),
-        "gap_s_by_outermost_op": dict(
-            sorted(((k, sum(v) / 1e6) for k, v in by_top.items()), key=lambda kv: -kv[1])[:20]
-        ),
+        "gap_s_by_launching_op": _largest_seconds(by_op),
+        "gap_s_by_outermost_op": _largest_seconds(by_top),
         "longest_gaps": [{"us": round(n, 1), "launched_in": op, "after_sync": w} for n, op, w in top[:15]],
     }
 

@@ -65,9 +65,11 @@ def test_the_replay_draws_the_first_of_the_baselines_gpu_shares() -> None:
     layouts = ReplayLayouts.of(load_baseline("verl-7b"))
     n = layouts.spec["actor_rollout_ref.rollout.n"]
     assert (layouts.gpus, layouts.prompts_per_gpu * n) == (64, 32)
-    run, base = layouts.step(load_baseline("verl-7b").model, 4, rollout_seed(1, 0))
-    assert len(base) == 64 and run == base[:4]
-    assert run[1].tokens == sum(group_targets(layouts.spec, layouts.prompts_per_gpu, layouts.prompts_per_gpu, rollout_seed(1, 0)))
+    verl7b = load_baseline("verl-7b")
+    base = layouts.shares(verl7b.model, rollout_seed(1, 0))
+    assert len(base) == 64
+    assert flattery_over_steps(verl7b, 4, 1, steps=[0]) == [pytest.approx(flattery(base[:4], base))]
+    assert base[1].tokens == sum(group_targets(layouts.spec, layouts.prompts_per_gpu, layouts.prompts_per_gpu, rollout_seed(1, 0)))
 
 
 def test_the_measured_four_gpu_throughput_is_what_the_draws_predict() -> None:

@@ -45,12 +45,6 @@ class WorkerDraw:
     bound_s: float  # at the bandwidth asked for (1 byte/s by default: only ratios are read)
 
 
-def replay_spec(baseline: RunRecord) -> dict:
-    """The settings a replay of ``baseline`` on its own number of GPUs runs with, by config key (its
-    train_batch_size is then the baseline's prompts per step)."""
-    return {s.key: s.value for s in workload_overrides(baseline, baseline.hardware.world_size)}
-
-
 def group_targets(spec: dict, first_prompt: int, prompts: int, seed: int) -> list[int]:
     """The target lengths, at the step of ``seed``, of the rows of ``prompts`` prompts from global
     prompt ``first_prompt`` on: a worker's share, as the driver splits a step's prompts (even_split)."""
@@ -83,14 +77,13 @@ def draws(
 
 
 def pace(ds: list[WorkerDraw]) -> float:
-    """Tokens per worker over the slowest worker's bound. With a rollout tensor-parallel over k GPUs a
-    worker's tokens and time both divide by k, so per GPU it is the same figure."""
+    """Tokens per GPU over the slowest GPU's bound."""
     return statistics.fmean(d.tokens for d in ds) / max(d.bound_s for d in ds)
 
 
 def flattery(run_draws: list[WorkerDraw], baseline_draws: list[WorkerDraw]) -> float:
     """How much better the replay's per-GPU throughput reads than the baseline's layout would give at
-    the same pace: pace(the replay's workers) / pace(the baseline's decode replicas)."""
+    the same pace: pace(the replay's GPUs' shares) / pace(all the baseline's GPUs' shares)."""
     return pace(run_draws) / pace(baseline_draws)
 
 
@@ -105,21 +98,25 @@ class ReplayLayouts:
 
     @classmethod
     def of(cls, baseline: RunRecord) -> ReplayLayouts:
-        spec = replay_spec(baseline)
+        """The split of a replay of ``baseline`` on its own number of GPUs (its train_batch_size is then
+        the baseline's prompts per step)."""
         gpus = baseline.hardware.world_size
+        spec = {s.key: s.value for s in workload_overrides(baseline, gpus)}
         return cls(spec, gpus, spec["data.train_batch_size"] // gpus)
 
-    def step(self, arch: ModelArch, local_gpus: int, seed: int, bandwidth: float = 1.0) -> tuple[list[WorkerDraw], list[WorkerDraw]]:
-        """(the replay's GPUs' draws on ``local_gpus`` GPUs, the baseline's GPUs' draws): the first are
-        the first ``local_gpus`` of the second."""
-        base = draws(self.spec, arch, self.prompts_per_gpu, self.gpus, seed, bandwidth)
-        return base[:local_gpus], base
+    def shares(self, arch: ModelArch, seed: int, bandwidth: float = 1.0) -> list[WorkerDraw]:
+        """Every baseline GPU's share at the step of ``seed``; a replay on N GPUs decodes the first N."""
+        return draws(self.spec, arch, self.prompts_per_gpu, self.gpus, seed, bandwidth)
 
 
 def flattery_over_steps(baseline: RunRecord, local_gpus: int, trainer_seed: int, steps: Iterable[int] = STEPS) -> list[float]:
-    """``flattery`` at each step's rollout seed."""
+    """``flattery`` of a replay on ``local_gpus`` GPUs at each step's rollout seed."""
     layouts = ReplayLayouts.of(baseline)
-    return [flattery(*layouts.step(baseline.model, local_gpus, rollout_seed(trainer_seed, s))) for s in steps]
+    factors = []
+    for step in steps:
+        shares = layouts.shares(baseline.model, rollout_seed(trainer_seed, step))
+        factors.append(flattery(shares[:local_gpus], shares))
+    return factors
 
 
 _FACTORS: dict[tuple[str, int, int], list[float]] = {}  # (baseline, GPUs, seed) -> factors: once per session
