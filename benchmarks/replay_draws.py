@@ -5,16 +5,16 @@ lengths, and the slowest one, which set the baseline's phase time (issue 31). CP
                                       [--gpu "H100 SXM"] [--seed 1] [--json OUT.json]
 
 A baseline's generation on its M GPUs lasts as long as its slowest worker's, and its per-GPU
-throughput is all tokens / (M x that time). ``--rl-workload`` gives each of N local GPUs the rows of
-one baseline worker: the rows' target lengths depend only on (the step's rollout seed, the row's
-key u * n + j over the global prompt index u; trainer/rollout/target_lengths.py), so local worker w
-draws exactly what baseline worker w would, and a replay on N < M GPUs leaves workers N..M-1 out.
-Their draws differ, and the replay waits only for the slowest of its own.
+throughput is all tokens / (M x that time). The rows' target lengths depend only on (the step's rollout
+seed, the row's key u * n + j over the prompt uid u; trainer/rollout/target_lengths.py), so every
+baseline worker's share can be drawn again here.
 
 For each step this prints every baseline worker's draw and decode bound at the GPU's peak bandwidth,
-then, for each N, the factor by which the replay's per-GPU throughput at the same pace would exceed
-the one the same engine shows doing the baseline's whole step (pytest_rlbench/records/replay_draws.py,
-whose average a per-GPU gate names among its assumptions). A factor above 1 flatters the replay.
+then, for each N, the factor by which a replay of shares 0 .. N-1 (target_lengths.slowest_of=0) would
+read too high at the same pace, against the same engine doing the baseline's whole step. A factor
+above 1 flatters the replay. ``--rl-workload`` instead generates the N slowest shares
+(trainer/rollout/replay_shares.py), and the per-GPU gate compares seconds for those rows
+(pytest_rlbench/records/replay_draws.py).
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """Run records of replays of a stored baseline, built the way a session builds them: the baseline's
 workload applied to a trainer config (``workload_overrides``), the run's workload read back from that
 config (``run_workload``), and phase times scaled from the baseline's.
-
-The per-row target-length keys and ``data.synthetic_prompt_length`` are set as plain attributes: the
-branch that adds them to the config schema is not merged here, and ``run_workload`` reads them with
-defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 from pytest_rlbench.records.record import Hardware, PhaseRecord, Provenance, RunRecord
 from pytest_rlbench.records.workload import run_workload, workload_tokens
-from pytest_rlbench.records.workload_replay import TARGET_LENGTHS, workload_overrides
+from pytest_rlbench.records.workload_replay import workload_overrides
 from pytest_rlbench.session.bench import describe_config
-from trainer.config import Config, Override, apply_override, known_keys
+from trainer.config import Config, Override, apply_override
 
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
@@ -25,18 +20,8 @@ H200 = "NVIDIA H200"
 def replay_config(baseline: RunRecord, world_size: int) -> Config:
     """A default trainer config with the baseline's workload applied for ``world_size`` GPUs."""
     cfg = Config()
-    target = SimpleNamespace(distribution="none", mean=0.0, sigma=1.0)
-    cfg.actor_rollout_ref.rollout.target_lengths = target
-    cfg.data.synthetic_prompt_length = None
-    keys = set(known_keys())
     for setting in workload_overrides(baseline, world_size):
-        if setting.key in keys:
-            apply_override(cfg, Override(setting.key, setting.value, setting.why))
-        elif setting.key.startswith(TARGET_LENGTHS + "."):
-            setattr(target, setting.key.rsplit(".", 1)[1], setting.value)
-        else:
-            assert setting.key == "data.synthetic_prompt_length", setting.key
-            cfg.data.synthetic_prompt_length = setting.value
+        apply_override(cfg, Override(setting.key, setting.value, setting.why))
     return cfg
 
 

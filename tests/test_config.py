@@ -223,6 +223,17 @@ def test_target_length_distributions_come_from_their_registry(request: pytest.Fi
         ([f"{TARGETS}.distribution=lognormal"], r"mean must be in \(0, .* got 0.0"),
         ([f"{TARGETS}.sigma=-0.1"], r"sigma must be >= 0, got -0.1"),
         (["data.synthetic_prompt_length=-1"], r"data.synthetic_prompt_length must be >= 0"),
+        ([f"{TARGETS}.slowest_of=4"], r"slowest_of=4 needs drawn lengths: set .*distribution to a distribution"),
+        ([f"{TARGETS}.slowest_of=-1"], r"slowest_of must be >= 0 \(0: off\), got -1"),
+        (
+            [f"{TARGETS}.distribution=constant", f"{TARGETS}.mean=8", f"{TARGETS}.slowest_of=1"],
+            r"slowest_of=1 \(the GPUs of the run replayed; 0: off\) must exceed this run's 1 worker\(s\)",
+        ),
+        (
+            [f"{TARGETS}.distribution=constant", f"{TARGETS}.mean=8", f"{TARGETS}.slowest_of=8", "trainer.n_gpus_per_node=2",
+             "data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3"],
+            r"slowest_of=8 needs data.train_batch_size \(3\) to be a multiple of the 2 worker\(s\)",
+        ),
     ],
 )
 def test_target_lengths_and_prompt_length_are_checked_at_start_up(overrides, message):

@@ -53,3 +53,25 @@ def test_replayed_lengths_reach_every_worker_and_do_not_depend_on_the_split(loca
     assert prompts == [PROMPT] * (8 * N)
     two, _, _ = rollout_lengths(2, tmp_path)
     assert two == one
+
+
+def test_slowest_of_generates_the_slowest_shares_of_the_run_replayed(local_ray, tmp_path):
+    """8 prompts on one worker as one of 4 GPUs' shares (a step of 32 prompts): the worker generates the
+    share with the most to read, with that share's uids, and the whole step trains on it."""
+    from trainer.rollout.replay_shares import share_targets, slowest_shares
+
+    cfg = build_config([*REPLAY, "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.target_lengths.slowest_of=4"])
+    trainer = build_trainer(cfg, tmp_path)
+    try:
+        prompts = next(trainer.loader)
+        seed, spec = trainer._rollout_seed(), cfg.actor_rollout_ref.rollout.target_lengths
+        chosen = slowest_shares(trainer.spec.arch, spec, N, 8, 1, PROMPT, seed, CAP)
+        assert chosen != [0], "the test's seed should pick another share than the first"
+        batch = trainer.generate_sequences(prompts)
+        lengths = batch.response_mask.sum(dim=1).tolist()
+        assert lengths == share_targets(spec, N, chosen[0] * 8, 8, seed, CAP)
+        assert sorted(set(batch.uids.tolist())) == list(range(chosen[0] * 8, chosen[0] * 8 + 8))
+        result = trainer.train_step(next(trainer.loader))  # uids group the advantages: the step runs
+        assert result.metrics and all(v == v for v in result.flat().values())
+    finally:
+        trainer.shutdown()

@@ -13,6 +13,7 @@ from pytest_rlbench.records.record import record_from_dict, record_to_dict
 from pytest_rlbench.reports.json_report import build_report
 from pytest_rlbench.reports.terminal import terminal_lines
 from pytest_rlbench.verdict.compare import compare
+from pytest_rlbench.verdict.derived import derive
 from pytest_rlbench.verdict.gate_basis import EFFICIENCY, PER_GPU, SAME_MACHINE, gpu_family
 
 VERL = load_baseline("verl-v0.5.0-1.5b")
@@ -236,16 +237,67 @@ def test_an_assumed_gpu_model_is_read_only_for_the_gate_it_allows() -> None:
     assert all(c.baseline is None for c in result.comparisons if c.metric.startswith(("mfu/", "bandwidth_util/")))
 
 
-def test_a_replay_on_fewer_gpus_than_the_baseline_names_its_slowest_worker_left_out() -> None:
-    result = compare(replay_record(VERL, H100, world_size=1), VERL)
+def without_slowest_shares(run):
+    """The run as one that generated shares 0 .. W-1 (target_lengths.slowest_of 0, as before it existed)."""
+    settings = {k: v for k, v in run.config.settings.items() if k != "slowest_of"}
+    return dataclasses.replace(run, config=dataclasses.replace(run.config, settings=settings))
+
+
+def with_step0_slowest_share(run):
+    """The run's tokens as its first step's rows: the slowest of VERL's 8 shares at step 0."""
+    from pytest_rlbench.records.replay_draws import ReplayLayouts, group_targets
+    from trainer.rollout.requests import rollout_seed
+
+    layouts, seed = ReplayLayouts.of(VERL), rollout_seed(1, 0)
+    slowest = max(layouts.shares(VERL.model, seed), key=lambda d: d.bound_s)
+    lengths = group_targets(layouts.spec, slowest.worker * layouts.prompts_per_gpu, layouts.prompts_per_gpu, seed)
+    prompt = layouts.spec["data.synthetic_prompt_length"]
+    tokens = dataclasses.replace(
+        run.tokens, prompt_lengths=[prompt] * len(lengths), response_lengths=lengths, response_tokens=sum(lengths),
+        prompt_tokens=prompt * len(lengths), response_length_mean=sum(lengths) / len(lengths), decode_steps=max(lengths),
+    )
+    return dataclasses.replace(run, tokens=tokens)
+
+
+def test_a_replay_of_the_slowest_share_compares_the_seconds_of_the_baseline_slowest_gpu() -> None:
+    """A one-GPU replay of the 8-GPU run generates its slowest share: the baseline's gen and step are read
+    over the run's own rows (its seconds for them), its training phases per token."""
+    run = with_step0_slowest_share(replay_record(VERL, H100, world_size=1, speedup=1.25))
+    assert run.config.settings["slowest_of"] == 8
+    result = compare(run, VERL)
+    assert (result.mode, result.basis) == ("gate", PER_GPU), result.mismatches
+    judged, published = gated(result), derive(VERL)
+    for phase in ("gen", "step"):
+        row = judged[f"tokens_per_s_per_gpu/{phase}"]
+        assert row.ratio == pytest.approx(1.25, rel=1e-9), (phase, row.message)
+        # over the slowest share's tokens: more than the 8 GPUs' mean, at the baseline's seconds
+        assert row.baseline > published[f"tokens_per_s_per_gpu/{phase}"].value, phase
+    for phase in ("old_log_prob", "update_actor"):  # per token, at the baseline's own figure
+        metric = f"tokens_per_s_per_gpu/{phase}"
+        assert judged[metric].baseline == pytest.approx(published[metric].value, rel=1e-12), phase
     note = [a for a in result.assumptions if a.startswith("replayed_workers:")]
     assert len(note) == 1, result.assumptions
-    assert "the slowest of its 8 GPUs' shares" in note[0] and "the slowest of its own 1 (the first 1" in note[0]
-    # the 1.5B's draws at the trainer's seed: one GPU's share reads higher than the baseline's layout
-    mean = float(note[0].split(": about x", 1)[1].split(" ", 1)[0])
-    step0 = float(note[0].split("a one-round session's, x", 1)[1].split(")", 1)[0])
-    assert mean > 1.0 and step0 > 1.0, note[0]
-    assert "replayed_workers" in rows(result)["tokens_per_s_per_gpu/gen"].message
+    assert "generated the 1 slowest of the baseline's 8 GPUs' shares" in note[0]
+    assert "gen, generate_sequences, step figures are read over this run's rows" in note[0]
+    ratio = float(note[0].split("holding x", 1)[1].split(" ", 1)[0])
+    assert 1.0 < ratio < 1.2, note[0]  # the slowest share holds more tokens than the mean
+    assert "replayed_workers" in judged["tokens_per_s_per_gpu/gen"].message
+
+
+def test_a_slower_replay_of_the_slowest_share_fails_on_seconds() -> None:
+    result = compare(with_step0_slowest_share(replay_record(VERL, H100, world_size=1, speedup=0.8)), VERL)
+    gen = gated(result)["tokens_per_s_per_gpu/gen"]
+    assert (gen.verdict, gen.ratio) == ("fail", pytest.approx(0.8, rel=1e-9)), gen.message
+
+
+def test_a_replay_of_the_first_shares_is_no_gate() -> None:
+    """Shares 0 .. W-1 wait only for the slowest of their own: less than the baseline's step did."""
+    result = compare(without_slowest_shares(replay_record(VERL, H100, world_size=1)), VERL)
+    assert result.mode == "reference", result.basis
+    assert any(
+        "waited for the slowest of its 8 GPUs' shares; this run generated the first 1 of them" in m
+        and "slowest_of=8" in m for m in result.mismatches
+    ), result.mismatches
 
 
 def test_a_replay_on_as_many_gpus_or_at_constant_lengths_has_no_slowest_worker_left_out() -> None:

@@ -1,37 +1,41 @@
-"""What a replay on fewer GPUs than its baseline leaves out: the slowest of the baseline's workers.
+"""A replay on fewer GPUs than its baseline: which of the baseline's GPUs' shares it does, and how the
+per-GPU gate reads it.
 
-A baseline's generation on its M GPUs lasts as long as its slowest worker's, and its per-GPU
-throughput is all tokens / (M x that time). ``--rl-workload`` gives each of N local GPUs the rows of
-one baseline worker: a row's target length depends only on (the step's rollout seed, the row's key
-u * n + j over the global prompt index u; trainer/rollout/target_lengths.py), so local worker w
-draws exactly what baseline worker w would, and a replay on N < M GPUs leaves workers N..M-1 out.
-Their draws differ, and the replay waits only for the slowest of its own.
+A baseline's generation on its M GPUs lasts as long as its slowest GPU's share, and its per-GPU
+throughput is all tokens / (M x that time). A row's target length depends only on (the step's rollout
+seed, the row's key u * n + j over the prompt uid u; trainer/rollout/target_lengths.py), so the
+baseline's whole step can be drawn again: share s holds the prompts of uids s P .. s P + P - 1.
 
-Here each baseline GPU's share is drawn again (for a rollout without tensor parallelism, where each
-GPU decodes its own share, as the replay does) and given its decode bound (each decode step reads
-the weights once and every running row's K/V: ``decode_weight_bytes`` and ``kv_cache_read_bytes``),
-and ``flattery`` is the factor by which the replay's per-GPU throughput, at the same pace against
-the bound, exceeds the one the same engine shows doing the baseline's whole step:
-(mean tokens of workers 0..N-1 / their slowest bound) / (mean tokens of all M / the slowest of all M).
-It rests on the decode time following the bound; on 4 H200s the replay-gen's per-GPU throughput was
-0.904 of one H200's, where the draws give 0.903 (docs/benchmarks.md, "The replay on 2 and 4 GPUs").
+``--rl-workload`` on N < M GPUs sets target_lengths.slowest_of = M: its GPUs generate the N shares with
+the largest decode bound (trainer/rollout/replay_shares.py), so the replay waits for what the baseline
+waited for. The gate then reads the baseline's gen and step figures over the run's own rows
+(``over_run_rows``: the same rows at the baseline's seconds), and its training phases per token, as
+VERL balances those over its ranks; ``slowest_worker_note`` says so among the assumptions.
+
+``flattery`` is what a replay of shares 0 .. N-1 (slowest_of = 0; no gate since) would read too high
+by, at the same pace against the bound: (mean tokens of shares 0..N-1 / their slowest bound) / (mean
+tokens of all M / the slowest of all M); ``benchmarks/replay_draws.py`` prints it. It rests on the
+decode time following the bound; on 4 H200s the replay-gen's per-GPU throughput was 0.904 of one
+H200's, where the draws give 0.903 (docs/benchmarks.md, "The replay on 2 and 4 GPUs").
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import torch
-
-from pytest_rlbench.records.length_shapes import CONSTANT, NATURAL
+from pytest_rlbench.records.length_shapes import CONSTANT
 from pytest_rlbench.records.record import ModelArch, RunRecord
-from pytest_rlbench.records.workload import decode_replicas, decode_weight_bytes, kv_cache_read_bytes
-from pytest_rlbench.records.workload_replay import TARGET_LENGTHS, workload_overrides
-from trainer.config.schema import TrainerSection
+from pytest_rlbench.records.workload import (
+    decode_weight_bytes,
+    kv_cache_read_bytes,
+    workload_tokens,
+)
+from pytest_rlbench.records.workload_replay import SLOWEST_OF, TARGET_LENGTHS, workload_overrides
+from trainer.config.schema import TargetLengthsConfig, TrainerSection
+from trainer.rollout.replay_shares import share_targets
 from trainer.rollout.requests import rollout_seed
-from trainer.rollout.target_lengths import draw_targets
 
 STEPS = range(10)  # the steps a note's factor is averaged over: a session's first rounds
 
@@ -48,13 +52,11 @@ class WorkerDraw:
 def group_targets(spec: dict, first_prompt: int, prompts: int, seed: int) -> list[int]:
     """The target lengths, at the step of ``seed``, of the rows of ``prompts`` prompts from global
     prompt ``first_prompt`` on: a worker's share, as the driver splits a step's prompts (even_split)."""
-    n = spec["actor_rollout_ref.rollout.n"]
-    keys = torch.tensor([u * n + j for u in range(first_prompt, first_prompt + prompts) for j in range(n)])
-    targets = draw_targets(
-        spec[f"{TARGET_LENGTHS}.distribution"], spec[f"{TARGET_LENGTHS}.mean"], spec.get(f"{TARGET_LENGTHS}.sigma", 0.0),
-        keys, seed, spec["data.max_response_length"],
+    targets = TargetLengthsConfig(
+        spec[f"{TARGET_LENGTHS}.distribution"], spec[f"{TARGET_LENGTHS}.mean"], spec.get(f"{TARGET_LENGTHS}.sigma", 0.0)
     )
-    return targets.tolist()
+    n = spec["actor_rollout_ref.rollout.n"]
+    return share_targets(targets, n, first_prompt, prompts, seed, spec["data.max_response_length"])
 
 
 def decode_bound_s(arch: ModelArch, prompt_length: int, targets: list[int], bandwidth: float = 1.0) -> float:
@@ -119,35 +121,88 @@ def flattery_over_steps(baseline: RunRecord, local_gpus: int, trainer_seed: int,
     return factors
 
 
-_FACTORS: dict[tuple[str, int, int], list[float]] = {}  # (baseline, GPUs, seed) -> factors: once per session
+def slowest_tokens_over_steps(baseline: RunRecord, local_gpus: int, trainer_seed: int, steps: Iterable[int] = STEPS) -> list[float]:
+    """Per step, the tokens of the ``local_gpus`` slowest shares (those a replay with
+    target_lengths.slowest_of generates) over as many average shares of the baseline's step."""
+    layouts = ReplayLayouts.of(baseline)
+    ratios = []
+    for step in steps:
+        shares = layouts.shares(baseline.model, rollout_seed(trainer_seed, step))
+        slowest = sorted(shares, key=lambda d: (-d.bound_s, d.worker))[:local_gpus]
+        ratios.append(statistics.fmean(d.tokens for d in slowest) / statistics.fmean(d.tokens for d in shares))
+    return ratios
+
+
+# The phases whose time a baseline's slowest GPU set: generation, and the step that waits for it. Its
+# training phases ran on balanced shares (VERL's trainer.balance_batch, on by default, reorders a step's
+# rows so its data-parallel ranks hold about equal tokens) and are compared per token.
+SET_BY_SLOWEST = ("gen", "generate_sequences", "step")
+
+
+def replayed_slowest(run: RunRecord, baseline: RunRecord) -> bool:
+    """Whether ``run`` generated the slowest of ``baseline``'s GPUs' shares (target_lengths.slowest_of)
+    on fewer GPUs than it had."""
+    gpus = baseline.hardware.world_size
+    return run.hardware.world_size < gpus and run.config.settings.get(SLOWEST_OF) == gpus
+
+
+def over_run_rows(run: RunRecord, baseline: RunRecord) -> RunRecord:
+    """``baseline`` with its SET_BY_SLOWEST phases over ``run``'s own rows, on ``run``'s GPUs: for a run
+    that generated the baseline's slowest shares, whose seconds the baseline's are, its per-GPU figures
+    for that work (each of the run's rounds at the baseline's median seconds, as the run's figures take
+    each round over its own rows). Its other phases are left as they are: read them from the baseline."""
+    phases = dict(baseline.phases)
+    for name in SET_BY_SLOWEST:
+        theirs = phases.get(name)
+        ours = run.phases.get(name) or (run.phases.get("gen") if name == "generate_sequences" else None)
+        if theirs is None or ours is None:
+            continue
+        seconds = statistics.median(theirs.seconds)
+        rounds = ours.round_tokens
+        phases[name] = replace(
+            theirs,
+            seconds=[seconds] * (len(rounds) if rounds else 1),
+            tokens=ours.tokens or workload_tokens(run),
+            round_tokens=list(rounds) if rounds else None,
+        )
+    return replace(baseline, phases=phases, hardware=replace(baseline.hardware, world_size=run.hardware.world_size))
+
+
+_RATIOS: dict[tuple[str, int, int], list[float]] = {}  # (baseline, GPUs, seed) -> token ratios: once per session
 
 
 def slowest_worker_note(run: RunRecord, baseline: RunRecord) -> list[str]:
-    """The line a per-GPU gate adds where the run replays fewer GPUs' shares than the baseline ran;
-    none without drawn lengths (a constant shape: every GPU the same work) or on as many GPUs."""
+    """The line a per-GPU gate adds where the run replays fewer GPUs' shares than the baseline ran: which
+    shares, and how the gate reads them; none without drawn lengths (a constant shape: every GPU the same
+    work) or on as many GPUs. (A replay of its first shares where it could replay the slowest gets no gate
+    at all: records.workload.workload_matches.)"""
     workload = baseline.workload
     if workload is None or workload.response_length.shape.value == CONSTANT:
         return []
     ran, published = run.hardware.world_size, baseline.hardware.world_size
     if ran >= published:
         return []
-    line = (
-        f"replayed_workers: the baseline's generation lasted as long as the slowest of its {published} GPUs' "
-        f"shares of the step's response lengths, this run's as the slowest of its own {ran} (the first "
-        f"{ran} of those shares), so its generation throughput per GPU reads higher than this engine "
-        f"would show on the baseline's {published} GPUs"
-    )
-    if workload.response_length.shape.value == NATURAL or decode_replicas(baseline)[0] < published:
-        # natural lengths are not drawn from the row keys, and a tensor-parallel rollout decodes
-        # several shares together: neither is modelled here
-        return [line + " (by how much is not modelled for this baseline's lengths or rollout layout)"]
+    if not replayed_slowest(run, baseline):
+        # natural lengths are not drawn from the row keys, and a tensor-parallel rollout decodes several
+        # shares together: the slowest share is not modelled, and the replay generated the first ones
+        return [
+            f"replayed_workers: the baseline's generation lasted as long as the slowest of its {published} GPUs' "
+            f"shares of the step's response lengths, this run's as the slowest of its own {ran} (the first "
+            f"{ran} of those shares), so its generation throughput per GPU may read higher than this engine "
+            f"would show on the baseline's {published} GPUs (by how much is not modelled for this baseline's "
+            f"lengths or rollout layout)"
+        ]
     seed = TrainerSection().seed
     key = (baseline.name, ran, seed)
-    if key not in _FACTORS:
-        _FACTORS[key] = flattery_over_steps(baseline, ran, seed)
-    factors = _FACTORS[key]
+    if key not in _RATIOS:
+        _RATIOS[key] = slowest_tokens_over_steps(baseline, ran, seed)
+    ratios = _RATIOS[key]
     return [
-        line + f": about x{statistics.fmean(factors):.3f} over steps {STEPS[0]}-{STEPS[-1]} "
-        f"({min(factors):.3f}-{max(factors):.3f}; step 0, a one-round session's, x{factors[0]:.3f}), at trainer.seed "
-        f"{seed}, each share's decode taken as its memory-bandwidth bound (benchmarks/replay_draws.py)"
+        f"replayed_workers: this run generated the {ran} slowest of the baseline's {published} GPUs' shares of "
+        f"each step's drawn lengths (target_lengths.slowest_of: the most to read at the memory-bandwidth "
+        f"bound), as the baseline's generation waited for its slowest; the baseline's "
+        f"{', '.join(SET_BY_SLOWEST)} figures are read over this run's rows, so those compare seconds for "
+        f"the same rows; its training phases ran on balanced shares (VERL's trainer.balance_batch) and are "
+        f"compared per token, this run's shares holding x{statistics.fmean(ratios):.3f} the mean tokens "
+        f"over steps {STEPS[0]}-{STEPS[-1]} ({min(ratios):.3f}-{max(ratios):.3f}) at trainer.seed {seed}"
     ]

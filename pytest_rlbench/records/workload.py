@@ -24,8 +24,19 @@ from pytest_rlbench.records.workload_format import (
     Sourced,
     Workload,
 )
-from pytest_rlbench.records.workload_replay import NO_TARGET, TARGET_LENGTHS
-from trainer.models.flops import DecoderArch, flops_params
+from pytest_rlbench.records.workload_replay import (
+    NO_TARGET,
+    SLOWEST_OF,
+    TARGET_LENGTHS,
+    decode_replicas,
+    replays_slowest_shares,
+)
+from trainer.models.flops import (
+    DecoderArch,
+    decode_weight_values,
+    kv_positions_read,
+    kv_values_per_position,
+)
 
 SYNTHETIC_FILE = "synthetic_math.parquet"  # in the session's temp dir when --rl-dataset is not given
 
@@ -190,37 +201,29 @@ def workload_matches(run: RunRecord, baseline: RunRecord) -> list[str]:
             out.append(
                 f"workload: the {who}'s lengths are natural (not fixed), so its work is not known in advance"
             )
+    gpus, shares = baseline.hardware.world_size, run.config.settings.get(SLOWEST_OF, 0)
+    if replays_slowest_shares(baseline, run.hardware.world_size) and shares != gpus:
+        # the baseline's generation waited for its slowest GPU: a replay of other shares does less
+        ran = run.hardware.world_size
+        which = f"the first {ran} of them" if not shares else f"the slowest {ran} of {shares} GPUs' shares"
+        out.append(
+            f"workload: the baseline's generation waited for the slowest of its {gpus} GPUs' shares; this run "
+            f"generated {which} (a replay sets {TARGET_LENGTHS}.slowest_of={gpus})"
+        )
     return out
 
 
 # --- The token counts a workload implies. ----------------------------------------------------------
 
 
-def decode_replicas(record: RunRecord) -> tuple[int, str | None]:
-    """Rollout replicas of the record (its devices over the rollout's tensor-parallel size), and the
-    assumption made when the workload's parallelism names no rollout_tp (then tp, else 1, is taken)."""
-    layout = record.workload.parallelism.value if record.workload else {}
-    tp = layout.get("rollout_tp", layout.get("tp", 1)) or 1
-    replicas = max(1, record.hardware.world_size // tp)
-    if "rollout_tp" in layout:
-        return replicas, None
-    return (
-        replicas,
-        f"parallelism: the rollout's tensor-parallel size taken as {tp} ({replicas} decode replicas)",
-    )
-
-
 def decode_weight_bytes(arch: ModelArch) -> int:
     """Bytes of weights one decode step reads: the layers' matrices and the LM head (not the embedding)."""
-    layer_params = flops_params(arch) - 2 * arch.vocab_size * arch.hidden_size
-    return (layer_params + arch.vocab_size * arch.hidden_size) * DTYPE_BYTES[arch.dtype]
+    return decode_weight_values(arch) * DTYPE_BYTES[arch.dtype]
 
 
 def kv_cache_read_bytes(arch: ModelArch, prompt_lengths: Sequence[int], response_lengths: Sequence[int]) -> int:
     """KV-cache bytes read while generating: sequence i reads p_i + t cached positions at its step t."""
-    per_position = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * DTYPE_BYTES[arch.dtype]
-    positions = sum(r * p + r * (r - 1) // 2 for p, r in zip(prompt_lengths, response_lengths, strict=True))
-    return positions * per_position
+    return kv_positions_read(prompt_lengths, response_lengths) * kv_values_per_position(arch) * DTYPE_BYTES[arch.dtype]
 
 
 def workload_tokens(record: RunRecord) -> TokenCounts:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_rlbench.records.length_shapes import CONSTANT, NATURAL
+from pytest_rlbench.records.length_shapes import CONSTANT, LOGNORMAL, NATURAL
 from pytest_rlbench.records.record import RunRecord
 from pytest_rlbench.records.workload_format import Sourced, Workload
 from trainer.models.flops import DecoderArch
@@ -21,6 +21,8 @@ from trainer.models.flops import DecoderArch
 # The config keys of the per-row target lengths (trainer.rollout); "none": the model's own lengths.
 TARGET_LENGTHS = "actor_rollout_ref.rollout.target_lengths"
 NO_TARGET = "none"
+# The run record's config.settings key of rollout.target_lengths.slowest_of (trainer/rollout/replay_shares.py).
+SLOWEST_OF = "slowest_of"
 MODEL_DTYPES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
@@ -168,6 +170,42 @@ def _algorithm_settings(w: Workload, prompts: int) -> list[WorkloadSetting]:
     return out
 
 
+def decode_replicas(record: RunRecord) -> tuple[int, str | None]:
+    """Rollout replicas of the record (its devices over the rollout's tensor-parallel size), and the
+    assumption made when the workload's parallelism names no rollout_tp (then tp, else 1, is taken)."""
+    layout = record.workload.parallelism.value if record.workload else {}
+    tp = layout.get("rollout_tp", layout.get("tp", 1)) or 1
+    replicas = max(1, record.hardware.world_size // tp)
+    if "rollout_tp" in layout:
+        return replicas, None
+    return (
+        replicas,
+        f"parallelism: the rollout's tensor-parallel size taken as {tp} ({replicas} decode replicas)",
+    )
+
+
+def replays_slowest_shares(baseline: RunRecord, world_size: int) -> bool:
+    """Whether a replay of ``baseline`` on ``world_size`` GPUs generates the slowest of its GPUs' shares
+    (trainer/rollout/replay_shares.py): on fewer GPUs than it had, with drawn lengths that differ by share
+    (log-normal), where each of its GPUs decoded its own share (no tensor-parallel rollout, which decodes
+    several shares together: not modelled)."""
+    gpus, w = baseline.hardware.world_size, baseline.workload
+    if world_size >= gpus or w is None or w.response_length.shape.value != LOGNORMAL:
+        return False
+    return decode_replicas(baseline)[0] == gpus
+
+
+def _share_settings(baseline: RunRecord, world_size: int) -> list[WorkloadSetting]:
+    if not replays_slowest_shares(baseline, world_size):
+        return []
+    gpus = baseline.hardware.world_size
+    why = (
+        f"the baseline's {gpus} GPUs each generated a share of the step's drawn lengths and its generation "
+        f"lasted as long as the slowest; this run's {world_size} generate the {world_size} slowest of those {gpus}"
+    )
+    return [WorkloadSetting(f"{TARGET_LENGTHS}.slowest_of", gpus, why)]
+
+
 def workload_overrides(baseline: RunRecord, world_size: int) -> list[WorkloadSetting]:
     """The trainer settings that make a run on ``world_size`` GPUs do ``baseline``'s work per GPU.
 
@@ -202,6 +240,7 @@ def workload_overrides(baseline: RunRecord, world_size: int) -> list[WorkloadSet
             _origin("dtype", w.dtype),
         ),
     ]
+    out += _share_settings(baseline, world_size)
     if preset is not None:
         out.append(WorkloadSetting("actor_rollout_ref.model.path", preset, preset_why))
     return out

@@ -287,6 +287,8 @@ def _gate_rows(
     gated, shown = BASIS_FAMILIES[basis]
     read_as = hardware_assumptions(run, baseline, basis)[0] if basis != SAME_MACHINE else baseline
     ours, theirs = derive(run), derive(read_as)
+    if basis != SAME_MACHINE:
+        theirs.update(_over_slowest_shares(run, read_as))
     custom = custom_metrics(run, baseline) if basis == SAME_MACHINE else set()
     # On CPU workers the host's pace drifts between sessions and within them: each phase is judged
     # against its peers, a failure must reproduce, and the baseline's bar is its median block of rounds.
@@ -327,6 +329,20 @@ def _gate_rows(
         replace(c, message=c.message + (beside.get(c.phase, "") + _where(run, baseline, c) if c.verdict in JUDGED else "") + note)
         for c in rows
     ]
+
+
+def _over_slowest_shares(run: RunRecord, baseline: RunRecord) -> dict[str, Figure]:
+    """For a run that generated the baseline's slowest GPUs' shares: the baseline's figures of the
+    phases its slowest GPU timed, over the run's own rows (records/replay_draws.py); else none."""
+    from pytest_rlbench.records.replay_draws import (  # torch: only here
+        SET_BY_SLOWEST,
+        over_run_rows,
+        replayed_slowest,
+    )
+
+    if not replayed_slowest(run, baseline):
+        return {}
+    return {m: f for m, f in derive(over_run_rows(run, baseline)).items() if f.phase in SET_BY_SLOWEST}
 
 
 def _where(run: RunRecord, baseline: RunRecord, c: Comparison) -> str:

@@ -129,6 +129,10 @@ class TargetLengthsConfig:
     distribution: str = "none"  # none (rows end at EOS or the limit) | a name of DISTRIBUTIONS
     mean: float = 0.0  # tokens; 0 < mean <= data.max_response_length unless distribution is none
     sigma: float = 0.6  # log-space standard deviation (lognormal only)
+    # 0: worker w generates the rows of the step's w-th share of prompts. M (> the world size): the
+    # step is drawn as M GPUs' shares and the workers generate the slowest ones to decode
+    # (trainer/rollout/replay_shares.py): a replay of an M-GPU run waits for that run's slowest GPU.
+    slowest_of: int = 0
 
 
 @dataclass

@@ -304,8 +304,16 @@ def _check_target_lengths(cfg: Config) -> None:
     prefix = "actor_rollout_ref.rollout.target_lengths"
     if not targets.sigma >= 0:
         raise ConfigError(f"{prefix}.sigma must be >= 0, got {targets.sigma}")
+    if targets.slowest_of < 0:
+        raise ConfigError(f"{prefix}.slowest_of must be >= 0 (0: off), got {targets.slowest_of}")
     if targets.distribution == "none":
+        if targets.slowest_of:
+            raise ConfigError(
+                f"{prefix}.slowest_of={targets.slowest_of} needs drawn lengths: set {prefix}.distribution "
+                f"to a distribution, not none"
+            )
         return
+    _check_slowest_of(cfg, targets.slowest_of)
     cap = cfg.data.max_response_length
     if not 0 < targets.mean <= cap:
         raise ConfigError(
@@ -317,6 +325,22 @@ def _check_target_lengths(cfg: Config) -> None:
         raise ConfigError(
             f"{prefix}.mean must be below data.max_response_length={cap} for a log-normal with sigma > 0, "
             f"got {targets.mean}"
+        )
+
+
+def _check_slowest_of(cfg: Config, shares: int) -> None:
+    """rollout.target_lengths.slowest_of: more shares than workers, and a step's prompts whole per worker."""
+    if not shares:
+        return
+    key, workers, prompts = "actor_rollout_ref.rollout.target_lengths.slowest_of", cfg.world_size, cfg.data.train_batch_size
+    if shares <= workers:
+        raise ConfigError(
+            f"{key}={shares} (the GPUs of the run replayed; 0: off) must exceed this run's {workers} worker(s)"
+        )
+    if prompts % workers:
+        raise ConfigError(
+            f"{key}={shares} needs data.train_batch_size ({prompts}) to be a multiple of the {workers} worker(s): "
+            f"each worker generates one share of the same number of prompts"
         )
 
 

@@ -36,6 +36,7 @@ from trainer.driver.step_figures import BatchTokens, batch_metrics, batch_tokens
 from trainer.driver.tracking import Tracking
 from trainer.driver.worker_group import WorkerGroup
 from trainer.models.presets import load_tokenizer, model_spec
+from trainer.rollout.replay_shares import step_uids
 from trainer.rollout.requests import rollout_seed
 from trainer.timing import PhaseTimer
 from trainer.work_counts import WorkCounts, count_work
@@ -148,8 +149,8 @@ class GRPOTrainer:
     def _generate_args(self, prompts: PromptBatch) -> list[tuple[list[list[int]], list[int], list[str], int]]:
         """Each worker's (prompt ids, uids, ground truths, seed): prompts split evenly, a GRPO group per
         prompt of this batch, one seed per step for every worker."""
-        uids = list(range(len(prompts)))
         seed = self._rollout_seed()
+        uids = self._step_uids(prompts, seed)
         return [
             (
                 [prompts.input_ids[i] for i in rows],
@@ -159,6 +160,16 @@ class GRPOTrainer:
             )
             for rows in even_split(len(prompts), self.workers.world_size)
         ]
+
+    def _step_uids(self, prompts: PromptBatch, seed: int) -> list[int]:
+        """0 .. B-1, or with rollout.target_lengths.slowest_of the uids of the slowest shares of the run
+        replayed (replay_shares.py), ranked at the mean prompt length of the step's prompts."""
+        rollout = self.cfg.actor_rollout_ref.rollout
+        prompt_length = round(sum(len(ids) for ids in prompts.input_ids) / max(1, len(prompts)))
+        return step_uids(
+            self.spec.arch, rollout.target_lengths, rollout.n, len(prompts), self.workers.world_size,
+            prompt_length, seed, self.cfg.data.max_response_length,
+        )
 
     def batch_tokens(self, batch: Batch) -> BatchTokens:
         """The work in ``batch`` (a generate_sequences result): tokens, lengths and decode steps."""

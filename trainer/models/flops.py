@@ -1,4 +1,5 @@
-"""FLOPs of a dense decoder (Qwen2/Llama), as VERL's flops counter computes them.
+"""FLOPs of a dense decoder (Qwen2/Llama), as VERL's flops counter computes them, and the values a decode
+step reads (its memory-bandwidth bound).
 
 With L layers, hidden H, intermediate I, n_h query heads of size d, n_kv key/value heads and vocab V:
     N = L * (3 H I + H (q + k + v + n_h d)) + 2 V H,  q = n_h d, k = v = n_kv d
@@ -68,3 +69,33 @@ def flops_per_token(arch: DecoderArch, context_length: int = 0, train: bool = Tr
     """Average FLOPs per token of a sequence of ``context_length`` tokens (train: fwd + bwd)."""
     factor = 6.0 if train else 2.0
     return factor * flops_params(arch) + factor * context_length * arch.head_dim * arch.num_heads * arch.num_layers
+
+
+# --- What a decode step reads (memory, not FLOPs): the bound of a bandwidth-bound generation. -------
+
+
+def decode_weight_values(arch: DecoderArch) -> int:
+    """Weight values one decode step reads: the layers' matrices and the LM head (the embedding is a
+    row lookup, not a read of the whole table)."""
+    return flops_params(arch) - arch.vocab_size * arch.hidden_size
+
+
+def kv_values_per_position(arch: DecoderArch) -> int:
+    """K and V values cached per token position, all layers together."""
+    return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim
+
+
+def kv_positions_read(prompt_lengths: Iterable[int], response_lengths: Iterable[int]) -> int:
+    """Cached positions read while generating: a row of prompt p reads p + t positions at its step t
+    (t = 0 .. r - 1), so r p + r (r - 1) / 2 over its r tokens."""
+    return sum(r * p + r * (r - 1) // 2 for p, r in zip(prompt_lengths, response_lengths, strict=True))
+
+
+def decode_values_read(arch: DecoderArch, prompt_lengths: Iterable[int], response_lengths: Iterable[int]) -> int:
+    """Values one replica reads to generate these rows together: the weights once per decode step (as
+    many steps as the longest row) and each row's cached K/V at each of its steps. Times the dtype's
+    bytes, over the memory bandwidth: the decode's lower bound in seconds."""
+    responses = list(response_lengths)
+    return max(responses, default=0) * decode_weight_values(arch) + kv_values_per_position(arch) * kv_positions_read(
+        prompt_lengths, responses
+    )
