@@ -1,5 +1,5 @@
-"""What a replay on fewer GPUs than its baseline leaves out: each baseline worker's draw of target
-lengths, and the slowest one, which set the baseline's phase time (issue 31). CPU only, seconds.
+"""Each baseline worker's draw of target lengths and its decode bound, the slowest of which set the
+baseline's phase time, and what a replay of the first shares would leave out (issue 31). CPU only, seconds.
 
     python benchmarks/replay_draws.py [--workload verl-v0.5.0-1.5b] [--gpus 1 2 4] [--steps 0 1 2]
                                       [--gpu "H100 SXM"] [--seed 1] [--json OUT.json]

@@ -26,15 +26,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from pytest_rlbench.records.length_shapes import CONSTANT
-from pytest_rlbench.records.record import ModelArch, RunRecord
-from pytest_rlbench.records.workload import (
-    decode_weight_bytes,
-    kv_cache_read_bytes,
-    workload_tokens,
+from pytest_rlbench.records.record import DTYPE_BYTES, ModelArch, RunRecord
+from pytest_rlbench.records.workload import workload_tokens
+from pytest_rlbench.records.workload_replay import (
+    SLOWEST_OF,
+    TARGET_LENGTHS,
+    decode_replicas,
+    expected_slowest_of,
+    workload_overrides,
 )
-from pytest_rlbench.records.workload_replay import SLOWEST_OF, TARGET_LENGTHS, workload_overrides
 from trainer.config.schema import TargetLengthsConfig, TrainerSection
-from trainer.rollout.replay_shares import share_targets
+from trainer.models.flops import decode_values_read
+from trainer.rollout.replay_shares import heaviest, share_targets
 from trainer.rollout.requests import rollout_seed
 
 STEPS = range(10)  # the steps a note's factor is averaged over: a session's first rounds
@@ -62,7 +65,7 @@ def group_targets(spec: dict, first_prompt: int, prompts: int, seed: int) -> lis
 def decode_bound_s(arch: ModelArch, prompt_length: int, targets: list[int], bandwidth: float = 1.0) -> float:
     """Seconds to decode ``targets`` at ``bandwidth`` bytes/s: the weights once per step (as many steps
     as the longest row) and each row's K/V of its prompt and tokens so far."""
-    read = max(targets) * decode_weight_bytes(arch) + kv_cache_read_bytes(arch, [prompt_length] * len(targets), targets)
+    read = decode_values_read(arch, [prompt_length] * len(targets), targets) * DTYPE_BYTES[arch.dtype]
     return read / bandwidth
 
 
@@ -107,18 +110,8 @@ class ReplayLayouts:
         return cls(spec, gpus, spec["data.train_batch_size"] // gpus)
 
     def shares(self, arch: ModelArch, seed: int, bandwidth: float = 1.0) -> list[WorkerDraw]:
-        """Every baseline GPU's share at the step of ``seed``; a replay on N GPUs decodes the first N."""
+        """Every baseline GPU's share at the step of ``seed`` (a replay on N GPUs generates the N slowest)."""
         return draws(self.spec, arch, self.prompts_per_gpu, self.gpus, seed, bandwidth)
-
-
-def flattery_over_steps(baseline: RunRecord, local_gpus: int, trainer_seed: int, steps: Iterable[int] = STEPS) -> list[float]:
-    """``flattery`` of a replay on ``local_gpus`` GPUs at each step's rollout seed."""
-    layouts = ReplayLayouts.of(baseline)
-    factors = []
-    for step in steps:
-        shares = layouts.shares(baseline.model, rollout_seed(trainer_seed, step))
-        factors.append(flattery(shares[:local_gpus], shares))
-    return factors
 
 
 def slowest_tokens_over_steps(baseline: RunRecord, local_gpus: int, trainer_seed: int, steps: Iterable[int] = STEPS) -> list[float]:
@@ -128,7 +121,7 @@ def slowest_tokens_over_steps(baseline: RunRecord, local_gpus: int, trainer_seed
     ratios = []
     for step in steps:
         shares = layouts.shares(baseline.model, rollout_seed(trainer_seed, step))
-        slowest = sorted(shares, key=lambda d: (-d.bound_s, d.worker))[:local_gpus]
+        slowest = [shares[i] for i in heaviest([d.bound_s for d in shares], local_gpus)]
         ratios.append(statistics.fmean(d.tokens for d in slowest) / statistics.fmean(d.tokens for d in shares))
     return ratios
 
@@ -140,32 +133,34 @@ SET_BY_SLOWEST = ("gen", "generate_sequences", "step")
 
 
 def replayed_slowest(run: RunRecord, baseline: RunRecord) -> bool:
-    """Whether ``run`` generated the slowest of ``baseline``'s GPUs' shares (target_lengths.slowest_of)
-    on fewer GPUs than it had."""
-    gpus = baseline.hardware.world_size
-    return run.hardware.world_size < gpus and run.config.settings.get(SLOWEST_OF) == gpus
+    """Whether ``run``, on fewer GPUs than ``baseline``, generated the slowest of the shares the
+    baseline waited for (target_lengths.slowest_of as a replay of it sets: records.workload_replay)."""
+    shares = run.config.settings.get(SLOWEST_OF, 0)
+    ran = run.hardware.world_size
+    return ran < baseline.hardware.world_size and shares != 0 and shares == expected_slowest_of(baseline, ran)
 
 
-def over_run_rows(run: RunRecord, baseline: RunRecord) -> RunRecord:
-    """``baseline`` with its SET_BY_SLOWEST phases over ``run``'s own rows, on ``run``'s GPUs: for a run
-    that generated the baseline's slowest shares, whose seconds the baseline's are, its per-GPU figures
-    for that work (each of the run's rounds at the baseline's median seconds, as the run's figures take
-    each round over its own rows). Its other phases are left as they are: read them from the baseline."""
-    phases = dict(baseline.phases)
+def over_run_rows(run: RunRecord, baseline: RunRecord) -> tuple[RunRecord, tuple[str, ...]]:
+    """``baseline`` with its SET_BY_SLOWEST phases that ``run`` timed over ``run``'s own rows, on
+    ``run``'s GPUs, and the names of those phases: for a run that generated the baseline's slowest
+    shares, whose seconds the baseline's are, its per-GPU figures for that work. Each of the run's
+    rounds pairs with the baseline's round of the same index where both have as many (a saved replay
+    drew the same rows at each step), else with the baseline's median. Read only the phases named
+    from it: the others are the baseline's, on the wrong number of GPUs."""
+    phases, replaced = dict(baseline.phases), []
     for name in SET_BY_SLOWEST:
         theirs = phases.get(name)
         ours = run.phases.get(name) or (run.phases.get("gen") if name == "generate_sequences" else None)
         if theirs is None or ours is None:
             continue
-        seconds = statistics.median(theirs.seconds)
-        rounds = ours.round_tokens
-        phases[name] = replace(
-            theirs,
-            seconds=[seconds] * (len(rounds) if rounds else 1),
-            tokens=ours.tokens or workload_tokens(run),
-            round_tokens=list(rounds) if rounds else None,
-        )
-    return replace(baseline, phases=phases, hardware=replace(baseline.hardware, world_size=run.hardware.world_size))
+        rounds = list(ours.round_tokens) if ours.round_tokens else None
+        count = len(rounds) if rounds else 1
+        paired = len(theirs.seconds) == count
+        seconds = list(theirs.seconds) if paired else [statistics.median(theirs.seconds)] * count
+        phases[name] = replace(theirs, seconds=seconds, tokens=ours.tokens or workload_tokens(run), round_tokens=rounds)
+        replaced.append(name)
+    hardware = replace(baseline.hardware, world_size=run.hardware.world_size)
+    return replace(baseline, phases=phases, hardware=hardware), tuple(replaced)
 
 
 _RATIOS: dict[tuple[str, int, int], list[float]] = {}  # (baseline, GPUs, seed) -> token ratios: once per session
@@ -183,8 +178,8 @@ def slowest_worker_note(run: RunRecord, baseline: RunRecord) -> list[str]:
     if ran >= published:
         return []
     if not replayed_slowest(run, baseline):
-        # natural lengths are not drawn from the row keys, and a tensor-parallel rollout decodes several
-        # shares together: the slowest share is not modelled, and the replay generated the first ones
+        # reached for a baseline whose rollout decoded several GPUs' shares together (tensor
+        # parallelism) or whose lengths are natural: its slowest share is not modelled
         return [
             f"replayed_workers: the baseline's generation lasted as long as the slowest of its {published} GPUs' "
             f"shares of the step's response lengths, this run's as the slowest of its own {ran} (the first "
@@ -197,12 +192,15 @@ def slowest_worker_note(run: RunRecord, baseline: RunRecord) -> list[str]:
     if key not in _RATIOS:
         _RATIOS[key] = slowest_tokens_over_steps(baseline, ran, seed)
     ratios = _RATIOS[key]
+    layout = decode_replicas(baseline)[1]
     return [
         f"replayed_workers: this run generated the {ran} slowest of the baseline's {published} GPUs' shares of "
         f"each step's drawn lengths (target_lengths.slowest_of: the most to read at the memory-bandwidth "
-        f"bound), as the baseline's generation waited for its slowest; the baseline's "
-        f"{', '.join(SET_BY_SLOWEST)} figures are read over this run's rows, so those compare seconds for "
-        f"the same rows; its training phases ran on balanced shares (VERL's trainer.balance_batch) and are "
-        f"compared per token, this run's shares holding x{statistics.fmean(ratios):.3f} the mean tokens "
-        f"over steps {STEPS[0]}-{STEPS[-1]} ({min(ratios):.3f}-{max(ratios):.3f}) at trainer.seed {seed}"
+        f"bound), as the baseline's generation waited for its slowest; the baseline's gen and step figures "
+        f"are read over this run's rows at the baseline's own seconds. Its training phases ran on balanced shares "
+        f"(VERL's trainer.balance_batch) and are compared per token; the step is not: this run trained on "
+        f"x{statistics.fmean(ratios):.3f} the mean share's tokens over steps {STEPS[0]}-{STEPS[-1]} "
+        f"({min(ratios):.3f}-{max(ratios):.3f}; the trainer's default seed {seed}), more than the "
+        f"baseline's GPUs did, so its step reads slower than like for like"
+        + (f"; each baseline GPU decoding its own share rests on {layout}" if layout else "")
     ]

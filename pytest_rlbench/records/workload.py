@@ -29,7 +29,7 @@ from pytest_rlbench.records.workload_replay import (
     SLOWEST_OF,
     TARGET_LENGTHS,
     decode_replicas,
-    replays_slowest_shares,
+    expected_slowest_of,
 )
 from trainer.models.flops import (
     DecoderArch,
@@ -201,16 +201,23 @@ def workload_matches(run: RunRecord, baseline: RunRecord) -> list[str]:
             out.append(
                 f"workload: the {who}'s lengths are natural (not fixed), so its work is not known in advance"
             )
-    gpus, shares = baseline.hardware.world_size, run.config.settings.get(SLOWEST_OF, 0)
-    if replays_slowest_shares(baseline, run.hardware.world_size) and shares != gpus:
-        # the baseline's generation waited for its slowest GPU: a replay of other shares does less
-        ran = run.hardware.world_size
-        which = f"the first {ran} of them" if not shares else f"the slowest {ran} of {shares} GPUs' shares"
+    shares, expected = run.config.settings.get(SLOWEST_OF, 0), expected_slowest_of(baseline, run.hardware.world_size)
+    if shares != expected:
+        # which rows each GPU generated: the baseline's time was its slowest share's
         out.append(
-            f"workload: the baseline's generation waited for the slowest of its {gpus} GPUs' shares; this run "
-            f"generated {which} (a replay sets {TARGET_LENGTHS}.slowest_of={gpus})"
+            f"workload: {TARGET_LENGTHS}.slowest_of: run {shares}, a replay of the baseline sets {expected} "
+            f"({_shares_text(expected)}; 0: each GPU generates its own share)"
         )
     return out
+
+
+def _shares_text(shares: int) -> str:
+    if not shares:
+        return "its GPUs' own shares"
+    return (
+        f"its generation waited for the slowest of {shares} GPUs' shares, so a replay on fewer GPUs "
+        f"generates the slowest ones"
+    )
 
 
 # --- The token counts a workload implies. ----------------------------------------------------------

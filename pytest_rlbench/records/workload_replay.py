@@ -184,26 +184,41 @@ def decode_replicas(record: RunRecord) -> tuple[int, str | None]:
     )
 
 
-def replays_slowest_shares(baseline: RunRecord, world_size: int) -> bool:
-    """Whether a replay of ``baseline`` on ``world_size`` GPUs generates the slowest of its GPUs' shares
-    (trainer/rollout/replay_shares.py): on fewer GPUs than it had, with drawn lengths that differ by share
-    (log-normal), where each of its GPUs decoded its own share (no tensor-parallel rollout, which decodes
-    several shares together: not modelled)."""
+def should_replay_slowest(baseline: RunRecord, world_size: int) -> bool:
+    """Whether a replay of ``baseline`` on ``world_size`` GPUs should generate the slowest of its GPUs'
+    shares (trainer/rollout/replay_shares.py): on fewer GPUs than it had, with drawn lengths that differ
+    by share (log-normal), where each of its GPUs decoded its own share (a tensor-parallel rollout
+    decodes several GPUs' shares together: not modelled)."""
     gpus, w = baseline.hardware.world_size, baseline.workload
     if world_size >= gpus or w is None or w.response_length.shape.value != LOGNORMAL:
         return False
     return decode_replicas(baseline)[0] == gpus
 
 
+def expected_slowest_of(baseline: RunRecord, world_size: int) -> int:
+    """The rollout.target_lengths.slowest_of a replay of ``baseline`` on ``world_size`` GPUs sets: the
+    baseline's own where it has one (a saved replay that generated the slowest of that many GPUs'
+    shares: the same critical share; 0 on that many GPUs or more, which generate every share), else its
+    GPU count where it should replay its slowest shares, else 0 (each GPU its own share)."""
+    own = baseline.config.settings.get(SLOWEST_OF, 0)
+    if own:
+        return own if own > world_size else 0
+    return baseline.hardware.world_size if should_replay_slowest(baseline, world_size) else 0
+
+
 def _share_settings(baseline: RunRecord, world_size: int) -> list[WorkloadSetting]:
-    if not replays_slowest_shares(baseline, world_size):
+    shares = expected_slowest_of(baseline, world_size)
+    if not shares:
         return []
-    gpus = baseline.hardware.world_size
-    why = (
-        f"the baseline's {gpus} GPUs each generated a share of the step's drawn lengths and its generation "
-        f"lasted as long as the slowest; this run's {world_size} generate the {world_size} slowest of those {gpus}"
-    )
-    return [WorkloadSetting(f"{TARGET_LENGTHS}.slowest_of", gpus, why)]
+    if baseline.config.settings.get(SLOWEST_OF):
+        why = f"the baseline generated the slowest of {shares} GPUs' shares of each step's drawn lengths"
+    else:
+        why = (
+            f"the baseline's {shares} GPUs each generated a share of the step's drawn lengths and its "
+            f"generation lasted as long as the slowest; this run's {world_size} generate the {world_size} "
+            f"slowest of those {shares}"
+        )
+    return [WorkloadSetting(f"{TARGET_LENGTHS}.slowest_of", shares, why)]
 
 
 def workload_overrides(baseline: RunRecord, world_size: int) -> list[WorkloadSetting]:

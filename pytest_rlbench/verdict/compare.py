@@ -39,6 +39,7 @@ from pytest_rlbench.records.metrics import (
 from pytest_rlbench.records.record import RunRecord
 from pytest_rlbench.records.workload import model_differences, placement_differences
 from pytest_rlbench.records.workload_format import assumptions
+from pytest_rlbench.records.workload_replay import SLOWEST_OF
 from pytest_rlbench.verdict.derived import Figure, derive
 from pytest_rlbench.verdict.gate_basis import (
     BASIS_FAMILIES,
@@ -141,7 +142,9 @@ def _hardware_keys(record: RunRecord) -> dict[str, Any]:
 
 
 def _work_keys(record: RunRecord) -> dict[str, Any]:
-    return {f"config.{k}": getattr(record.config, k) for k in CONFIG_KEYS}
+    keys = {f"config.{k}": getattr(record.config, k) for k in CONFIG_KEYS}
+    # which shares of a replay's drawn lengths it generated (records/replay_draws.py): other rows
+    return keys | {f"config.settings.{SLOWEST_OF}": record.config.settings.get(SLOWEST_OF, 0)}
 
 
 def _diff(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
@@ -334,15 +337,12 @@ def _gate_rows(
 def _over_slowest_shares(run: RunRecord, baseline: RunRecord) -> dict[str, Figure]:
     """For a run that generated the baseline's slowest GPUs' shares: the baseline's figures of the
     phases its slowest GPU timed, over the run's own rows (records/replay_draws.py); else none."""
-    from pytest_rlbench.records.replay_draws import (  # torch: only here
-        SET_BY_SLOWEST,
-        over_run_rows,
-        replayed_slowest,
-    )
+    from pytest_rlbench.records.replay_draws import over_run_rows, replayed_slowest  # torch: only here
 
     if not replayed_slowest(run, baseline):
         return {}
-    return {m: f for m, f in derive(over_run_rows(run, baseline)).items() if f.phase in SET_BY_SLOWEST}
+    read, phases = over_run_rows(run, baseline)
+    return {m: f for m, f in derive(read).items() if f.phase in phases}
 
 
 def _where(run: RunRecord, baseline: RunRecord, c: Comparison) -> str:

@@ -42,7 +42,12 @@ def slowest_shares(
                            share_targets(spec, n, s * prompts_per_share, prompts_per_share, seed, cap))
         for s in range(spec.slowest_of)
     ]
-    ranked = sorted(range(spec.slowest_of), key=lambda s: (-reads[s], s))
+    return heaviest(reads, wanted)
+
+
+def heaviest(reads: list[float], wanted: int) -> list[int]:
+    """The indices of the ``wanted`` largest ``reads``, in index order (ties to the lower index)."""
+    ranked = sorted(range(len(reads)), key=lambda s: (-reads[s], s))
     return sorted(ranked[:wanted])
 
 
