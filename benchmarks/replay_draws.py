@@ -27,7 +27,6 @@ from pathlib import Path
 
 from pytest_rlbench.records.baselines import load_baseline
 from pytest_rlbench.records.replay_draws import ReplayLayouts, flattery
-from pytest_rlbench.records.workload import decode_replicas
 from pytest_rlbench.verdict.peaks import peak_memory_bandwidth
 from trainer.config.schema import TrainerSection
 from trainer.rollout.requests import rollout_seed
@@ -45,22 +44,24 @@ def main() -> None:
     args = ap.parse_args()
     baseline = load_baseline(args.workload)
     workers = baseline.hardware.world_size
-    if any(n < 1 or n > workers for n in args.gpus):
-        ap.error(f"--gpus: each must be 1..{workers}, the baseline's GPU count")
     layouts = ReplayLayouts.of(baseline)
+    per = layouts.gpus_per_share
+    if any(n < 1 or n > workers or n % per for n in args.gpus):
+        ap.error(f"--gpus: each must be a multiple of {per} (the GPUs of one share) in 1..{workers}, the baseline's GPU count")
     spec = layouts.spec
     if spec.get("actor_rollout_ref.rollout.target_lengths.distribution", "none") == "none":
         ap.error(f"--workload {args.workload}: its responses have no drawn target lengths to compare")
-    if decode_replicas(baseline)[0] < workers:
-        print(f"note: {args.workload}'s rollout decoded with tensor parallelism ({decode_replicas(baseline)[0]} "
-              f"replicas on {workers} GPUs); the factors below treat each GPU as decoding its own share")
+    if per > 1:
+        print(f"note: {args.workload}'s rollout decoded with tensor parallelism ({layouts.replicas} replicas of {per} "
+              f"GPUs): a share is one replica's, its bound below as one GPU reading all of it (a replica of {per} "
+              f"GPUs reads 1/{per} each); a replay on N GPUs holds N/{per} shares")
     gpu = args.gpu
     bandwidth = peak_memory_bandwidth(gpu)
     if bandwidth is None:
         ap.error(f"--gpu {gpu!r}: no peak memory bandwidth tabled for it (pytest_rlbench/verdict/peaks.py)")
     trainer_seed = TrainerSection().seed if args.seed is None else args.seed
     n = spec["actor_rollout_ref.rollout.n"]
-    print(f"{args.workload}: {layouts.gpus} GPUs' shares of {layouts.prompts_per_gpu * n} rows each; bounds on one "
+    print(f"{args.workload}: {layouts.replicas} shares of {layouts.prompts_per_share * n} rows each; bounds on one "
           f"{gpu} ({bandwidth / 1e12:.2f} TB/s); trainer.seed {trainer_seed}")
     result = {"workload": args.workload, "gpu": gpu, "trainer_seed": trainer_seed, "steps": []}
     factors: dict[int, list[float]] = {g: [] for g in args.gpus}
@@ -74,7 +75,7 @@ def main() -> None:
             print(f"  {d.worker:2d} | {d.tokens:,} | {d.rows_at_cap} | {d.longest:,} | {d.bound_s:.1f}{mark}")
         row = {"step": step, "shares": [asdict(d) for d in base], "flattery": {}}
         for g in args.gpus:
-            run = base[:g]
+            run = base[: g // per]
             f = flattery(run, base)
             factors[g].append(f)
             row["flattery"][g] = f

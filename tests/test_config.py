@@ -227,7 +227,13 @@ def test_target_length_distributions_come_from_their_registry(request: pytest.Fi
         ([f"{TARGETS}.slowest_of=-1"], r"slowest_of must be >= 0 \(0: off\), got -1"),
         (
             [f"{TARGETS}.distribution=constant", f"{TARGETS}.mean=8", f"{TARGETS}.slowest_of=1"],
-            r"slowest_of=1 \(the GPUs of the run replayed; 0: off\) must exceed this run's 1 worker\(s\)",
+            r"slowest_of=1 \(the shares of the run replayed; 0: off\) must exceed the 1 share\(s\) this run's 1 worker",
+        ),
+        ([f"{TARGETS}.gpus_per_share=0"], r"gpus_per_share must be >= 1, got 0"),
+        ([f"{TARGETS}.gpus_per_share=2"], r"gpus_per_share=2 applies only with .*slowest_of set"),
+        (
+            [f"{TARGETS}.distribution=constant", f"{TARGETS}.mean=8", f"{TARGETS}.slowest_of=8", f"{TARGETS}.gpus_per_share=2"],
+            r"gpus_per_share=2 must divide this run's 1 worker\(s\)",
         ),
         (
             [f"{TARGETS}.distribution=constant", f"{TARGETS}.mean=8", f"{TARGETS}.slowest_of=8", "trainer.n_gpus_per_node=2",

@@ -36,7 +36,7 @@ def test_the_draws_are_the_tokens_the_gpu_replays_generated() -> None:
     """Worker w's draw is what local worker w of a replay on GPUs generated (two H200s and one)."""
     layouts = ReplayLayouts.of(load_baseline("verl-v0.5.0-1.5b"))
     seed = rollout_seed(1, 0)  # the trainer's seed; one round, no warm-up: step 0
-    per_gpu = layouts.prompts_per_gpu
+    per_gpu = layouts.prompts_per_share
     w0, w1 = (sum(group_targets(layouts.spec, w * per_gpu, per_gpu, seed)) for w in (0, 1))
     assert _generated_tokens(MEASURED / "replay-gen_gpus1_h200.json") == w0
     assert _generated_tokens(MEASURED / "replay-gen_gpus2_h200.json") == w0 + w1
@@ -59,15 +59,16 @@ def test_flattery_is_one_with_every_worker_or_equal_draws_and_above_one_without_
     assert flattery(mixed[:1], mixed) == pytest.approx((100 / 10.0) / (110 / 12.5))
 
 
-def test_the_baselines_step_is_drawn_as_one_share_per_gpu() -> None:
-    """VERL's 7B run: 64 GPUs of 32 rows; share 1 holds the rows of the second GPU's prompts."""
+def test_the_baselines_step_is_drawn_as_one_share_per_decode_replica() -> None:
+    """VERL's 7B run: 32 decode replicas of 2 GPUs (rollout tp 2), 64 rows a share; share 1 holds the
+    rows of the second replica's prompts."""
     layouts = ReplayLayouts.of(load_baseline("verl-7b"))
     n = layouts.spec["actor_rollout_ref.rollout.n"]
-    assert (layouts.gpus, layouts.prompts_per_gpu * n) == (64, 32)
+    assert (layouts.replicas, layouts.prompts_per_share * n, layouts.gpus_per_share) == (32, 64, 2)  # rollout tp 2
     verl7b = load_baseline("verl-7b")
     base = layouts.shares(verl7b.model, rollout_seed(1, 0))
-    assert len(base) == 64 and flattery(base[:4], base) > 0
-    assert base[1].tokens == sum(group_targets(layouts.spec, layouts.prompts_per_gpu, layouts.prompts_per_gpu, rollout_seed(1, 0)))
+    assert len(base) == 32 and flattery(base[:2], base) > 0
+    assert base[1].tokens == sum(group_targets(layouts.spec, layouts.prompts_per_share, layouts.prompts_per_share, rollout_seed(1, 0)))
 
 
 def test_the_measured_four_gpu_throughput_is_what_the_draws_predict() -> None:

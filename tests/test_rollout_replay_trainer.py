@@ -75,3 +75,24 @@ def test_slowest_of_generates_the_slowest_shares_of_the_run_replayed(local_ray, 
         assert result.metrics and all(v == v for v in result.flat().values())
     finally:
         trainer.shutdown()
+
+
+def test_a_share_of_two_gpus_is_split_over_two_workers(local_ray, tmp_path):
+    """gpus_per_share=2: 2 workers generate together the slowest of 4 shares of 8 prompts (a run
+    replayed whose rollout decoded each share on 2 GPUs), 4 prompts each, in share order."""
+    from trainer.rollout.replay_shares import share_targets, slowest_shares
+
+    cfg = build_config([
+        *REPLAY, "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.target_lengths.slowest_of=4",
+        "actor_rollout_ref.rollout.target_lengths.gpus_per_share=2",
+    ])
+    trainer = build_trainer(cfg, tmp_path)
+    try:
+        seed, spec = trainer._rollout_seed(), cfg.actor_rollout_ref.rollout.target_lengths
+        (chosen,) = slowest_shares(trainer.spec.arch, spec, N, 8, 1, PROMPT, seed, CAP)
+        assert chosen != 0, "the test's seed should pick another share than the first"
+        batch = trainer.generate_sequences(next(trainer.loader))
+        assert batch.response_mask.sum(dim=1).tolist() == share_targets(spec, N, chosen * 8, 8, seed, CAP)
+        assert batch.uids.tolist() == [u for u in range(chosen * 8, chosen * 8 + 8) for _ in range(N)]
+    finally:
+        trainer.shutdown()

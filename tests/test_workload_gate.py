@@ -250,7 +250,7 @@ def with_step0_slowest_share(run):
 
     layouts, seed = ReplayLayouts.of(VERL), rollout_seed(1, 0)
     slowest = max(layouts.shares(VERL.model, seed), key=lambda d: d.bound_s)
-    lengths = group_targets(layouts.spec, slowest.worker * layouts.prompts_per_gpu, layouts.prompts_per_gpu, seed)
+    lengths = group_targets(layouts.spec, slowest.worker * layouts.prompts_per_share, layouts.prompts_per_share, seed)
     prompt = layouts.spec["data.synthetic_prompt_length"]
     tokens = dataclasses.replace(
         run.tokens, prompt_lengths=[prompt] * len(lengths), response_lengths=lengths, response_tokens=sum(lengths),
@@ -357,3 +357,22 @@ def test_a_tensor_parallel_rollout_is_named_without_a_factor() -> None:
     note = slowest_worker_note(replay_record(RLINF, H100, world_size=1), RLINF)
     assert len(note) == 1 and "not modelled for this baseline's lengths or rollout layout" in note[0], note
     assert "about x" not in note[0]
+
+
+def test_a_replay_of_a_tensor_parallel_rollout_generates_its_slowest_replicas_shares() -> None:
+    """VERL's 7B decoded with rollout tp 2 (32 replicas of 64 rows): on 4 GPUs the replay generates the 2
+    slowest replicas' shares, 2 GPUs each, and its gen is read over those rows at VERL's seconds."""
+    seven = load_baseline("verl-7b")
+    run = replay_record(seven, H100, world_size=4, speedup=1.25)
+    assert (run.config.settings["slowest_of"], run.config.settings["gpus_per_share"]) == (32, 2)
+    result = compare(run, seven)
+    assert (result.mode, result.basis) == ("gate", PER_GPU), result.mismatches
+    gen = gated(result)["tokens_per_s_per_gpu/gen"]
+    assert gen.ratio == pytest.approx(1.25, rel=1e-9), gen.message
+    note = [a for a in result.assumptions if a.startswith("replayed_workers:")]
+    assert len(note) == 1 and "the 2 slowest of the baseline's 32 decode replicas' shares (of 2 GPUs each" in note[0], note
+    # on 2 GPUs: one share over both; a share of 2 GPUs does not split over an odd count
+    assert replay_record(seven, H100, world_size=2).config.settings["slowest_of"] == 32
+    from pytest_rlbench.records.workload_replay import expected_shares
+
+    assert expected_shares(seven, 3) == (0, 1) and expected_shares(seven, 8) == (32, 2)

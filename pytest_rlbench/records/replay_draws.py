@@ -26,13 +26,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from pytest_rlbench.records.length_shapes import CONSTANT
-from pytest_rlbench.records.record import DTYPE_BYTES, ModelArch, RunRecord
-from pytest_rlbench.records.workload import workload_tokens
+from pytest_rlbench.records.record import DTYPE_BYTES, ModelArch, RunRecord, TokenCounts
+from pytest_rlbench.records.workload import run_shares, workload_tokens
 from pytest_rlbench.records.workload_replay import (
-    SLOWEST_OF,
     TARGET_LENGTHS,
     decode_replicas,
-    expected_slowest_of,
+    expected_shares,
     workload_overrides,
 )
 from trainer.config.schema import TargetLengthsConfig, TrainerSection
@@ -94,34 +93,36 @@ def flattery(run_draws: list[WorkerDraw], baseline_draws: list[WorkerDraw]) -> f
 
 @dataclass(frozen=True)
 class ReplayLayouts:
-    """How a step's prompts split over GPUs, each GPU decoding its own share (as the replay does; a
-    baseline that decoded with tensor parallelism is a layout difference, not a draw: not here)."""
+    """How a baseline's step split over its decode replicas, each decoding its own share: one GPU each,
+    or a tensor-parallel group of ``gpus_per_share`` GPUs (a replay splits such a share over as many)."""
 
     spec: dict
-    gpus: int  # the baseline's
-    prompts_per_gpu: int
+    replicas: int  # the baseline's shares: its GPUs over its rollout's tensor-parallel size
+    prompts_per_share: int
+    gpus_per_share: int
 
     @classmethod
     def of(cls, baseline: RunRecord) -> ReplayLayouts:
         """The split of a replay of ``baseline`` on its own number of GPUs (its train_batch_size is then
         the baseline's prompts per step)."""
-        gpus = baseline.hardware.world_size
+        gpus, replicas = baseline.hardware.world_size, decode_replicas(baseline)[0]
         spec = {s.key: s.value for s in workload_overrides(baseline, gpus)}
-        return cls(spec, gpus, spec["data.train_batch_size"] // gpus)
+        return cls(spec, replicas, spec["data.train_batch_size"] // replicas, gpus // replicas)
 
     def shares(self, arch: ModelArch, seed: int, bandwidth: float = 1.0) -> list[WorkerDraw]:
-        """Every baseline GPU's share at the step of ``seed`` (a replay on N GPUs generates the N slowest)."""
-        return draws(self.spec, arch, self.prompts_per_gpu, self.gpus, seed, bandwidth)
+        """Every baseline replica's share at the step of ``seed`` (a replay generates the slowest), its
+        bound as one GPU's reads of the whole share (a group of t GPUs reads 1/t of it each)."""
+        return draws(self.spec, arch, self.prompts_per_share, self.replicas, seed, bandwidth)
 
 
 def slowest_tokens_over_steps(baseline: RunRecord, local_gpus: int, trainer_seed: int, steps: Iterable[int] = STEPS) -> list[float]:
-    """Per step, the tokens of the ``local_gpus`` slowest shares (those a replay with
-    target_lengths.slowest_of generates) over as many average shares of the baseline's step."""
+    """Per step, the tokens of the slowest shares a replay on ``local_gpus`` GPUs generates
+    (target_lengths.slowest_of) over as many average shares of the baseline's step."""
     layouts = ReplayLayouts.of(baseline)
     ratios = []
     for step in steps:
         shares = layouts.shares(baseline.model, rollout_seed(trainer_seed, step))
-        slowest = [shares[i] for i in heaviest([d.bound_s for d in shares], local_gpus)]
+        slowest = [shares[i] for i in heaviest([d.bound_s for d in shares], local_gpus // layouts.gpus_per_share)]
         ratios.append(statistics.fmean(d.tokens for d in slowest) / statistics.fmean(d.tokens for d in shares))
     return ratios
 
@@ -134,10 +135,22 @@ SET_BY_SLOWEST = ("gen", "generate_sequences", "step")
 
 def replayed_slowest(run: RunRecord, baseline: RunRecord) -> bool:
     """Whether ``run``, on fewer GPUs than ``baseline``, generated the slowest of the shares the
-    baseline waited for (target_lengths.slowest_of as a replay of it sets: records.workload_replay)."""
-    shares = run.config.settings.get(SLOWEST_OF, 0)
+    baseline waited for (target_lengths.slowest_of and gpus_per_share as a replay of it sets them:
+    records.workload_replay.expected_shares)."""
     ran = run.hardware.world_size
-    return ran < baseline.hardware.world_size and shares != 0 and shares == expected_slowest_of(baseline, ran)
+    shares = run_shares(run)
+    return ran < baseline.hardware.world_size and shares[0] != 0 and shares == expected_shares(baseline, ran)
+
+
+def share_decode_steps(tok: TokenCounts, shares: int) -> TokenCounts:
+    """``tok`` with its decode steps counted per share, for rows that ``shares`` replicas decoded, each
+    a consecutive block of them, as long as its longest row (not per GPU, where a replay split a share
+    over several GPUs); unchanged without per-row lengths."""
+    lengths = tok.response_lengths
+    if not lengths or len(lengths) % shares:
+        return tok
+    rows = len(lengths) // shares
+    return replace(tok, decode_steps=sum(max(lengths[i : i + rows]) for i in range(0, len(lengths), rows)))
 
 
 def over_run_rows(run: RunRecord, baseline: RunRecord) -> tuple[RunRecord, tuple[str, ...]]:
@@ -148,16 +161,18 @@ def over_run_rows(run: RunRecord, baseline: RunRecord) -> tuple[RunRecord, tuple
     drew the same rows at each step), else with the baseline's median. Read only the phases named
     from it: the others are the baseline's, on the wrong number of GPUs."""
     phases, replaced = dict(baseline.phases), []
+    shares = run.hardware.world_size // run_shares(run)[1]  # the shares the run generated, one replica each
     for name in SET_BY_SLOWEST:
         theirs = phases.get(name)
         ours = run.phases.get(name) or (run.phases.get("gen") if name == "generate_sequences" else None)
         if theirs is None or ours is None:
             continue
-        rounds = list(ours.round_tokens) if ours.round_tokens else None
+        rounds = [share_decode_steps(t, shares) for t in ours.round_tokens] if ours.round_tokens else None
         count = len(rounds) if rounds else 1
         paired = len(theirs.seconds) == count
         seconds = list(theirs.seconds) if paired else [statistics.median(theirs.seconds)] * count
-        phases[name] = replace(theirs, seconds=seconds, tokens=ours.tokens or workload_tokens(run), round_tokens=rounds)
+        tokens = share_decode_steps(ours.tokens or workload_tokens(run), shares)
+        phases[name] = replace(theirs, seconds=seconds, tokens=tokens, round_tokens=rounds)
         replaced.append(name)
     hardware = replace(baseline.hardware, world_size=run.hardware.world_size)
     return replace(baseline, phases=phases, hardware=hardware), tuple(replaced)
@@ -192,15 +207,21 @@ def slowest_worker_note(run: RunRecord, baseline: RunRecord) -> list[str]:
     if key not in _RATIOS:
         _RATIOS[key] = slowest_tokens_over_steps(baseline, ran, seed)
     ratios = _RATIOS[key]
+    per = run_shares(run)[1]
     layout = decode_replicas(baseline)[1]
+    which = (
+        f"the {ran} slowest of the baseline's {published} GPUs' shares"
+        if per == 1
+        else f"the {ran // per} slowest of the baseline's {published // per} decode replicas' shares (of {per} "
+        f"GPUs each: its tensor-parallel rollout), each split over {per} of this run's GPUs"
+    )
     return [
-        f"replayed_workers: this run generated the {ran} slowest of the baseline's {published} GPUs' shares of "
-        f"each step's drawn lengths (target_lengths.slowest_of: the most to read at the memory-bandwidth "
-        f"bound), as the baseline's generation waited for its slowest; the baseline's gen and step figures "
-        f"are read over this run's rows at the baseline's own seconds. Its training phases ran on balanced shares "
-        f"(VERL's trainer.balance_batch) and are compared per token; the step is not: this run trained on "
-        f"x{statistics.fmean(ratios):.3f} the mean share's tokens over steps {STEPS[0]}-{STEPS[-1]} "
-        f"({min(ratios):.3f}-{max(ratios):.3f}; the trainer's default seed {seed}), more than the "
-        f"baseline's GPUs did, so its step reads slower than like for like"
-        + (f"; each baseline GPU decoding its own share rests on {layout}" if layout else "")
+        f"replayed_workers: this run generated {which} of each step's drawn lengths (target_lengths.slowest_of: "
+        f"the most to read at the memory-bandwidth bound), as the baseline's generation waited for its slowest; "
+        f"the baseline's gen and step figures are read over this run's rows at the baseline's own seconds. Its "
+        f"training phases ran on balanced shares (VERL's trainer.balance_batch) and are compared per token; the "
+        f"step is not: this run trained on x{statistics.fmean(ratios):.3f} the mean share's tokens over steps "
+        f"{STEPS[0]}-{STEPS[-1]} ({min(ratios):.3f}-{max(ratios):.3f}; the trainer's default seed {seed}), more "
+        f"than the baseline's GPUs did, so its step reads slower than like for like"
+        + (f"; the baseline's rollout layout rests on {layout}" if layout else "")
     ]

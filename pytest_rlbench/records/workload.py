@@ -25,11 +25,12 @@ from pytest_rlbench.records.workload_format import (
     Workload,
 )
 from pytest_rlbench.records.workload_replay import (
+    GPUS_PER_SHARE,
     NO_TARGET,
     SLOWEST_OF,
     TARGET_LENGTHS,
     decode_replicas,
-    expected_slowest_of,
+    expected_shares,
 )
 from trainer.models.flops import (
     DecoderArch,
@@ -201,23 +202,29 @@ def workload_matches(run: RunRecord, baseline: RunRecord) -> list[str]:
             out.append(
                 f"workload: the {who}'s lengths are natural (not fixed), so its work is not known in advance"
             )
-    shares, expected = run.config.settings.get(SLOWEST_OF, 0), expected_slowest_of(baseline, run.hardware.world_size)
-    if shares != expected:
+    ran, expected = run_shares(run), expected_shares(baseline, run.hardware.world_size)
+    if ran != expected:
         # which rows each GPU generated: the baseline's time was its slowest share's
         out.append(
-            f"workload: {TARGET_LENGTHS}.slowest_of: run {shares}, a replay of the baseline sets {expected} "
-            f"({_shares_text(expected)}; 0: each GPU generates its own share)"
+            f"workload: {TARGET_LENGTHS}.slowest_of: run {_shares_value(ran)}, a replay of the baseline sets "
+            f"{_shares_value(expected)} ({_shares_text(expected[0])}; 0: each GPU generates its own share)"
         )
     return out
+
+
+def run_shares(run: RunRecord) -> tuple[int, int]:
+    """(slowest_of, gpus_per_share) as the run's config set them (records: config.settings)."""
+    return run.config.settings.get(SLOWEST_OF, 0), run.config.settings.get(GPUS_PER_SHARE, 1)
+
+
+def _shares_value(shares: tuple[int, int]) -> str:
+    return f"{shares[0]}" + (f" (gpus_per_share {shares[1]})" if shares[1] != 1 else "")
 
 
 def _shares_text(shares: int) -> str:
     if not shares:
         return "its GPUs' own shares"
-    return (
-        f"its generation waited for the slowest of {shares} GPUs' shares, so a replay on fewer GPUs "
-        f"generates the slowest ones"
-    )
+    return f"its generation waited for the slowest of {shares} shares, so a replay on fewer GPUs generates the slowest ones"
 
 
 # --- The token counts a workload implies. ----------------------------------------------------------

@@ -23,6 +23,7 @@ TARGET_LENGTHS = "actor_rollout_ref.rollout.target_lengths"
 NO_TARGET = "none"
 # The run record's config.settings key of rollout.target_lengths.slowest_of (trainer/rollout/replay_shares.py).
 SLOWEST_OF = "slowest_of"
+GPUS_PER_SHARE = "gpus_per_share"  # and of rollout.target_lengths.gpus_per_share, recorded where above 1
 MODEL_DTYPES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
@@ -184,41 +185,47 @@ def decode_replicas(record: RunRecord) -> tuple[int, str | None]:
     )
 
 
-def should_replay_slowest(baseline: RunRecord, world_size: int) -> bool:
-    """Whether a replay of ``baseline`` on ``world_size`` GPUs should generate the slowest of its GPUs'
-    shares (trainer/rollout/replay_shares.py): on fewer GPUs than it had, with drawn lengths that differ
-    by share (log-normal), where each of its GPUs decoded its own share (a tensor-parallel rollout
-    decodes several GPUs' shares together: not modelled)."""
-    gpus, w = baseline.hardware.world_size, baseline.workload
-    if world_size >= gpus or w is None or w.response_length.shape.value != LOGNORMAL:
-        return False
-    return decode_replicas(baseline)[0] == gpus
+def _rollout_tp(record: RunRecord) -> int:
+    return record.hardware.world_size // decode_replicas(record)[0]
 
 
-def expected_slowest_of(baseline: RunRecord, world_size: int) -> int:
-    """The rollout.target_lengths.slowest_of a replay of ``baseline`` on ``world_size`` GPUs sets: the
-    baseline's own where it has one (a saved replay that generated the slowest of that many GPUs'
-    shares: the same critical share; 0 on that many GPUs or more, which generate every share), else its
-    GPU count where it should replay its slowest shares, else 0 (each GPU its own share)."""
-    own = baseline.config.settings.get(SLOWEST_OF, 0)
+def expected_shares(baseline: RunRecord, world_size: int) -> tuple[int, int]:
+    """(rollout.target_lengths.slowest_of, gpus_per_share) as a replay of ``baseline`` on ``world_size``
+    GPUs sets them (trainer/rollout/replay_shares.py); (0, 1): each GPU generates its own share.
+
+    A saved replay that generated the slowest of K shares: the same again, on fewer GPUs than those
+    shares take. A published run on more GPUs than the replay, with drawn lengths that differ by share
+    (log-normal): the slowest of its decode replicas' shares (one per GPU, or per tensor-parallel group
+    of t GPUs, each split over t of the replay's), where the replay's GPUs make whole groups."""
+    settings = baseline.config.settings
+    own, per = settings.get(SLOWEST_OF, 0), settings.get(GPUS_PER_SHARE, 1)
     if own:
-        return own if own > world_size else 0
-    return baseline.hardware.world_size if should_replay_slowest(baseline, world_size) else 0
+        return (own, per) if world_size % per == 0 and own > world_size // per else (0, 1)
+    w, tp = baseline.workload, _rollout_tp(baseline)
+    if w is None or w.response_length.shape.value != LOGNORMAL or world_size >= baseline.hardware.world_size:
+        return 0, 1
+    if world_size % tp:
+        return 0, 1  # a share of t GPUs does not split over these: not modelled
+    return decode_replicas(baseline)[0], tp
 
 
 def _share_settings(baseline: RunRecord, world_size: int) -> list[WorkloadSetting]:
-    shares = expected_slowest_of(baseline, world_size)
+    shares, per = expected_shares(baseline, world_size)
     if not shares:
         return []
     if baseline.config.settings.get(SLOWEST_OF):
-        why = f"the baseline generated the slowest of {shares} GPUs' shares of each step's drawn lengths"
+        why = f"the baseline generated the slowest of {shares} shares of each step's drawn lengths"
     else:
+        group = "GPUs" if per == 1 else f"decode replicas (of {per} GPUs: tensor-parallel rollout)"
         why = (
-            f"the baseline's {shares} GPUs each generated a share of the step's drawn lengths and its "
-            f"generation lasted as long as the slowest; this run's {world_size} generate the {world_size} "
-            f"slowest of those {shares}"
+            f"the baseline's {shares} {group} each generated a share of the step's drawn lengths and its "
+            f"generation lasted as long as the slowest; this run's {world_size} GPU(s) generate the "
+            f"{world_size // per} slowest of those {shares}"
         )
-    return [WorkloadSetting(f"{TARGET_LENGTHS}.slowest_of", shares, why)]
+    out = [WorkloadSetting(f"{TARGET_LENGTHS}.slowest_of", shares, why)]
+    if per > 1:
+        out.append(WorkloadSetting(f"{TARGET_LENGTHS}.gpus_per_share", per, f"each share split over {per} GPUs, as decoded"))
+    return out
 
 
 def workload_overrides(baseline: RunRecord, world_size: int) -> list[WorkloadSetting]:

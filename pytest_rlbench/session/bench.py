@@ -24,7 +24,7 @@ from pytest_rlbench.markers import missing_phase_mark, phase_of
 from pytest_rlbench.records.record import Hardware, ModelArch, RunConfig, TokenCounts
 from pytest_rlbench.records.workload import run_workload
 from pytest_rlbench.records.workload_format import Workload
-from pytest_rlbench.records.workload_replay import SLOWEST_OF
+from pytest_rlbench.records.workload_replay import GPUS_PER_SHARE, SLOWEST_OF
 from pytest_rlbench.session.cluster import ClusterInfo
 from pytest_rlbench.session.fixtures import RLBenchSession, get_session
 from pytest_rlbench.session.gpu_watch import GpuWatch, machine_label
@@ -150,6 +150,8 @@ def describe_config(cfg: Config, rounds: int | None = None, warmup_rounds: int |
             **({"use_remove_padding": True} if arr.model.use_remove_padding else {}),
             # generated the slowest of this many GPUs' shares of the drawn lengths (a replay's; the gate reads it)
             **({SLOWEST_OF: arr.rollout.target_lengths.slowest_of} if arr.rollout.target_lengths.slowest_of else {}),
+            **({GPUS_PER_SHARE: arr.rollout.target_lengths.gpus_per_share}
+               if arr.rollout.target_lengths.gpus_per_share > 1 else {}),
             "param_offload": arr.actor.fsdp_config.param_offload,
             "optimizer_offload": arr.actor.fsdp_config.optimizer_offload,
             "dataset": dataset_label(cfg),

@@ -37,9 +37,9 @@ from pytest_rlbench.records.metrics import (
     format_value,
 )
 from pytest_rlbench.records.record import RunRecord
-from pytest_rlbench.records.workload import model_differences, placement_differences
+from pytest_rlbench.records.workload import model_differences, placement_differences, run_shares
 from pytest_rlbench.records.workload_format import assumptions
-from pytest_rlbench.records.workload_replay import SLOWEST_OF
+from pytest_rlbench.records.workload_replay import GPUS_PER_SHARE, SLOWEST_OF
 from pytest_rlbench.verdict.derived import Figure, derive
 from pytest_rlbench.verdict.gate_basis import (
     BASIS_FAMILIES,
@@ -144,7 +144,8 @@ def _hardware_keys(record: RunRecord) -> dict[str, Any]:
 def _work_keys(record: RunRecord) -> dict[str, Any]:
     keys = {f"config.{k}": getattr(record.config, k) for k in CONFIG_KEYS}
     # which shares of a replay's drawn lengths it generated (records/replay_draws.py): other rows
-    return keys | {f"config.settings.{SLOWEST_OF}": record.config.settings.get(SLOWEST_OF, 0)}
+    shares, per = run_shares(record)
+    return keys | {f"config.settings.{SLOWEST_OF}": shares, f"config.settings.{GPUS_PER_SHARE}": per}
 
 
 def _diff(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:

@@ -306,6 +306,10 @@ def _check_target_lengths(cfg: Config) -> None:
         raise ConfigError(f"{prefix}.sigma must be >= 0, got {targets.sigma}")
     if targets.slowest_of < 0:
         raise ConfigError(f"{prefix}.slowest_of must be >= 0 (0: off), got {targets.slowest_of}")
+    if targets.gpus_per_share < 1:
+        raise ConfigError(f"{prefix}.gpus_per_share must be >= 1, got {targets.gpus_per_share}")
+    if targets.gpus_per_share > 1 and not targets.slowest_of:
+        raise ConfigError(f"{prefix}.gpus_per_share={targets.gpus_per_share} applies only with {prefix}.slowest_of set")
     if targets.distribution == "none":
         if targets.slowest_of:
             raise ConfigError(
@@ -329,13 +333,21 @@ def _check_target_lengths(cfg: Config) -> None:
 
 
 def _check_slowest_of(cfg: Config, shares: int) -> None:
-    """rollout.target_lengths.slowest_of: more shares than workers, and a step's prompts whole per worker."""
+    """rollout.target_lengths.slowest_of: whole shares over the workers, fewer than the run replayed had,
+    and a step's prompts whole per worker."""
     if not shares:
         return
-    key, workers, prompts = "actor_rollout_ref.rollout.target_lengths.slowest_of", cfg.world_size, cfg.data.train_batch_size
-    if shares <= workers:
+    prefix = "actor_rollout_ref.rollout.target_lengths"
+    key, workers, prompts = f"{prefix}.slowest_of", cfg.world_size, cfg.data.train_batch_size
+    per = cfg.actor_rollout_ref.rollout.target_lengths.gpus_per_share
+    if workers % per:
         raise ConfigError(
-            f"{key}={shares} (the GPUs of the run replayed; 0: off) must exceed this run's {workers} worker(s)"
+            f"{prefix}.gpus_per_share={per} must divide this run's {workers} worker(s): each share is split over that many"
+        )
+    if shares <= workers // per:
+        raise ConfigError(
+            f"{key}={shares} (the shares of the run replayed; 0: off) must exceed the {workers // per} share(s) "
+            f"this run's {workers} worker(s) generate"
         )
     if prompts % workers:
         raise ConfigError(

@@ -11,6 +11,10 @@ its per-GPU generation would read faster than the same engine doing the M-GPU ru
 to read (``trainer.models.flops.decode_values_read``: the weights once per decode step of the longest
 row, each row's cached K/V at each of its steps; the lower bound of a bandwidth-bound decode), so the
 replay's slowest GPU does what the M-GPU run's slowest did.
+
+Where the run replayed decoded each share on several GPUs together (a tensor-parallel rollout of size
+t: M replicas of t GPUs, a share per replica), ``gpus_per_share = t``: the W workers generate the W / t
+slowest shares, each split over t consecutive workers, so every worker still holds one GPU's rows.
 """
 
 from __future__ import annotations
@@ -56,9 +60,11 @@ def step_uids(
     seed: int, cap: int,
 ) -> list[int]:
     """The uid of each of a step's ``prompts`` prompts, split evenly over ``workers`` by the driver:
-    0 .. prompts-1, or, with ``spec.slowest_of`` set, the uids of the slowest shares, one per worker."""
+    0 .. prompts-1, or, with ``spec.slowest_of`` set, the uids of the slowest shares, each split over
+    ``spec.gpus_per_share`` consecutive workers (as its GPUs decoded it together in the run replayed)."""
     if not spec.slowest_of:
         return list(range(prompts))
-    per_share = prompts // workers
-    chosen = slowest_shares(arch, spec, n, per_share, workers, prompt_length, seed, cap)
+    shares = workers // spec.gpus_per_share
+    per_share = prompts // shares
+    chosen = slowest_shares(arch, spec, n, per_share, shares, prompt_length, seed, cap)
     return [s * per_share + i for s in chosen for i in range(per_share)]
