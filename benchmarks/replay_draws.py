@@ -69,7 +69,7 @@ def main() -> None:
         seed = rollout_seed(trainer_seed, step)
         base = layouts.shares(baseline.model, seed, bandwidth)
         slowest = max(base, key=lambda d: d.bound_s)
-        print(f"\nstep {step}: GPU | tokens | rows at the cap | longest | decode bound (s)")
+        print(f"\nstep {step}: share | tokens | rows at the cap | longest | decode bound (s)")
         for d in base:
             mark = "  <- slowest" if d is slowest else ""
             print(f"  {d.worker:2d} | {d.tokens:,} | {d.rows_at_cap} | {d.longest:,} | {d.bound_s:.1f}{mark}")

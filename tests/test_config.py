@@ -230,7 +230,6 @@ def test_target_length_distributions_come_from_their_registry(request: pytest.Fi
             r"slowest_of=1 \(the shares of the run replayed; 0: off\) must exceed the 1 share\(s\) this run's 1 worker",
         ),
         ([f"{TARGETS}.gpus_per_share=0"], r"gpus_per_share must be >= 1, got 0"),
-        ([f"{TARGETS}.gpus_per_share=2"], r"gpus_per_share=2 applies only with .*slowest_of set"),
         (
             [f"{TARGETS}.distribution=constant", f"{TARGETS}.mean=8", f"{TARGETS}.slowest_of=8", f"{TARGETS}.gpus_per_share=2"],
             r"gpus_per_share=2 must divide this run's 1 worker\(s\)",
@@ -249,6 +248,8 @@ def test_target_lengths_and_prompt_length_are_checked_at_start_up(overrides, mes
 
 def test_a_target_mean_at_the_cap_is_accepted_and_none_ignores_the_mean():
     build_config([f"{TARGETS}.distribution=constant", f"{TARGETS}.mean=32"])
+    # a replay's gpus_per_share stays set when its slowest_of is turned off (a reference run): ignored
+    build_config([f"{TARGETS}.distribution=constant", f"{TARGETS}.mean=8", f"{TARGETS}.gpus_per_share=2"])
     build_config([f"{TARGETS}.mean=1000"])  # distribution none: the mean is not used
 
 

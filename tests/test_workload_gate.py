@@ -296,7 +296,7 @@ def test_a_replay_of_the_first_shares_is_no_gate() -> None:
     """Shares 0 .. W-1 wait only for the slowest of their own: less than the baseline's step did."""
     result = compare(without_slowest_shares(replay_record(VERL, H100, world_size=1)), VERL)
     assert result.mode == "reference", result.basis
-    assert "workload: actor_rollout_ref.rollout.target_lengths.slowest_of: run 0, a replay of the baseline sets 8" in (
+    assert "workload: actor_rollout_ref.rollout.target_lengths.slowest_of: run 0 (gpus_per_share 1), a replay of the baseline sets 8 (gpus_per_share 1)" in (
         " ".join(result.mismatches)
     ), result.mismatches
 
@@ -325,7 +325,7 @@ def test_shares_chosen_where_the_baseline_is_not_modelled_are_no_gate() -> None:
         run, config=dataclasses.replace(run.config, settings={**run.config.settings, "slowest_of": 8})
     )
     result = compare(chosen, RLINF)
-    assert result.mode == "reference" and any("slowest_of: run 8, a replay of the baseline sets 0" in m for m in result.mismatches)
+    assert result.mode == "reference" and any("slowest_of: run 8 (gpus_per_share 1), a replay of the baseline sets 0 (gpus_per_share 1)" in m for m in result.mismatches)
 
 
 def test_phases_the_run_did_not_time_keep_the_baselines_own_figures() -> None:
@@ -376,3 +376,28 @@ def test_a_replay_of_a_tensor_parallel_rollout_generates_its_slowest_replicas_sh
     from pytest_rlbench.records.workload_replay import expected_shares
 
     assert expected_shares(seven, 3) == (0, 1) and expected_shares(seven, 8) == (32, 2)
+
+
+def test_a_saved_tensor_parallel_replay_is_not_gated_on_a_gpu_count_that_splits_no_share() -> None:
+    """A saved 4-GPU replay of RLinf's 1.5B (rollout tp 2: shares of 2 GPUs) against a one-GPU run: the
+    replay of it sets its shares again, which one GPU cannot hold, so no gate on other rows."""
+    from pytest_rlbench.records.workload_replay import expected_shares
+
+    saved = dataclasses.replace(replay_record(RLINF, H100, world_size=4), name="saved")
+    assert (saved.config.settings["slowest_of"], saved.config.settings["gpus_per_share"]) == (4, 2)
+    assert expected_shares(saved, 1) == (4, 2) and expected_shares(saved, 2) == (4, 2)
+    assert expected_shares(saved, 8) == (0, 1)  # every share
+    one = replay_record(RLINF, H100, world_size=1)  # shares 0 .. 0 of its own
+    result = compare(one, saved)
+    assert result.mode == "reference" and any("slowest_of" in m for m in result.mismatches), result.mismatches
+    two = replay_record(RLINF, H100, world_size=2)
+    gate = compare(two, saved)
+    note = [a for a in gate.assumptions if a.startswith("replayed_workers:")]
+    assert gate.mode == "gate" and note and "(a saved replay) generated the slowest of the same 4 shares" in note[0], note
+
+
+def test_the_tensor_parallel_layout_is_named_in_the_line() -> None:
+    seven = load_baseline("verl-7b")
+    result = compare(replay_record(seven, H100, world_size=4), seven)
+    note = next(a for a in result.assumptions if a.startswith("replayed_workers:"))
+    assert "reading all the weights at each decode step where each of the baseline's 2 GPUs read 1/2" in note

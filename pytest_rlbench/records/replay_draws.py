@@ -8,7 +8,8 @@ baseline's whole step can be drawn again: share s holds the prompts of uids s P 
 
 ``--rl-workload`` on N < M GPUs sets target_lengths.slowest_of = M: its GPUs generate the N shares with
 the largest decode bound (trainer/rollout/replay_shares.py), so the replay waits for what the baseline
-waited for. The gate then reads the baseline's gen and step figures over the run's own rows
+waited for. Where the baseline's rollout was tensor-parallel (M replicas of t GPUs, a share each), it
+also sets gpus_per_share = t, and the N GPUs generate the N / t slowest replicas' shares, t GPUs each. The gate then reads the baseline's gen and step figures over the run's own rows
 (``over_run_rows``: the same rows at the baseline's seconds), and its training phases per token, as
 VERL balances those over its ranks; ``slowest_worker_note`` says so among the assumptions.
 
@@ -29,6 +30,7 @@ from pytest_rlbench.records.length_shapes import CONSTANT
 from pytest_rlbench.records.record import DTYPE_BYTES, ModelArch, RunRecord, TokenCounts
 from pytest_rlbench.records.workload import run_shares, workload_tokens
 from pytest_rlbench.records.workload_replay import (
+    SLOWEST_OF,
     TARGET_LENGTHS,
     decode_replicas,
     expected_shares,
@@ -196,11 +198,17 @@ def slowest_worker_note(run: RunRecord, baseline: RunRecord) -> list[str]:
         # reached for a baseline whose rollout decoded several GPUs' shares together (tensor
         # parallelism) or whose lengths are natural: its slowest share is not modelled
         return [
-            f"replayed_workers: the baseline's generation lasted as long as the slowest of its {published} GPUs' "
-            f"shares of the step's response lengths, this run's as the slowest of its own {ran} (the first "
-            f"{ran} of those shares), so its generation throughput per GPU may read higher than this engine "
-            f"would show on the baseline's {published} GPUs (by how much is not modelled for this baseline's "
-            f"lengths or rollout layout)"
+            f"replayed_workers: the baseline's generation lasted as long as the slowest of its decode replicas' "
+            f"shares of the step's response lengths, this run's ({ran} GPU(s)) as the slowest of the first shares, "
+            f"so its generation throughput per GPU may read higher than this engine would show on the baseline's "
+            f"{published} GPUs (by how much is not modelled for this baseline's lengths or rollout layout, or "
+            f"this GPU count)"
+        ]
+    if baseline.config.settings.get(SLOWEST_OF):  # a saved replay: the same choice of shares, made again
+        return [
+            f"replayed_workers: this run and the baseline (a saved replay) generated the slowest of the same "
+            f"{baseline.config.settings[SLOWEST_OF]} shares of each step's drawn lengths; the baseline's gen and "
+            f"step figures are read over this run's rows at the baseline's own seconds"
         ]
     seed = TrainerSection().seed
     key = (baseline.name, ran, seed)
@@ -223,5 +231,12 @@ def slowest_worker_note(run: RunRecord, baseline: RunRecord) -> list[str]:
         f"step is not: this run trained on x{statistics.fmean(ratios):.3f} the mean share's tokens over steps "
         f"{STEPS[0]}-{STEPS[-1]} ({min(ratios):.3f}-{max(ratios):.3f}; the trainer's default seed {seed}), more "
         f"than the baseline's GPUs did, so its step reads slower than like for like"
+        + (
+            f"; each of this run's GPUs decodes its part of a share at tensor-parallel size 1, reading all the "
+            f"weights at each decode step where each of the baseline's {per} GPUs read 1/{per} of them: more "
+            f"reads per GPU than the baseline's (a layout, not more work)"
+            if per > 1
+            else ""
+        )
         + (f"; the baseline's rollout layout rests on {layout}" if layout else "")
     ]

@@ -218,7 +218,7 @@ def run_shares(run: RunRecord) -> tuple[int, int]:
 
 
 def _shares_value(shares: tuple[int, int]) -> str:
-    return f"{shares[0]}" + (f" (gpus_per_share {shares[1]})" if shares[1] != 1 else "")
+    return f"{shares[0]} (gpus_per_share {shares[1]})"
 
 
 def _shares_text(shares: int) -> str:

@@ -193,14 +193,14 @@ def expected_shares(baseline: RunRecord, world_size: int) -> tuple[int, int]:
     """(rollout.target_lengths.slowest_of, gpus_per_share) as a replay of ``baseline`` on ``world_size``
     GPUs sets them (trainer/rollout/replay_shares.py); (0, 1): each GPU generates its own share.
 
-    A saved replay that generated the slowest of K shares: the same again, on fewer GPUs than those
-    shares take. A published run on more GPUs than the replay, with drawn lengths that differ by share
+    A saved replay that generated the slowest of K shares: the same again (a GPU count its shares do not
+    split over is then refused at start-up), or every share on as many shares' GPUs or more. A published run on more GPUs than the replay, with drawn lengths that differ by share
     (log-normal): the slowest of its decode replicas' shares (one per GPU, or per tensor-parallel group
     of t GPUs, each split over t of the replay's), where the replay's GPUs make whole groups."""
     settings = baseline.config.settings
     own, per = settings.get(SLOWEST_OF, 0), settings.get(GPUS_PER_SHARE, 1)
-    if own:
-        return (own, per) if world_size % per == 0 and own > world_size // per else (0, 1)
+    if own:  # on as many shares or more: every share; on a count that splits none: refused at start-up
+        return (0, 1) if world_size % per == 0 and own <= world_size // per else (own, per)
     w, tp = baseline.workload, _rollout_tp(baseline)
     if w is None or w.response_length.shape.value != LOGNORMAL or world_size >= baseline.hardware.world_size:
         return 0, 1
@@ -214,7 +214,7 @@ def _share_settings(baseline: RunRecord, world_size: int) -> list[WorkloadSettin
     if not shares:
         return []
     if baseline.config.settings.get(SLOWEST_OF):
-        why = f"the baseline generated the slowest of {shares} shares of each step's drawn lengths"
+        why = f"the baseline generated the slowest of {shares} shares of each step's drawn lengths, {per} GPU(s) each"
     else:
         group = "GPUs" if per == 1 else f"decode replicas (of {per} GPUs: tensor-parallel rollout)"
         why = (

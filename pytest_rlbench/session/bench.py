@@ -148,10 +148,10 @@ def describe_config(cfg: Config, rounds: int | None = None, warmup_rounds: int |
             # kernels and layouts that change how, not what, the step computes: recorded where on
             **({"use_liger": True} if arr.model.use_liger else {}),
             **({"use_remove_padding": True} if arr.model.use_remove_padding else {}),
-            # generated the slowest of this many GPUs' shares of the drawn lengths (a replay's; the gate reads it)
+            # generated the slowest of this many shares of the drawn lengths (a replay's; the gate reads it)
             **({SLOWEST_OF: arr.rollout.target_lengths.slowest_of} if arr.rollout.target_lengths.slowest_of else {}),
             **({GPUS_PER_SHARE: arr.rollout.target_lengths.gpus_per_share}
-               if arr.rollout.target_lengths.gpus_per_share > 1 else {}),
+               if arr.rollout.target_lengths.slowest_of and arr.rollout.target_lengths.gpus_per_share > 1 else {}),
             "param_offload": arr.actor.fsdp_config.param_offload,
             "optimizer_offload": arr.actor.fsdp_config.optimizer_offload,
             "dataset": dataset_label(cfg),

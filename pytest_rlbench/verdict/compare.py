@@ -336,7 +336,7 @@ def _gate_rows(
 
 
 def _over_slowest_shares(run: RunRecord, baseline: RunRecord) -> dict[str, Figure]:
-    """For a run that generated the baseline's slowest GPUs' shares: the baseline's figures of the
+    """For a run that generated the baseline's slowest shares: the baseline's figures of the
     phases its slowest GPU timed, over the run's own rows (records/replay_draws.py); else none."""
     from pytest_rlbench.records.replay_draws import over_run_rows, replayed_slowest  # torch: only here
 

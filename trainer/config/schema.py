@@ -133,7 +133,7 @@ class TargetLengthsConfig:
     # step is drawn as M GPUs' shares and the workers generate the slowest ones to decode
     # (trainer/rollout/replay_shares.py): a replay of an M-GPU run waits for that run's slowest GPU.
     slowest_of: int = 0
-    # With slowest_of: GPUs that decoded one share together in the run replayed (its rollout's
+    # With slowest_of (ignored without): GPUs that decoded one share together in the run replayed (its rollout's
     # tensor-parallel size); consecutive workers split each share they generate this many ways.
     gpus_per_share: int = 1
 

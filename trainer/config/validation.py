@@ -308,8 +308,6 @@ def _check_target_lengths(cfg: Config) -> None:
         raise ConfigError(f"{prefix}.slowest_of must be >= 0 (0: off), got {targets.slowest_of}")
     if targets.gpus_per_share < 1:
         raise ConfigError(f"{prefix}.gpus_per_share must be >= 1, got {targets.gpus_per_share}")
-    if targets.gpus_per_share > 1 and not targets.slowest_of:
-        raise ConfigError(f"{prefix}.gpus_per_share={targets.gpus_per_share} applies only with {prefix}.slowest_of set")
     if targets.distribution == "none":
         if targets.slowest_of:
             raise ConfigError(
@@ -352,7 +350,7 @@ def _check_slowest_of(cfg: Config, shares: int) -> None:
     if prompts % workers:
         raise ConfigError(
             f"{key}={shares} needs data.train_batch_size ({prompts}) to be a multiple of the {workers} worker(s): "
-            f"each worker generates one share of the same number of prompts"
+            f"each worker generates the same number of prompts"
         )
 
 
