@@ -25,12 +25,11 @@ from pytest_rlbench.records.workload_format import (
     Workload,
 )
 from pytest_rlbench.records.workload_replay import (
-    GPUS_PER_SHARE,
     NO_TARGET,
-    SLOWEST_OF,
     TARGET_LENGTHS,
     decode_replicas,
     expected_shares,
+    run_shares,
 )
 from trainer.models.flops import (
     DecoderArch,
@@ -210,11 +209,6 @@ def workload_matches(run: RunRecord, baseline: RunRecord) -> list[str]:
             f"{_shares_value(expected)} ({_shares_text(expected[0])}; 0: each GPU generates its own share)"
         )
     return out
-
-
-def run_shares(run: RunRecord) -> tuple[int, int]:
-    """(slowest_of, gpus_per_share) as the run's config set them (records: config.settings)."""
-    return run.config.settings.get(SLOWEST_OF, 0), run.config.settings.get(GPUS_PER_SHARE, 1)
 
 
 def _shares_value(shares: tuple[int, int]) -> str:

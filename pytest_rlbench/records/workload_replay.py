@@ -189,6 +189,11 @@ def _rollout_tp(record: RunRecord) -> int:
     return record.hardware.world_size // decode_replicas(record)[0]
 
 
+def run_shares(run: RunRecord) -> tuple[int, int]:
+    """(slowest_of, gpus_per_share) as the run's config set them (records: config.settings)."""
+    return run.config.settings.get(SLOWEST_OF, 0), run.config.settings.get(GPUS_PER_SHARE, 1)
+
+
 def expected_shares(baseline: RunRecord, world_size: int) -> tuple[int, int]:
     """(rollout.target_lengths.slowest_of, gpus_per_share) as a replay of ``baseline`` on ``world_size``
     GPUs sets them (trainer/rollout/replay_shares.py); (0, 1): each GPU generates its own share.
@@ -197,8 +202,7 @@ def expected_shares(baseline: RunRecord, world_size: int) -> tuple[int, int]:
     split over is then refused at start-up), or every share on as many shares' GPUs or more. A published run on more GPUs than the replay, with drawn lengths that differ by share
     (log-normal): the slowest of its decode replicas' shares (one per GPU, or per tensor-parallel group
     of t GPUs, each split over t of the replay's), where the replay's GPUs make whole groups."""
-    settings = baseline.config.settings
-    own, per = settings.get(SLOWEST_OF, 0), settings.get(GPUS_PER_SHARE, 1)
+    own, per = run_shares(baseline)
     if own:  # on as many shares or more: every share; on a count that splits none: refused at start-up
         return (0, 1) if world_size % per == 0 and own <= world_size // per else (own, per)
     w, tp = baseline.workload, _rollout_tp(baseline)
