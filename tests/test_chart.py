@@ -14,7 +14,7 @@ from replay_records import replay_record
 from shared_parts import CPU_HARDWARE, tiny_record
 
 from pytest_rlbench.records.baselines import load_baseline
-from pytest_rlbench.records.record import Metric, RunRecord, record_from_dict
+from pytest_rlbench.records.record import Metric, RunRecord, TokenCounts, record_from_dict
 from pytest_rlbench.reports.chart import (
     MEASURED_STEP,
     OTHER,
@@ -292,6 +292,21 @@ def test_chart_draws_only_baselines_of_the_run_model_with_their_per_gpu_work() -
     tiny_drawn, _ = drawn_baselines(record(), [seven, rlinf])
     assert tiny_drawn == []  # a tiny CPU run is drawn alone, never beside a 1.5B or 7B step
     assert work_label(record(), rlinf).endswith("; other per-GPU work")
+
+
+def test_a_replay_of_heavier_rows_names_the_rows_it_generated() -> None:
+    # A replay of the slowest shares generates more than the workload's mean: the label says so.
+    rlinf = load_baseline("rlinf-1.5b")
+    replay = replay_record(rlinf, world_size=1)
+    step = replay.phases["step"]
+    rounds = [TokenCounts(num_sequences=64, response_tokens=64 * 15_800 + i) for i in range(len(step.seconds))]
+    heavier = dataclasses.replace(
+        replay, phases={**replay.phases, "step": dataclasses.replace(step, round_tokens=rounds)}
+    )
+    assert work_label(heavier) == "64 seq/GPU, response 13,975 tokens (its rows: 15,800)"
+    as_drawn = [TokenCounts(num_sequences=64, response_tokens=64 * 13_975)] * len(step.seconds)
+    same = dataclasses.replace(replay, phases={**replay.phases, "step": dataclasses.replace(step, round_tokens=as_drawn)})
+    assert work_label(same) == "64 seq/GPU, response 13,975 tokens"
 
 
 def test_step_segments_follow_the_phase_key_order() -> None:

@@ -401,3 +401,16 @@ def test_the_tensor_parallel_layout_is_named_in_the_line() -> None:
     result = compare(replay_record(seven, H100, world_size=4), seven)
     note = next(a for a in result.assumptions if a.startswith("replayed_workers:"))
     assert "reading all the weights at each decode step where each of the baseline's 2 GPUs read 1/2" in note
+
+
+def test_an_offloaded_optimizer_sharded_over_fewer_gpus_is_named() -> None:
+    """VERL's 7B offloaded its optimizer state, sharded over 64 GPUs; a 2-GPU replay's GPUs each copy
+    half of it in and out around every optimizer step, 32 times the baseline's share: named, as a reason
+    update_actor reads slow."""
+    seven = load_baseline("verl-7b")
+    result = compare(replay_record(seven, H100, world_size=2), seven)
+    assert result.mode == "gate", result.mismatches
+    note = [a for a in result.assumptions if a.startswith("offload_sharding:")]
+    assert len(note) == 1 and "copies 1/2 of the parameters' moments where each of the baseline's copied 1/64, x32" in note[0], note
+    one = compare(replay_record(RLINF, H100, world_size=1), RLINF)  # the 1.5B kept its optimizer on the GPU
+    assert not [a for a in one.assumptions if a.startswith("offload_sharding:")], one.assumptions

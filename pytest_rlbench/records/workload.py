@@ -153,6 +153,24 @@ def placement_differences(run: RunRecord, baseline: RunRecord) -> list[str]:
     return out
 
 
+def offload_sharding_note(run: RunRecord, baseline: RunRecord) -> list[str]:
+    """The line a per-GPU gate adds where the run's optimizer state waits on the host (optimizer_offload)
+    and the run has fewer GPUs than the baseline: FSDP shards the state over every GPU, so each GPU copies
+    a larger share of it to the GPU and back around each optimizer step than the baseline's GPUs did."""
+    if run.workload is None or not run.workload.optimizer_offload.value:
+        return []
+    ran, published = run.hardware.world_size, baseline.hardware.world_size
+    if ran >= published:
+        return []
+    return [
+        f"offload_sharding: the optimizer state waits on the host (optimizer_offload), sharded over every "
+        f"GPU, and is copied to the GPU and back around each optimizer step: each of this run's GPUs copies "
+        f"1/{ran} of the parameters' moments where each of the baseline's copied 1/{published}, x{published / ran:g} "
+        f"the copies per GPU inside update_actor (memory placement, not the per-GPU math), so update_actor and "
+        f"the step read slower than like for like"
+    ]
+
+
 def _work_values(w: Workload) -> dict[str, Any]:
     """The per-GPU work of a workload, flat: what two records must share for a per-GPU gate (memory
     placement and parallelism aside)."""

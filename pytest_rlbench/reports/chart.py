@@ -337,6 +337,10 @@ def work_label(
         mean = sum(tokens.response_lengths) / len(tokens.response_lengths)
     per_gpu = f"{sequences / record.hardware.world_size:g} seq/GPU" if sequences else "seq/GPU unknown"
     text = per_gpu + (f", response {mean:,.0f} tokens" if mean is not None else "")
+    generated = generated_response_mean(record)
+    if generated is not None and mean is not None and round(generated) != round(mean):
+        # a replay of the slowest shares generates heavier rows than the workload's mean
+        text += f" (its rows: {generated:,.0f})"
     if run is None:
         return text
     if result is not None and result.mode == "gate":
@@ -344,6 +348,17 @@ def work_label(
             "; same work, same hardware" if result.basis == SAME_MACHINE else "; same per-GPU work"
         )
     return text + ("; same per-GPU work" if not workload_matches(run, record) else "; other per-GPU work")
+
+
+def generated_response_mean(record: RunRecord) -> float | None:
+    """The mean response length of the rows the record's rounds generated (its step's, else its
+    gen's per-round token counts), or None where it has none."""
+    for phase in ("step", "gen"):
+        timed = record.phases.get(phase)
+        rounds = [t for t in (timed.round_tokens or []) if t.response_tokens and t.num_sequences] if timed else []
+        if rounds:
+            return sum(t.response_tokens for t in rounds) / sum(t.num_sequences for t in rounds)
+    return None
 
 
 def _text_colour(fill: str) -> str:

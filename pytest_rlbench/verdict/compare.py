@@ -37,7 +37,12 @@ from pytest_rlbench.records.metrics import (
     format_value,
 )
 from pytest_rlbench.records.record import RunRecord
-from pytest_rlbench.records.workload import model_differences, placement_differences, run_shares
+from pytest_rlbench.records.workload import (
+    model_differences,
+    offload_sharding_note,
+    placement_differences,
+    run_shares,
+)
 from pytest_rlbench.records.workload_format import assumptions
 from pytest_rlbench.records.workload_replay import GPUS_PER_SHARE, SLOWEST_OF
 from pytest_rlbench.verdict.derived import Figure, derive
@@ -367,7 +372,10 @@ def _per_gpu_compare(run: RunRecord, baseline: RunRecord, basis: str, tolerance:
     from pytest_rlbench.records.replay_draws import slowest_worker_note  # draws lengths with torch: only here
 
     assumed = tuple(
-        hardware_assumptions(run, baseline, basis)[1] + assumptions(baseline.workload) + slowest_worker_note(run, baseline)
+        hardware_assumptions(run, baseline, basis)[1]
+        + assumptions(baseline.workload)
+        + slowest_worker_note(run, baseline)
+        + offload_sharding_note(run, baseline)
     )
     names = ", ".join(dict.fromkeys(line.split(" ", 1)[0].rstrip(":") for line in assumed))
     note = f"; rests on {len(assumed)} assumed value(s): {names}" if assumed else ""
