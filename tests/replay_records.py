@@ -6,6 +6,7 @@ config (``run_workload``), and phase times scaled from the baseline's.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from pytest_rlbench.records.record import Hardware, PhaseRecord, Provenance, RunRecord
 from pytest_rlbench.records.workload import run_workload, workload_tokens
@@ -17,11 +18,14 @@ H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
 
 
-def replay_config(baseline: RunRecord, world_size: int) -> Config:
-    """A default trainer config with the baseline's workload applied for ``world_size`` GPUs."""
+def replay_config(baseline: RunRecord, world_size: int, overrides: Sequence[str] = ()) -> Config:
+    """A default trainer config with the baseline's workload applied for ``world_size`` GPUs, then
+    ``overrides`` (KEY=VALUE, as --rl-config gives them)."""
     cfg = Config()
     for setting in workload_overrides(baseline, world_size):
         apply_override(cfg, Override(setting.key, setting.value, setting.why))
+    for item in overrides:
+        apply_override(cfg, item)
     return cfg
 
 
@@ -31,12 +35,13 @@ def replay_record(
     world_size: int = 1,
     speedup: float = 2.0,
     name: str = "replay",
+    overrides: Sequence[str] = (),
 ) -> RunRecord:
     """A run that replayed ``baseline`` per GPU on ``world_size`` GPUs, each phase ``speedup`` x faster.
 
     Its token counts are the expected lengths of its own workload (as measured lengths would be, up to
     the draw). ``gpu_model`` None: a CPU run."""
-    cfg = replay_config(baseline, world_size)
+    cfg = replay_config(baseline, world_size, overrides)
     workload = run_workload(cfg, baseline.model, world_size)
     if gpu_model is None:
         hardware = Hardware("cpu", 1, world_size, 0, None, "x86_64", 16)

@@ -153,21 +153,37 @@ def placement_differences(run: RunRecord, baseline: RunRecord) -> list[str]:
     return out
 
 
+def _moves_optimizer_state(record: RunRecord) -> bool:
+    """Whether this trainer moved the record's AdamW moments between host and GPU around its optimizer
+    steps: optimizer_offload without param_offload (under which AdamW steps on the host), sharded by
+    FSDP (the GPU default, ``strategy`` auto)."""
+    w = record.workload
+    return (
+        w is not None
+        and bool(w.optimizer_offload.value)
+        and not w.param_offload.value
+        and record.config.settings.get("strategy", "auto") in ("auto", "fsdp2")
+    )
+
+
 def offload_sharding_note(run: RunRecord, baseline: RunRecord) -> list[str]:
-    """The line a per-GPU gate adds where the run's optimizer state waits on the host (optimizer_offload)
-    and the run has fewer GPUs than the baseline: FSDP shards the state over every GPU, so each GPU copies
-    a larger share of it to the GPU and back around each optimizer step than the baseline's GPUs did."""
-    if run.workload is None or not run.workload.optimizer_offload.value:
+    """The line a per-GPU gate adds where the run moved its sharded optimizer state between host and
+    GPU (optimizer_offload) on fewer GPUs than a baseline that offloaded it too: FSDP shards the state
+    over every GPU, so each of the run's GPUs copies a larger share of it than each of the baseline's."""
+    theirs = baseline.workload
+    if not _moves_optimizer_state(run) or theirs is None or not theirs.optimizer_offload.value:
         return []
     ran, published = run.hardware.world_size, baseline.hardware.world_size
     if ran >= published:
         return []
+    w = run.workload
+    steps = w.ppo_mini_batches.value * w.ppo_epochs.value
     return [
-        f"offload_sharding: the optimizer state waits on the host (optimizer_offload), sharded over every "
-        f"GPU, and is copied to the GPU and back around each optimizer step: each of this run's GPUs copies "
-        f"1/{ran} of the parameters' moments where each of the baseline's copied 1/{published}, x{published / ran:g} "
-        f"the copies per GPU inside update_actor (memory placement, not the per-GPU math), so update_actor and "
-        f"the step read slower than like for like"
+        f"offload_sharding: the optimizer state waits on the host (optimizer_offload), sharded over every GPU: "
+        f"each of this run's GPUs copies 1/{ran} of AdamW's moments to the GPU and back around each of its "
+        f"{steps} optimizer step(s) in update_actor, where each of the baseline's held 1/{published} (VERL "
+        f"copies once per update_actor call): more copying per GPU (memory placement, not the per-GPU math), "
+        f"so update_actor and the step read slower than like for like"
     ]
 
 
