@@ -93,6 +93,24 @@ STEP_METRICS: dict[str, tuple[str, bool]] = {
     f"{ROLLOUT_FIDELITY}/pearson": ("", True),
     f"{ROLLOUT_FIDELITY}/mismatch_kl": ("nats", False),
 }
+# Each phase's peak GPU memory, as a step reports it (trainer/workers/memory_peaks.py, the names its
+# figures take): recorded as the run's metrics gpu/<figure>/<phase>, the GPU family of
+# pytest_rlbench.verdict.machine_load, which is evidence beside the verdicts and never judged.
+GPU = "gpu"
+MAX_ALLOCATED = "max_allocated_gib"  # the tensors held at most
+MAX_RESERVED = "max_reserved_gib"  # what torch's allocator held from the driver (nvidia-smi's reading)
+STEP_MEMORY_FIGURES: dict[str, str] = {MAX_ALLOCATED: "GiB", MAX_RESERVED: "GiB"}
+
+
+def step_memory_unit(name: str) -> str | None:
+    """The unit of a step figure that is a phase's peak GPU memory (gpu/max_allocated_gib/update_actor),
+    else None."""
+    family, figure, phase = (name.split("/") + ["", ""])[:3]
+    if family == GPU and figure in STEP_MEMORY_FIGURES and phase in PHASE_KEYS:
+        return STEP_MEMORY_FIGURES[figure]
+    return None
+
+
 # The rollout panel's figures (pytest_rlbench/session/rollout_panel.py): each --rl-rollout engine's
 # throughput and fidelity, recorded as run metrics rollout_panel/<engine>/<figure>, never over gen's.
 PANEL = "rollout_panel"

@@ -18,7 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_rlbench.records.length_shapes import NATURAL
-from pytest_rlbench.records.metrics import BANDWIDTH, MFU, TIMING, format_value, metric_label
+from pytest_rlbench.records.metrics import (
+    BANDWIDTH,
+    GPU,
+    MAX_ALLOCATED,
+    MAX_RESERVED,
+    MFU,
+    TIMING,
+    format_value,
+    metric_label,
+)
 from pytest_rlbench.records.record import RunRecord
 from pytest_rlbench.records.workload_replay import WorkloadError, workload_overrides
 from pytest_rlbench.verdict.compare import JUDGED, BaselineComparison
@@ -27,6 +36,7 @@ from pytest_rlbench.verdict.gate_basis import SAME_MACHINE, gpu_family
 from pytest_rlbench.verdict.noise import DEFAULT_CPU_TOLERANCE
 from pytest_rlbench.verdict.peaks import peak_bf16_flops
 from pytest_rlbench.verdict.session_pace import MIN_PEERS, PACE_MIN_S
+from trainer.phases import PHASE_KEYS
 
 SUGGESTED_BASELINE = "rlbench-baseline.json"  # where the save suggestion writes, unless the user named a file
 SAVE, GATE, REPLAY = "--rl-save-baseline", "--rl-baseline", "--rl-workload"
@@ -190,6 +200,18 @@ def efficiency_line(run: RunRecord) -> list[str]:
     return [f"efficiency against the peak of {run.hardware.gpu_model}: {parts}"]
 
 
+def memory_line(run: RunRecord) -> list[str]:
+    """Each phase's peak GPU memory per GPU, as the step's rounds reported it (the median round; the
+    reserved figure is what nvidia-smi shows); nothing where none was reported (CPU)."""
+    parts = []
+    for phase in PHASE_KEYS:
+        allocated = run.metrics.get(f"{GPU}/{MAX_ALLOCATED}/{phase}")
+        reserved = run.metrics.get(f"{GPU}/{MAX_RESERVED}/{phase}")
+        if allocated is not None and reserved is not None:
+            parts.append(f"{phase} {statistics.median(allocated.value):.1f}/{statistics.median(reserved.value):.1f}")
+    return [f"peak GPU memory per GPU, GiB allocated/reserved: {', '.join(parts)}"] if parts else []
+
+
 def answer_lines(
     outcomes: Sequence[tuple[RunRecord, Sequence[BaselineComparison]]],
     baselines: Sequence[RunRecord] = (),
@@ -209,4 +231,4 @@ def answer_lines(
     if not lines and outcomes and any(results for _, results in outcomes):
         run, results = outcomes[0]
         lines = advice_lines(run, baselines, results, invocation or Invocation())
-    return lines + [line for run, _ in outcomes for line in efficiency_line(run)]
+    return lines + [line for run, _ in outcomes for line in (*efficiency_line(run), *memory_line(run))]

@@ -26,7 +26,7 @@ from pytest_rlbench import __version__
 from pytest_rlbench.frameworks import OURS_LABEL
 from pytest_rlbench.markers import phase_key_problem
 from pytest_rlbench.records.files import dumps_report, failure_line, write_atomic, write_text_atomic
-from pytest_rlbench.records.metrics import ROLLOUT_FIDELITY, STEP_METRICS
+from pytest_rlbench.records.metrics import ROLLOUT_FIDELITY, STEP_METRICS, step_memory_unit
 from pytest_rlbench.records.record import (
     BaselineError,
     Hardware,
@@ -190,11 +190,17 @@ class BenchRecorder:
 
     def add_step_metrics(self, rounds: list[Mapping[str, float]]) -> None:
         """Whole-step rounds' own figures (StepResult.metrics) that ``STEP_METRICS`` names, one sample
-        per round, as the run's metrics (compared with a baseline's like any other)."""
+        per round, as the run's metrics (compared with a baseline's like any other), and each phase's
+        peak GPU memory (``step_memory_unit``: recorded, never judged)."""
         for name, (unit, higher_is_better) in STEP_METRICS.items():
             values = [r[name] for r in rounds if name in r]
             if values:
                 self.add_metric(name, values, unit, higher_is_better)
+        # each phase's peak GPU memory: evidence, never judged (the gpu family)
+        for name in dict.fromkeys(key for r in rounds for key in r):
+            unit = step_memory_unit(name)
+            if unit is not None:
+                self.add_metric(name, [r[name] for r in rounds if name in r], unit, higher_is_better=False)
 
     @property
     def measured_anything(self) -> bool:

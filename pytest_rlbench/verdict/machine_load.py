@@ -33,6 +33,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from pytest_rlbench.records.metrics import GPU
+
 MACHINE = "machine"  # the metric family of these figures: never judged on its own
 OTHER_CORES = "other_cores"
 STEAL_CORES = "steal_cores"
@@ -143,7 +145,7 @@ class MachineWatch:
 
 
 # ----------------------------------------------------------------------------- GPU telemetry
-GPU = "gpu"  # the metric family of these figures: never judged on its own
+# GPU (records.metrics): the metric family of these figures, never judged on its own
 SM_CLOCK = "sm_clock_mhz"
 MEM_CLOCK = "mem_clock_mhz"
 POWER = "power_w"

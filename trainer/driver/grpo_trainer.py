@@ -40,6 +40,7 @@ from trainer.rollout.replay_shares import step_uids
 from trainer.rollout.requests import rollout_seed
 from trainer.timing import PhaseTimer
 from trainer.work_counts import WorkCounts, count_work
+from trainer.workers.memory_peaks import memory_figures
 
 T = TypeVar("T")
 
@@ -122,10 +123,18 @@ class GRPOTrainer:
         result = StepResult(
             step=self.global_step,
             timing_s=dict(timer.seconds),
-            metrics={**batch_metrics(batch), **adv_metrics, **actor_metrics},
+            metrics={**batch_metrics(batch), **adv_metrics, **actor_metrics, **self.memory_figures()},
             tokens=self.batch_tokens(batch),
         )
         return result
+
+    def memory_figures(self) -> dict[str, float]:
+        """Each phase's peak GPU memory in the step, the largest over the workers, GiB
+        (``gpu/max_allocated_gib/<phase>``, trainer/workers/memory_peaks.py); none on CPU, where no
+        worker is asked."""
+        if self.cfg.trainer.device != "cuda":
+            return {}
+        return memory_figures(self.workers.all("take_memory_peaks"))
 
     # ------------------------------------------------------------------ phases
     def reshard(self) -> None:

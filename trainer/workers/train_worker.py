@@ -42,6 +42,7 @@ from trainer.workers.fsdp import (
     resolve_strategy,
     shard_model,
 )
+from trainer.workers.memory_peaks import PhasePeaks
 from trainer.workers.shard_state import ShardSources, load_shards, save_shard
 
 
@@ -54,6 +55,7 @@ class TrainWorker:
         if on_gpu and not torch.cuda.is_available():
             raise RuntimeError(f"worker {rank}: trainer.device=cuda but torch sees no GPU in this process")
         self.device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
+        self.memory = PhasePeaks(self.device)  # each phase's peak GPU memory, for the step's figures
         if not on_gpu:
             # One thread per CPU worker, as its one Ray CPU: OpenMP threads spin-wait on each other,
             # and on an oversubscribed machine that turned a phase 100x slower instead of 2x.
@@ -155,12 +157,14 @@ class TrainWorker:
     # -- phases -------------------------------------------------------------------------------
     def reshard(self) -> None:
         """Hand the actor's current weights to the rollout engine."""
-        self.engine.sync_from(self.actor.lm)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        with self.memory.phase("reshard"):
+            self.engine.sync_from(self.actor.lm)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
 
     def generate(self, prompts: list[list[int]], uids: list[int], ground_truths: list[str], seed: int) -> Batch:
-        return self._generate(self.engine, prompts, uids, ground_truths, seed)
+        with self.memory.phase("generate_sequences"):
+            return self._generate(self.engine, prompts, uids, ground_truths, seed)
 
     def generate_with(
         self, name: str, prompts: list[list[int]], uids: list[int], ground_truths: list[str], seed: int
@@ -200,17 +204,21 @@ class TrainWorker:
 
     def compute_old_log_prob(self, batch: Batch) -> torch.Tensor:
         r = self.cfg.actor_rollout_ref.rollout
-        return self._log_probs(
-            self.actor, batch, r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu
-        )
+        with self.memory.phase("old_log_prob"):
+            return self._log_probs(
+                self.actor, batch, r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz,
+                r.log_prob_max_token_len_per_gpu,
+            )
 
     def compute_ref_log_prob(self, batch: Batch) -> torch.Tensor:
         if self.ref is None:
             raise RuntimeError("the reference model was not built: neither use_kl_loss nor use_kl_in_reward is set")
         r = self.cfg.actor_rollout_ref.ref
-        return self._log_probs(
-            self.ref, batch, r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu
-        )
+        with self.memory.phase("ref"):
+            return self._log_probs(
+                self.ref, batch, r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz,
+                r.log_prob_max_token_len_per_gpu,
+            )
 
     def update_actor(self, shard: Batch, n_mini_batches: int) -> dict[str, float]:
         settings = UpdateSettings(
@@ -220,10 +228,16 @@ class TrainWorker:
             device=self.device,
             optimizer_offload=self.optimizer_offload,
         )
-        metrics = update_policy(self.actor, self.optimizer, shard, self.cfg.actor_rollout_ref.actor, settings, self.dp)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        with self.memory.phase("update_actor"):
+            metrics = update_policy(self.actor, self.optimizer, shard, self.cfg.actor_rollout_ref.actor, settings, self.dp)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
         return metrics
+
+    def take_memory_peaks(self) -> dict[str, tuple[int, int]]:
+        """Each phase's peak GPU memory since the last call, bytes (max allocated, max reserved); empty
+        on CPU (trainer/workers/memory_peaks.py)."""
+        return self.memory.take()
 
     def counted(self, method: str, *args: Any) -> tuple[Any, WorkCounts]:
         """``method(*args)`` and the work it dispatched in this worker (trainer/work_counts.py): what
@@ -253,7 +267,8 @@ class TrainWorker:
         Under dp the replicas are equal, so rank 0 alone writes and the others return none."""
         if self.strategy == "dp" and self.rank > 0:
             return []
-        return save_shard(Path(directory), self.world_size, self.rank, self.actor, self.optimizer)
+        with self.memory.phase("save_checkpoint"):
+            return save_shard(Path(directory), self.world_size, self.rank, self.actor, self.optimizer)
 
     def verify_files(self, files: list[tuple[str, dict[str, Any]]]) -> list[str]:
         """Check each (path, {bytes, sha256}) against its manifest entry; returns what is wrong, by file."""
@@ -287,17 +302,6 @@ class TrainWorker:
             self.actor.lm.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.engine.sync_from(self.actor.lm)
-
-    def memory_stats(self) -> dict[str, float]:
-        """Peak GPU memory of this worker since the last call, GiB (empty on CPU); resets the peak."""
-        if self.device.type != "cuda":
-            return {}
-        out = {
-            "max_allocated_gib": torch.cuda.max_memory_allocated(self.device) / 2**30,
-            "max_reserved_gib": torch.cuda.max_memory_reserved(self.device) / 2**30,
-        }
-        torch.cuda.reset_peak_memory_stats(self.device)
-        return out
 
     def shutdown(self) -> None:
         self.dp.shutdown()  # closes the rendezvous it was handed

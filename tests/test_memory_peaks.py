@@ -1,0 +1,91 @@
+"""Each phase's peak GPU memory: the trainer's step figures (trainer/workers/memory_peaks.py) and the
+plugin's recording of them as run metrics that no verdict judges."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_rlbench.records.metrics import step_memory_unit
+from pytest_rlbench.records.record import Hardware, ModelArch, RunConfig, TokenCounts
+from pytest_rlbench.reports.answer import memory_line
+from pytest_rlbench.session.recorder import BenchRecorder
+from pytest_rlbench.verdict.compare import compare
+from trainer.workers.memory_peaks import GIB, PhasePeaks, memory_figures
+
+pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
+
+TINY = ModelArch(
+    name="tiny", num_layers=1, hidden_size=2, intermediate_size=4, num_heads=1, num_kv_heads=1, head_dim=2, vocab_size=3
+)
+
+
+def test_a_phase_figure_is_the_largest_over_the_workers_in_gib() -> None:
+    workers = [
+        {"update_actor": (3 * GIB, 4 * GIB), "generate_sequences": (GIB, 2 * GIB)},
+        {"update_actor": (5 * GIB, 4 * GIB)},  # allocated and reserved each take their own largest
+    ]
+    assert memory_figures(workers) == {
+        "gpu/max_allocated_gib/update_actor": 5.0,
+        "gpu/max_reserved_gib/update_actor": 4.0,
+        "gpu/max_allocated_gib/generate_sequences": 1.0,
+        "gpu/max_reserved_gib/generate_sequences": 2.0,
+    }
+    assert memory_figures([{}, {}]) == {}  # CPU workers
+
+
+def test_the_plugin_records_the_trainers_figures_and_no_verdict_judges_them(tmp_path: Path) -> None:
+    figures = memory_figures([{"update_actor": (3 * GIB, 4 * GIB), "save_checkpoint": (GIB, GIB)}])
+    assert all(step_memory_unit(name) == "GiB" for name in figures)  # the names the trainer gives
+    assert step_memory_unit("gpu/max_allocated_gib/not_a_phase") is None
+    assert step_memory_unit("gpu/power_w/update_actor") is None  # NVML's figures are recorded elsewhere
+
+    def record(name: str, scale: float):
+        recorder = BenchRecorder(name, tmp_path / name)
+        recorder.context.hardware = Hardware("cpu", 1, 1, 0, cpu_model="x86", cpus_per_node=2)
+        recorder.context.model = TINY
+        recorder.context.config = RunConfig(train_batch_size=1, rollout_n=2, max_prompt_length=4, max_response_length=4)
+        recorder.context.tokens = TokenCounts(prompt_lengths=[2, 2], response_lengths=[1, 3])
+        recorder.record("step", [1.0] * 5, "t::step")
+        recorder.add_step_metrics([{**{k: v * scale for k, v in figures.items()}, "critic/score/mean": 0.5}] * 5)
+        return recorder.build_record()
+
+    run, base = record("run", 2.0), record("base", 1.0)
+    assert set(run.metrics) == set(figures)
+    assert run.metrics["gpu/max_allocated_gib/update_actor"].value == [6.0] * 5
+    assert run.metrics["gpu/max_allocated_gib/update_actor"].unit == "GiB"
+    # twice the memory is evidence beside the verdict, not a failure
+    result = compare(run, base)
+    assert result.mode == "gate" and result.passed, result.failures
+    assert not [c for c in result.comparisons if c.metric.startswith("gpu/")], result.comparisons
+    # the summary's line, in the phases' order
+    assert memory_line(run) == ["peak GPU memory per GPU, GiB allocated/reserved: update_actor 6.0/8.0, save_checkpoint 2.0/2.0"]
+    assert memory_line(dataclasses.replace(run, metrics={})) == []
+
+
+def test_a_cpu_worker_records_no_peak() -> None:
+    peaks = PhasePeaks(torch.device("cpu"))
+    with peaks.phase("update_actor"):
+        torch.zeros(1024)
+    assert peaks.take() == {}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_gpu_phase_peak_holds_what_it_allocated_and_is_taken_once() -> None:
+    device = torch.device("cuda", 0)
+    peaks = PhasePeaks(device)
+    held = torch.empty(8 * 2**20, dtype=torch.uint8, device=device)  # held through both phases
+    with peaks.phase("old_log_prob"):
+        scratch = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)
+        del scratch
+    with peaks.phase("ref"):
+        pass
+    taken = peaks.take()
+    allocated, reserved = taken["old_log_prob"]
+    assert allocated >= 72 * 2**20 and reserved >= allocated, taken  # the scratch and what was held
+    assert 8 * 2**20 <= taken["ref"][0] < 64 * 2**20, taken  # the peak restarted from what was held
+    assert peaks.take() == {}
+    del held
