@@ -14,7 +14,7 @@ from pytest_rlbench.records.record import Hardware, ModelArch, RunConfig, TokenC
 from pytest_rlbench.reports.answer import memory_line
 from pytest_rlbench.session.recorder import BenchRecorder
 from pytest_rlbench.verdict.compare import compare
-from trainer.workers.memory_peaks import GIB, PhasePeaks, memory_figures
+from trainer.workers.memory_peaks import GIB, PhasePeaks, largest_worker, worker_figures
 
 pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
 
@@ -23,22 +23,22 @@ TINY = ModelArch(
 )
 
 
-def test_a_phase_figure_is_the_largest_over_the_workers_in_gib() -> None:
-    workers = [
-        {"update_actor": (3 * GIB, 4 * GIB), "generate_sequences": (GIB, 2 * GIB)},
-        {"update_actor": (5 * GIB, 4 * GIB)},  # allocated and reserved each take their own largest
-    ]
-    assert memory_figures(workers) == {
+def test_a_phase_figure_is_the_worker_that_held_the_most_in_gib() -> None:
+    one = worker_figures({"update_actor": (3 * GIB, 6 * GIB), "generate_sequences": (GIB, 2 * GIB)})
+    two = worker_figures({"update_actor": (5 * GIB, int(5.5 * GIB))})
+    assert one["gpu/max_allocated_gib/update_actor"] == 3.0 and one["gpu/max_reserved_gib/update_actor"] == 6.0
+    # per phase, both figures of the one GPU that held the most: 5/5.5, not 5 with the other's 6
+    assert largest_worker([{**one, "actor/pg_loss": 0.1}, two]) == {
         "gpu/max_allocated_gib/update_actor": 5.0,
-        "gpu/max_reserved_gib/update_actor": 4.0,
+        "gpu/max_reserved_gib/update_actor": 5.5,
         "gpu/max_allocated_gib/generate_sequences": 1.0,
         "gpu/max_reserved_gib/generate_sequences": 2.0,
     }
-    assert memory_figures([{}, {}]) == {}  # CPU workers
+    assert worker_figures({}) == {} and largest_worker([{"actor/pg_loss": 0.1}, {}]) == {}  # CPU workers
 
 
 def test_the_plugin_records_the_trainers_figures_and_no_verdict_judges_them(tmp_path: Path) -> None:
-    figures = memory_figures([{"update_actor": (3 * GIB, 4 * GIB), "save_checkpoint": (GIB, GIB)}])
+    figures = worker_figures({"update_actor": (3 * GIB, 4 * GIB), "reshard": (GIB, GIB)})
     assert all(step_memory_unit(name) == "GiB" for name in figures)  # the names the trainer gives
     assert step_memory_unit("gpu/max_allocated_gib/not_a_phase") is None
     assert step_memory_unit("gpu/power_w/update_actor") is None  # NVML's figures are recorded elsewhere
@@ -50,19 +50,22 @@ def test_the_plugin_records_the_trainers_figures_and_no_verdict_judges_them(tmp_
         recorder.context.config = RunConfig(train_batch_size=1, rollout_n=2, max_prompt_length=4, max_response_length=4)
         recorder.context.tokens = TokenCounts(prompt_lengths=[2, 2], response_lengths=[1, 3])
         recorder.record("step", [1.0] * 5, "t::step")
-        recorder.add_step_metrics([{**{k: v * scale for k, v in figures.items()}, "critic/score/mean": 0.5}] * 5)
+        rounds = [{**{k: v * scale * (1 + i / 10) for k, v in figures.items()}, "critic/score/mean": 0.5} for i in range(5)]
+        recorder.add_step_metrics(rounds)
         return recorder.build_record()
 
     run, base = record("run", 2.0), record("base", 1.0)
     assert set(run.metrics) == set(figures)
-    assert run.metrics["gpu/max_allocated_gib/update_actor"].value == [6.0] * 5
+    assert run.metrics["gpu/max_allocated_gib/update_actor"].value == pytest.approx([6.0, 6.6, 7.2, 7.8, 8.4])
     assert run.metrics["gpu/max_allocated_gib/update_actor"].unit == "GiB"
     # twice the memory is evidence beside the verdict, not a failure
     result = compare(run, base)
     assert result.mode == "gate" and result.passed, result.failures
     assert not [c for c in result.comparisons if c.metric.startswith("gpu/")], result.comparisons
-    # the summary's line, in the phases' order
-    assert memory_line(run) == ["peak GPU memory per GPU, GiB allocated/reserved: update_actor 6.0/8.0, save_checkpoint 2.0/2.0"]
+    # the summary's line, in the phases' order: the largest round, what must fit
+    assert memory_line(run) == [
+        "peak GPU memory per GPU (largest round), GiB allocated/reserved: reshard 2.8/2.8, update_actor 8.4/11.2"
+    ]
     assert memory_line(dataclasses.replace(run, metrics={})) == []
 
 

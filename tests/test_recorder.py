@@ -45,6 +45,20 @@ def test_provenance_is_worked_out_once_per_session(tmp_path: Path) -> None:
     assert recorder.session_provenance.notes == []  # each record's notes are its own
 
 
+def test_a_tree_that_differs_from_its_commit_is_named_dirty(tmp_path: Path) -> None:
+    git(tmp_path, "init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git(tmp_path, "add", "code.py")
+    git(tmp_path, "commit", "-q", "-m", "first")
+    clean = git_commit(tmp_path)
+    assert clean is not None and not clean.endswith("-dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")  # the code that runs is not the commit's
+    assert git_commit(tmp_path) == f"{clean}-dirty"
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "new_module.py").write_text("")  # a file git does not hold yet
+    assert git_commit(tmp_path) == f"{clean}-dirty"
+
+
 def test_phase_figures_are_the_phase_time_and_its_derived_figures(tmp_path: Path) -> None:
     recorder = BenchRecorder("run", tmp_path)
     recorder.record("gen", [1.0, 2.0, 4.0], "t::gen")

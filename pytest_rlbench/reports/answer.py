@@ -201,15 +201,15 @@ def efficiency_line(run: RunRecord) -> list[str]:
 
 
 def memory_line(run: RunRecord) -> list[str]:
-    """Each phase's peak GPU memory per GPU, as the step's rounds reported it (the median round; the
-    reserved figure is what nvidia-smi shows); nothing where none was reported (CPU)."""
+    """Each phase's peak GPU memory on the GPU that held the most, in the round that held the most (what
+    must fit), as whole steps of the bundled trainer report it; nothing where none was (CPU)."""
     parts = []
     for phase in PHASE_KEYS:
         allocated = run.metrics.get(f"{GPU}/{MAX_ALLOCATED}/{phase}")
         reserved = run.metrics.get(f"{GPU}/{MAX_RESERVED}/{phase}")
         if allocated is not None and reserved is not None:
-            parts.append(f"{phase} {statistics.median(allocated.value):.1f}/{statistics.median(reserved.value):.1f}")
-    return [f"peak GPU memory per GPU, GiB allocated/reserved: {', '.join(parts)}"] if parts else []
+            parts.append(f"{phase} {max(allocated.value):.1f}/{max(reserved.value):.1f}")
+    return [f"peak GPU memory per GPU (largest round), GiB allocated/reserved: {', '.join(parts)}"] if parts else []
 
 
 def answer_lines(

@@ -91,14 +91,20 @@ class SessionOutcome:
 
 
 def git_commit(cwd: Path) -> str | None:
-    """The checked-out commit of the code under test, when it is a git checkout."""
+    """The checked-out commit of the code under test, when it is a git checkout; ``-dirty`` after it
+    when the tree differs from that commit (changed or new files that git does not ignore), so a
+    report never names a commit that did not hold the code that ran."""
     try:
-        out = subprocess.run(
+        head = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
         )
+        if head.returncode != 0 or not head.stdout.strip():
+            return None
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    dirty = status.returncode != 0 or bool(status.stdout.strip())
+    return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
 def local_hardware(cpu_model: str, cpus: int | None) -> Hardware:

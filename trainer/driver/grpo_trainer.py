@@ -40,7 +40,7 @@ from trainer.rollout.replay_shares import step_uids
 from trainer.rollout.requests import rollout_seed
 from trainer.timing import PhaseTimer
 from trainer.work_counts import WorkCounts, count_work
-from trainer.workers.memory_peaks import memory_figures
+from trainer.workers.memory_peaks import largest_worker
 
 T = TypeVar("T")
 
@@ -123,18 +123,10 @@ class GRPOTrainer:
         result = StepResult(
             step=self.global_step,
             timing_s=dict(timer.seconds),
-            metrics={**batch_metrics(batch), **adv_metrics, **actor_metrics, **self.memory_figures()},
+            metrics={**batch_metrics(batch), **adv_metrics, **actor_metrics},
             tokens=self.batch_tokens(batch),
         )
         return result
-
-    def memory_figures(self) -> dict[str, float]:
-        """Each phase's peak GPU memory in the step, the largest over the workers, GiB
-        (``gpu/max_allocated_gib/<phase>``, trainer/workers/memory_peaks.py); none on CPU, where no
-        worker is asked."""
-        if self.cfg.trainer.device != "cuda":
-            return {}
-        return memory_figures(self.workers.all("take_memory_peaks"))
 
     # ------------------------------------------------------------------ phases
     def reshard(self) -> None:
@@ -240,7 +232,8 @@ class GRPOTrainer:
         mini_rows = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
         shards = mini_batch_shards(batch.size, mini_rows, self.workers.world_size)
         metrics = self.workers.each("update_actor", [(batch.select(rows), batch.size // mini_rows) for rows in shards])
-        return metrics[0]  # every worker reports the same global figures
+        # every worker reports the same global figures; its peak GPU memory is its own
+        return {**metrics[0], **largest_worker(metrics)}
 
     def count_work(self, fn: Callable[[], T]) -> tuple[T, WorkCounts]:
         """``fn()`` (a phase, or several) and the work it dispatched, here and in every worker it called

@@ -1,10 +1,12 @@
 """Each phase's peak GPU memory in a worker, for the step's figures ``gpu/<figure>/<phase>``.
 
 A phase's peak is what torch's caching allocator saw between the phase's start and its end in this
-worker: the tensors held at most (``max_allocated_gib``: what the phase needs, the weights and state
-it keeps included) and the memory the allocator took from the driver (``max_reserved_gib``: what
-``nvidia-smi`` shows, less the CUDA context). nvidia-smi alone reads the reserved figure, an upper bound
-on the need. Nothing on CPU workers.
+worker: the tensors held at most (``max_allocated_gib``: the weights and state it keeps included; a
+lower bound on the need, as fragmentation is not counted) and what the allocator held from the
+driver (``max_reserved_gib``: nvidia-smi's reading less the CUDA context and what torch does not
+allocate, such as NCCL's buffers; the allocator keeps what it took, so this carries earlier phases').
+A step's phases, reshard to update_actor, come back with update_actor's figures, so taking them costs
+the step no call of its own. Nothing on CPU workers.
 """
 
 from __future__ import annotations
@@ -46,13 +48,27 @@ class PhasePeaks:
         return taken
 
 
-def memory_figures(per_worker: Sequence[Mapping[str, tuple[int, int]]]) -> dict[str, float]:
-    """The step's memory figures from each worker's peaks: per phase, the largest over the workers,
-    in GiB (``gpu/max_allocated_gib/update_actor``, ...)."""
+def worker_figures(peaks: Mapping[str, tuple[int, int]]) -> dict[str, float]:
+    """One worker's peaks as step figures, GiB: ``gpu/max_allocated_gib/<phase>`` and
+    ``gpu/max_reserved_gib/<phase>``."""
     out: dict[str, float] = {}
-    for peaks in per_worker:
-        for phase, (allocated, reserved) in peaks.items():
-            for figure, value in ((MAX_ALLOCATED, allocated), (MAX_RESERVED, reserved)):
-                key = f"{GPU}/{figure}/{phase}"
-                out[key] = max(out.get(key, 0.0), value / GIB)
+    for phase, (allocated, reserved) in peaks.items():
+        out[f"{GPU}/{MAX_ALLOCATED}/{phase}"] = allocated / GIB
+        out[f"{GPU}/{MAX_RESERVED}/{phase}"] = reserved / GIB
+    return out
+
+
+def largest_worker(per_worker: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The step's memory figures from each worker's (``worker_figures``, among its other figures): per
+    phase, both figures of the worker that held the most (allocated), so they describe one GPU."""
+    out: dict[str, float] = {}
+    prefix = f"{GPU}/{MAX_ALLOCATED}/"
+    for figures in per_worker:
+        for key, allocated in figures.items():
+            if not key.startswith(prefix):
+                continue
+            if allocated >= out.get(key, -1.0):
+                phase = key[len(prefix):]
+                out[key] = allocated
+                out[f"{GPU}/{MAX_RESERVED}/{phase}"] = figures[f"{GPU}/{MAX_RESERVED}/{phase}"]
     return out

@@ -42,7 +42,7 @@ from trainer.workers.fsdp import (
     resolve_strategy,
     shard_model,
 )
-from trainer.workers.memory_peaks import PhasePeaks
+from trainer.workers.memory_peaks import PhasePeaks, worker_figures
 from trainer.workers.shard_state import ShardSources, load_shards, save_shard
 
 
@@ -157,6 +157,7 @@ class TrainWorker:
     # -- phases -------------------------------------------------------------------------------
     def reshard(self) -> None:
         """Hand the actor's current weights to the rollout engine."""
+        self.memory.take()  # a step starts here: earlier calls' peaks are not its own
         with self.memory.phase("reshard"):
             self.engine.sync_from(self.actor.lm)
             if self.device.type == "cuda":
@@ -232,12 +233,8 @@ class TrainWorker:
             metrics = update_policy(self.actor, self.optimizer, shard, self.cfg.actor_rollout_ref.actor, settings, self.dp)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
-        return metrics
-
-    def take_memory_peaks(self) -> dict[str, tuple[int, int]]:
-        """Each phase's peak GPU memory since the last call, bytes (max allocated, max reserved); empty
-        on CPU (trainer/workers/memory_peaks.py)."""
-        return self.memory.take()
+        # this worker's peak GPU memory in each phase since the step's reshard (none on CPU)
+        return {**metrics, **worker_figures(self.memory.take())}
 
     def counted(self, method: str, *args: Any) -> tuple[Any, WorkCounts]:
         """``method(*args)`` and the work it dispatched in this worker (trainer/work_counts.py): what
@@ -267,8 +264,7 @@ class TrainWorker:
         Under dp the replicas are equal, so rank 0 alone writes and the others return none."""
         if self.strategy == "dp" and self.rank > 0:
             return []
-        with self.memory.phase("save_checkpoint"):
-            return save_shard(Path(directory), self.world_size, self.rank, self.actor, self.optimizer)
+        return save_shard(Path(directory), self.world_size, self.rank, self.actor, self.optimizer)
 
     def verify_files(self, files: list[tuple[str, dict[str, Any]]]) -> list[str]:
         """Check each (path, {bytes, sha256}) against its manifest entry; returns what is wrong, by file."""
