@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainer.phases import PHASE_KEYS
+from trainer.workers.memory_peaks import GPU, MAX_ALLOCATED, MAX_RESERVED
 
 TIMING = "timing_s"
 # A phase's rounds timed again at the end of the session when its gate failed on CPU workers
@@ -93,12 +94,9 @@ STEP_METRICS: dict[str, tuple[str, bool]] = {
     f"{ROLLOUT_FIDELITY}/pearson": ("", True),
     f"{ROLLOUT_FIDELITY}/mismatch_kl": ("nats", False),
 }
-# Each phase's peak GPU memory, as a step reports it (trainer/workers/memory_peaks.py, the names its
-# figures take): recorded as the run's metrics gpu/<figure>/<phase>, the GPU family of
-# pytest_rlbench.verdict.machine_load, which is evidence beside the verdicts and never judged.
-GPU = "gpu"
-MAX_ALLOCATED = "max_allocated_gib"  # the tensors held at most
-MAX_RESERVED = "max_reserved_gib"  # what torch's allocator held from the driver (nvidia-smi's reading)
+# Each phase's peak GPU memory, as a step reports it under the trainer's names: recorded as the run's
+# metrics gpu/<figure>/<phase>, the GPU family of pytest_rlbench.verdict.machine_load, which is
+# evidence beside the verdicts and never judged.
 STEP_MEMORY_FIGURES: dict[str, str] = {MAX_ALLOCATED: "GiB", MAX_RESERVED: "GiB"}
 
 

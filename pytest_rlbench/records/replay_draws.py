@@ -28,12 +28,14 @@ from dataclasses import dataclass, replace
 
 from pytest_rlbench.records.length_shapes import CONSTANT
 from pytest_rlbench.records.record import DTYPE_BYTES, ModelArch, RunRecord, TokenCounts
-from pytest_rlbench.records.workload import run_shares, workload_tokens
+from pytest_rlbench.records.workload import workload_tokens
 from pytest_rlbench.records.workload_replay import (
     SLOWEST_OF,
     TARGET_LENGTHS,
     decode_replicas,
     expected_shares,
+    rollout_tp,
+    run_shares,
     workload_overrides,
 )
 from trainer.config.schema import TargetLengthsConfig, TrainerSection
@@ -109,7 +111,7 @@ class ReplayLayouts:
         the baseline's prompts per step)."""
         gpus, replicas = baseline.hardware.world_size, decode_replicas(baseline)[0]
         spec = {s.key: s.value for s in workload_overrides(baseline, gpus)}
-        return cls(spec, replicas, spec["data.train_batch_size"] // replicas, gpus // replicas)
+        return cls(spec, replicas, spec["data.train_batch_size"] // replicas, rollout_tp(baseline))
 
     def shares(self, arch: ModelArch, seed: int, bandwidth: float = 1.0) -> list[WorkerDraw]:
         """Every baseline replica's share at the step of ``seed`` (a replay generates the slowest), its

@@ -185,7 +185,8 @@ def decode_replicas(record: RunRecord) -> tuple[int, str | None]:
     )
 
 
-def _rollout_tp(record: RunRecord) -> int:
+def rollout_tp(record: RunRecord) -> int:
+    """The GPUs that decoded one share together: the record's GPUs over its decode replicas."""
     return record.hardware.world_size // decode_replicas(record)[0]
 
 
@@ -205,7 +206,7 @@ def expected_shares(baseline: RunRecord, world_size: int) -> tuple[int, int]:
     own, per = run_shares(baseline)
     if own:  # on as many shares or more: every share; on a count that splits none: refused at start-up
         return (0, 1) if world_size % per == 0 and own <= world_size // per else (own, per)
-    w, tp = baseline.workload, _rollout_tp(baseline)
+    w, tp = baseline.workload, rollout_tp(baseline)
     if w is None or w.response_length.shape.value != LOGNORMAL or world_size >= baseline.hardware.world_size:
         return 0, 1
     if world_size % tp:

@@ -37,14 +37,9 @@ from pytest_rlbench.records.metrics import (
     format_value,
 )
 from pytest_rlbench.records.record import RunRecord
-from pytest_rlbench.records.workload import (
-    model_differences,
-    offload_sharding_note,
-    placement_differences,
-    run_shares,
-)
+from pytest_rlbench.records.workload import model_differences, offload_sharding_note, placement_differences
 from pytest_rlbench.records.workload_format import assumptions
-from pytest_rlbench.records.workload_replay import GPUS_PER_SHARE, SLOWEST_OF
+from pytest_rlbench.records.workload_replay import GPUS_PER_SHARE, SLOWEST_OF, run_shares
 from pytest_rlbench.verdict.derived import Figure, derive
 from pytest_rlbench.verdict.gate_basis import (
     BASIS_FAMILIES,

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch only where a peak is read: the plugin imports the names below without it
+    import torch
 
 GPU = "gpu"  # the step figures' family (the plugin records gpu/* as evidence, never judged)
-MAX_ALLOCATED = "max_allocated_gib"
-MAX_RESERVED = "max_reserved_gib"
+MAX_ALLOCATED = "max_allocated_gib"  # the tensors held at most
+MAX_RESERVED = "max_reserved_gib"  # what torch's allocator held from the driver (nvidia-smi's reading)
 GIB = 2**30
 
 
@@ -34,6 +36,8 @@ class PhasePeaks:
         if self.device.type != "cuda":
             yield
             return
+        import torch
+
         torch.cuda.reset_peak_memory_stats(self.device)  # the peak restarts from what is held now
         try:
             yield
