@@ -216,6 +216,9 @@ def test_the_real_suites_write_every_phase_key_and_gate_against_their_own_baseli
     # the CPU other processes used and the hypervisor took beside each phase's rounds
     for figure in ("other_cores", "steal_cores"):
         assert all(len(data["metrics"][f"machine/{figure}/{k}"]["samples"]) == 1 for k in PHASE_KEYS)
+    # the save benchmark's work, each round's checkpoint bytes (its GB/s per GPU divides them)
+    saves = data["metrics"]["checkpoint/bytes"]["samples"]
+    assert len(saves) == 2 and min(saves) > 0 and max(saves) <= 1.01 * min(saves), saves
 
     second = pytester.runpytest_subprocess(
         str(suites / "test_phases.py"),

@@ -15,7 +15,9 @@ from trainer.phases import PHASE_KEYS
 
 
 def test_every_family_has_a_unit_label_and_phases_that_are_phase_keys() -> None:
-    assert metrics.METRIC_FAMILIES == ("timing_s", "timing_per_token_ms", "tokens_per_s_per_gpu", "mfu", "bandwidth_util")
+    assert metrics.METRIC_FAMILIES == (
+        "timing_s", "timing_per_token_ms", "tokens_per_s_per_gpu", "mfu", "checkpoint_gb_per_s_per_gpu", "bandwidth_util"
+    )
     for family in metrics.FAMILIES.values():
         assert family.unit and family.label
         assert set(family.phases) <= set(PHASE_KEYS), family.name
@@ -23,7 +25,9 @@ def test_every_family_has_a_unit_label_and_phases_that_are_phase_keys() -> None:
             assert set(family.phases) <= set(metrics.TOKEN_BASIS), family.name
     judged = {family for gated, _ in gate_basis.BASIS_FAMILIES.values() for family in gated}
     assert judged <= set(metrics.METRIC_FAMILIES)  # the one table of what a gate judges
-    assert metrics.REFERENCE_FAMILIES == ("timing_s", "tokens_per_s_per_gpu", "mfu", "bandwidth_util")
+    assert metrics.REFERENCE_FAMILIES == (
+        "timing_s", "tokens_per_s_per_gpu", "mfu", "checkpoint_gb_per_s_per_gpu", "bandwidth_util"
+    )
     assert set(metrics.FAMILIES["mfu"].phases) == set(derived.MFU_PASSES)
 
 

@@ -22,6 +22,7 @@ from trainer.checkpoint_files import CheckpointError, write_torch_file
 from trainer.config import build_config
 from trainer.driver.checkpoint import MANIFEST, TRACKER, save_checkpoint, step_dir, verify_checkpoint
 from trainer.driver.checkpoint_shards import shard_files
+from trainer.phases import CHECKPOINT_BYTES
 from trainer.workers.shard_state import FILES_PER_RANK, ShardSources, balanced_parts
 
 COMMON = [
@@ -67,22 +68,35 @@ def assert_same_state(got: dict, expected: dict, exact: bool = True) -> None:
 
 @pytest.fixture(scope="module")
 def straight_run(two_node_cluster, tmp_path_factory):
-    """Three steps on two FSDP2 workers, saving every second step: (root, state at 2, step 3's loss, state at 3)."""
+    """Three steps on two FSDP2 workers, saving every second step: (root, state at 2, step 3's loss, state at 3,
+    the three steps' metrics)."""
     tmp_path = tmp_path_factory.mktemp("straight")
     trainer = make_trainer(tmp_path, 2, "trainer.save_freq=2")
     try:
-        trainer.train_step(next(trainer.loader))
-        trainer.train_step(next(trainer.loader))  # saves step 2
+        metrics = [trainer.train_step(next(trainer.loader)).metrics]
+        metrics.append(trainer.train_step(next(trainer.loader)).metrics)  # saves step 2
         at_2 = gathered(trainer)
-        loss_3 = trainer.train_step(next(trainer.loader)).metrics["actor/pg_loss"]
+        metrics.append(trainer.train_step(next(trainer.loader)).metrics)
         at_3 = gathered(trainer)
     finally:
         trainer.shutdown()
-    return tmp_path / "ckpt", at_2, loss_3, at_3
+    return tmp_path / "ckpt", at_2, metrics[2]["actor/pg_loss"], at_3, metrics
+
+
+def test_a_step_that_saves_reports_the_bytes_its_checkpoint_holds(straight_run):
+    """save_checkpoint's work (its GB/s per GPU divides it): every file of the step's checkpoint, as on
+    disk, and at least the weights and AdamW moments it holds; a step that does not save reports none."""
+    root, at_2, _, _, metrics = straight_run
+    on_disk = sum(p.stat().st_size for p in step_dir(root, 2).iterdir() if p.name != MANIFEST)
+    assert metrics[1][CHECKPOINT_BYTES] == on_disk
+    tensors = [*at_2["model"].values(), *(v for m in at_2["optimizer"]["state"].values() for v in m.values())]
+    held = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    assert held <= on_disk, (held, on_disk)
+    assert CHECKPOINT_BYTES not in metrics[0] and CHECKPOINT_BYTES not in metrics[2]
 
 
 def test_each_worker_writes_its_shard_and_a_resumed_run_takes_the_same_step(straight_run, tmp_path):
-    root, at_2, loss_3, at_3 = straight_run
+    root, at_2, loss_3, at_3, _ = straight_run
     path = step_dir(root, 2)
     shards = [f"shard_world_size_2_rank_{rank}_part_{part}.pt" for rank in (0, 1) for part in range(FILES_PER_RANK)]
     assert sorted(p.name for p in path.iterdir()) == sorted([MANIFEST, "trainer.pt", *shards])
@@ -100,7 +114,7 @@ def test_each_worker_writes_its_shard_and_a_resumed_run_takes_the_same_step(stra
 
 
 def test_a_corrupted_shard_is_refused_naming_it_before_anything_loads(straight_run, tmp_path):
-    root, at_2, _, _ = straight_run
+    root, at_2, _, _, _ = straight_run
     copy = shutil.copytree(step_dir(root, 2), tmp_path / "copy" / "global_step_2")
     shard = copy / "shard_world_size_2_rank_1_part_2.pt"
     data = bytearray(shard.read_bytes())
@@ -118,7 +132,7 @@ def test_a_corrupted_shard_is_refused_naming_it_before_anything_loads(straight_r
 
 
 def test_two_workers_checkpoint_loads_on_one_and_the_old_whole_format_still_loads(straight_run, tmp_path):
-    root, at_2, loss_3, at_3 = straight_run
+    root, at_2, loss_3, at_3, _ = straight_run
     old = tmp_path / "old"  # format 1: the whole state as parts, as the driver used to write it
     trainer_part = torch.load(step_dir(root, 2) / "trainer.pt", weights_only=True)
     save_checkpoint(old, 2, {"model": at_2["model"], "optimizer": at_2["optimizer"], "trainer": trainer_part})
@@ -201,7 +215,7 @@ def test_an_unknown_format_version_is_refused_naming_the_readable_ones(tmp_path)
 
 
 def test_dp_workers_load_the_fsdp2_checkpoint_and_write_one_replica(straight_run, tmp_path):
-    root, at_2, loss_3, _ = straight_run
+    root, at_2, loss_3, _, _ = straight_run
     dp = make_trainer(tmp_path, 2, "actor_rollout_ref.actor.strategy=dp")
     try:
         assert dp.load_checkpoint(step_dir(root, 2)) == 2  # each replica takes the rows of both shards

@@ -426,3 +426,47 @@ def test_an_offloaded_optimizer_sharded_over_fewer_gpus_is_named() -> None:
     assert not [a for a in compare(moved, kept).assumptions if a.startswith("offload_sharding:")]
     one = compare(replay_record(RLINF, H100, world_size=1), RLINF)  # the 1.5B kept its optimizer on the GPU
     assert not [a for a in one.assumptions if a.startswith("offload_sharding:")], one.assumptions
+
+
+def _saved(run, written: float):
+    """``run`` with a save that wrote ``written`` bytes (as a step that saves reports them)."""
+    from pytest_rlbench.records.record import Metric
+    from trainer.phases import CHECKPOINT_BYTES
+
+    return dataclasses.replace(run, metrics={**run.metrics, CHECKPOINT_BYTES: Metric([written], "B", False)})
+
+
+@pytest.mark.parametrize(("gpu", "basis"), [(H100, PER_GPU), (H200, EFFICIENCY)])
+def test_save_checkpoint_is_gated_on_the_gb_written_per_second_per_gpu(gpu: str, basis: str) -> None:
+    """VERL's 7B published its save (6.6 s) and not its size: the baseline's bytes are its workload's
+    12 bytes per parameter (assumed), each of 64 GPUs writing 1/64; a run's are the bytes it wrote. The
+    figure is the host's storage pace, judged on either GPU model; a run that did not record its bytes
+    fails on the missing figure rather than passing on a time."""
+    from trainer.models.flops import parameter_count
+
+    seven = load_baseline("verl-7b")
+    written = 12 * parameter_count(seven.model)  # the same checkpoint, all of it, on 4 GPUs
+    run = replay_record(seven, gpu, world_size=4, speedup=1.0)  # the save in VERL's 6.6 s: 16x its pace
+    result = compare(_saved(run, written), seven)
+    assert (result.mode, result.basis) == ("gate", basis), result.mismatches
+    rate = gated(result)["checkpoint_gb_per_s_per_gpu/save_checkpoint"]
+    assert rate.baseline == pytest.approx(written / 64 / 1e9 / 6.603002, rel=1e-9), rate.message
+    assert rate.ratio == pytest.approx(16.0, rel=1e-9) and rate.verdict == "pass", rate.message
+    size = [a for a in result.assumptions if a.startswith("checkpoint_size:")]
+    assert len(size) == 1 and "22.85 GB on each of 4 GPUs" in size[0] and "1.43 GB on each of 64 GPUs" in size[0], size
+    assert any(a.startswith("checkpoint_bytes_per_parameter = 12") for a in result.assumptions)
+    # at 16x the seconds, the same pace as VERL's per GPU less 10%: fails
+    slow = replay_record(seven, gpu, world_size=4, speedup=1 / (16 * 1.2))
+    failed = gated(compare(_saved(slow, written), seven))["checkpoint_gb_per_s_per_gpu/save_checkpoint"]
+    assert failed.verdict == "fail" and failed.ratio == pytest.approx(1 / 1.2, rel=1e-9), failed.message
+    missing = gated(compare(run, seven))["checkpoint_gb_per_s_per_gpu/save_checkpoint"]
+    assert missing.verdict == "fail" and "the bytes a save wrote are not recorded" in missing.message, missing.message
+
+
+def test_a_run_without_a_save_adds_no_checkpoint_line() -> None:
+    seven = load_baseline("verl-7b")
+    run = replay_record(seven, H100, world_size=4)
+    run = dataclasses.replace(run, phases={k: v for k, v in run.phases.items() if k != "save_checkpoint"})
+    result = compare(run, seven)
+    assert not [a for a in result.assumptions if a.startswith("checkpoint_size:")]
+    assert gated(result)["checkpoint_gb_per_s_per_gpu/save_checkpoint"].verdict == "not run" and result.passed

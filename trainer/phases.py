@@ -34,6 +34,10 @@ PHASE_KEYS: tuple[str, ...] = (
 # Phases that run outside the step's own span (VERL times save_checkpoint after step).
 OUTSIDE_STEP: tuple[str, ...] = ("save_checkpoint",)
 
+# The work of a save, as tokens are a phase's: the bytes of every file the checkpoint holds, all
+# workers' together. A step that saves reports it among its metrics under this name.
+CHECKPOINT_BYTES = "checkpoint/bytes"
+
 
 # Spans and the phases timed directly inside them: gen holds generate_sequences and reshard; step holds
 # gen and the phases after it (save_checkpoint is timed after the step).

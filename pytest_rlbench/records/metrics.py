@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.phases import PHASE_KEYS
+from trainer.phases import CHECKPOINT_BYTES, PHASE_KEYS
 from trainer.workers.memory_peaks import GPU, MAX_ALLOCATED, MAX_RESERVED
 
 TIMING = "timing_s"
@@ -25,6 +25,9 @@ TIMING_PER_TOKEN = "timing_per_token_ms"
 THROUGHPUT = "tokens_per_s_per_gpu"
 MFU = "mfu"
 BANDWIDTH = "bandwidth_util"
+# save_checkpoint's figure: the checkpoint's bytes over (seconds x devices), in GB/s. Its work is bytes,
+# not tokens (trainer.phases.CHECKPOINT_BYTES: what a step that saves reports of its checkpoint).
+WRITE_RATE = "checkpoint_gb_per_s_per_gpu"
 
 # Which tokens a phase's figures count: VERL's compute_timing_metrics counts response tokens for gen
 # and prompt + response tokens for the others (old_log_prob and step counted the same way here).
@@ -76,6 +79,10 @@ FAMILIES: dict[str, MetricFamily] = {
             counts_tokens=False, in_reference=True,
         ),
         MetricFamily(
+            WRITE_RATE, "GB/s/GPU", higher_is_better=True, label="GB/s written per GPU", phases=("save_checkpoint",),
+            counts_tokens=False, in_reference=True,
+        ),
+        MetricFamily(
             BANDWIDTH, "fraction", higher_is_better=True, label="bandwidth use", phases=("gen",),
             counts_tokens=False, in_reference=True,
         ),
@@ -98,6 +105,10 @@ STEP_METRICS: dict[str, tuple[str, bool]] = {
 # metrics gpu/<figure>/<phase>, the GPU family of pytest_rlbench.verdict.machine_load, which is
 # evidence beside the verdicts and never judged.
 STEP_MEMORY_FIGURES: dict[str, str] = {MAX_ALLOCATED: "GiB", MAX_RESERVED: "GiB"}
+# The bytes a save wrote (all files of the checkpoint), as a step or the save_checkpoint benchmark
+# reports them: recorded as the run's metric checkpoint/bytes, the work behind the WRITE_RATE figure,
+# never judged on its own (the checkpoint family: evidence, as the GPU family is).
+CHECKPOINT = CHECKPOINT_BYTES.partition("/")[0]
 
 
 def step_memory_unit(name: str) -> str | None:

@@ -10,6 +10,7 @@ torch (the model presets are read only when a preset is looked up).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -36,7 +37,9 @@ from trainer.models.flops import (
     decode_weight_values,
     kv_positions_read,
     kv_values_per_position,
+    parameter_count,
 )
+from trainer.phases import CHECKPOINT_BYTES
 
 SYNTHETIC_FILE = "synthetic_math.parquet"  # in the session's temp dir when --rl-dataset is not given
 
@@ -187,6 +190,30 @@ def offload_sharding_note(run: RunRecord, baseline: RunRecord) -> list[str]:
     ]
 
 
+def checkpoint_size_note(run: RunRecord, baseline: RunRecord) -> list[str]:
+    """The line a per-GPU gate adds where both records timed save_checkpoint and its figure can be read:
+    GB/s per GPU compares saves of the sizes each side's checkpoint and GPU count gave (FSDP shards the
+    checkpoint over every GPU), and a node's storage serves all its GPUs at once."""
+    if "save_checkpoint" not in run.phases or "save_checkpoint" not in baseline.phases:
+        return []
+    ours, how_ours = saved_checkpoint_bytes(run)
+    theirs, how_theirs = saved_checkpoint_bytes(baseline)
+    if ours is None or theirs is None:
+        return []
+
+    def per_node(record: RunRecord, written: float) -> str:
+        hw = record.hardware
+        gpus = hw.gpus_per_node or hw.world_size
+        return f"{written / hw.world_size / 1e9:.2f} GB on each of {hw.world_size} GPUs ({gpus} a node: " \
+               f"{written / hw.world_size * gpus / 1e9:.1f} GB a node)"
+
+    return [
+        f"checkpoint_size: save_checkpoint's GB/s per GPU compares saves of other sizes: this run wrote "
+        f"{per_node(run, ours)}, {how_ours}; the baseline {per_node(baseline, theirs)}, {how_theirs}; "
+        f"a save's fixed costs weigh more on the smaller, a node's storage shared by more bytes on the larger"
+    ]
+
+
 def _work_values(w: Workload) -> dict[str, Any]:
     """The per-GPU work of a workload, flat: what two records must share for a per-GPU gate (memory
     placement and parallelism aside)."""
@@ -266,6 +293,21 @@ def decode_weight_bytes(arch: ModelArch) -> int:
 def kv_cache_read_bytes(arch: ModelArch, prompt_lengths: Sequence[int], response_lengths: Sequence[int]) -> int:
     """KV-cache bytes read while generating: sequence i reads p_i + t cached positions at its step t."""
     return kv_positions_read(prompt_lengths, response_lengths) * kv_values_per_position(arch) * DTYPE_BYTES[arch.dtype]
+
+
+def saved_checkpoint_bytes(record: RunRecord) -> tuple[float | None, str]:
+    """(bytes one save wrote, all files together; how that is known): measured where the record has
+    them (``CHECKPOINT_BYTES``, the median over its saves), else its workload's bytes per parameter x
+    the model's parameters, else None and why."""
+    measured = record.metrics.get(CHECKPOINT_BYTES)
+    if measured is not None and measured.value:
+        return statistics.median(measured.value), "bytes written (measured)"
+    per_parameter = record.workload.checkpoint_bytes_per_parameter if record.workload is not None else None
+    if per_parameter is None:
+        return None, "the bytes a save wrote are not recorded"
+    count = parameter_count(record.model)
+    origin = "" if per_parameter.source == PUBLISHED else f" ({per_parameter.source})"
+    return per_parameter.value * count, f"{per_parameter.value:g} bytes per parameter{origin} x {count:,} parameters"
 
 
 def workload_tokens(record: RunRecord) -> TokenCounts:

@@ -74,6 +74,10 @@ class Workload:
     # The GPU model, only where the record's hardware section cannot state it (an assumed one): what a
     # per-GPU gate reads the baseline's GPUs as, listed (once, with that reading) beside its verdicts.
     gpu_model: Sourced | None = field(default=None, metadata=_OMIT)
+    # What one save writes per model parameter, all files together, where a record gives a
+    # save_checkpoint time without the bytes it wrote (a published run; a run of ours records them):
+    # the work behind save_checkpoint's GB/s per GPU.
+    checkpoint_bytes_per_parameter: Sourced | None = field(default=None, metadata=_OMIT)
 
 
 # Where parameters and optimizer state live between phases: how a framework fits the work in memory
@@ -102,6 +106,7 @@ VALUE_TYPES: dict[str, tuple[type, ...]] = {
     "temperature": _NUMBER,
     "parallelism": (dict,),
     "gpu_model": (str,),
+    "checkpoint_bytes_per_parameter": _NUMBER,
     "mean": _NUMBER,
     "max": (int,),
     "shape": (str,),

@@ -16,6 +16,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
@@ -74,6 +75,14 @@ def token_counts(tokens: BatchTokens | TokenCounts | None) -> TokenCounts | None
     if tokens is None or isinstance(tokens, TokenCounts):
         return tokens
     return TokenCounts(**dataclasses.asdict(tokens))
+
+
+def saved_bytes(results: list[Any]) -> list[float]:
+    """The bytes each timed save wrote, from the checkpoint directories its rounds returned (a framework
+    whose save returns no such directory records none)."""
+    from trainer.driver.checkpoint import MANIFEST, checkpoint_bytes  # imports torch: only here
+
+    return [float(checkpoint_bytes(r)) for r in results if isinstance(r, Path) and (r / MANIFEST).is_file()]
 
 
 def describe_hardware(cluster: ClusterInfo, cfg: Config, workers: list[dict[str, Any]]) -> Hardware:
@@ -341,6 +350,8 @@ class PhaseBench:
             self._count(phase, fn, setup, tokens if callable(tokens) else None)
         if self.keep_retimer:
             self._keep_retimer(phase, fn, setup, warmup, rounds)
+        if phase == "save_checkpoint":  # a save benchmarked on its own: its checkpoint's bytes, as a step reports them
+            self.recorder.add_checkpoint_bytes(saved_bytes(timed))
         step_figures = [r.metrics for r in timed if isinstance(getattr(r, "metrics", None), dict)]
         self.recorder.add_step_metrics(step_figures)
         problem = mismatch_failure(step_figures, self.max_mismatch)

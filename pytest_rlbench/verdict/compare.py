@@ -26,6 +26,7 @@ from typing import Any
 
 from pytest_rlbench.frameworks import framework_mismatch
 from pytest_rlbench.records.metrics import (
+    CHECKPOINT,
     EFFICIENCY_FAMILIES,
     METRIC_FAMILIES,
     REFERENCE_FAMILIES,
@@ -37,7 +38,12 @@ from pytest_rlbench.records.metrics import (
     format_value,
 )
 from pytest_rlbench.records.record import RunRecord
-from pytest_rlbench.records.workload import model_differences, offload_sharding_note, placement_differences
+from pytest_rlbench.records.workload import (
+    checkpoint_size_note,
+    model_differences,
+    offload_sharding_note,
+    placement_differences,
+)
 from pytest_rlbench.records.workload_format import assumptions
 from pytest_rlbench.records.workload_replay import GPUS_PER_SHARE, SLOWEST_OF, run_shares
 from pytest_rlbench.verdict.derived import Figure, derive
@@ -195,8 +201,9 @@ def _beside_text(rows: list[Comparison]) -> dict[str | None, str]:
 
 def custom_metrics(run: RunRecord, baseline: RunRecord) -> set[str]:
     """The records' own metrics that are compared like figures (the machine's figures and re-timed
-    rounds are evidence for the verdicts of phase times, never judged themselves)."""
-    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in (MACHINE, RETIMED, SIDE_BY_SIDE, GPU, WORK)}
+    rounds are evidence for the verdicts of phase times, and a save's bytes the work behind its
+    figure: never judged themselves)."""
+    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in (MACHINE, RETIMED, SIDE_BY_SIDE, GPU, WORK, CHECKPOINT)}
 
 
 def machines_text(run_machine: str | None, base_machine: str | None) -> str:
@@ -371,6 +378,7 @@ def _per_gpu_compare(run: RunRecord, baseline: RunRecord, basis: str, tolerance:
         + assumptions(baseline.workload)
         + slowest_worker_note(run, baseline)
         + offload_sharding_note(run, baseline)
+        + (checkpoint_size_note(run, baseline) if wanted("save_checkpoint") else [])
     )
     names = ", ".join(dict.fromkeys(line.split(" ", 1)[0].rstrip(":") for line in assumed))
     note = f"; rests on {len(assumed)} assumed value(s): {names}" if assumed else ""

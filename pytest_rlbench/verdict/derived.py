@@ -10,6 +10,9 @@ verl/utils/flops_counter.py for model FLOPs); the families' units and token base
   N = L (3 H I + H (q + k + v + n_h d)) + 2 V H and FLOPs(train) = 6 N sum(s_i) + 6 sum(s_i^2) d n_h L;
   old_log_prob and ref run a forward pass only (a third), update_actor a full step per PPO epoch.
   These are model FLOPs: gradient-checkpoint recomputation is not counted, as in VERL.
+- checkpoint_gb_per_s_per_gpu/save_checkpoint: bytes the save wrote / (t x devices), in GB/s; the
+  bytes measured (a run of ours records its checkpoint's size), else the workload's bytes per
+  parameter (a published run: what VERL's default checkpoint contents hold, assumed).
 - bandwidth_util/gen: bytes a decode must read / (t x peak memory bandwidth x world size). The
   approximation: every decode step of a rollout replica reads each weight matrix once (the layers and
   the LM head; the embedding lookup reads only a row per token, so it is left out), and, when
@@ -41,6 +44,7 @@ from pytest_rlbench.records.metrics import (
     TIMING,
     TIMING_PER_TOKEN,
     TOKEN_BASIS,
+    WRITE_RATE,
     family_of,
 )
 from pytest_rlbench.records.record import (
@@ -51,7 +55,12 @@ from pytest_rlbench.records.record import (
     RunRecord,
     TokenCounts,
 )
-from pytest_rlbench.records.workload import decode_weight_bytes, kv_cache_read_bytes, workload_tokens
+from pytest_rlbench.records.workload import (
+    decode_weight_bytes,
+    kv_cache_read_bytes,
+    saved_checkpoint_bytes,
+    workload_tokens,
+)
 from pytest_rlbench.verdict.peaks import peak_bf16_flops, peak_memory_bandwidth
 from trainer.models.flops import train_flops
 from trainer.phases import PHASE_KEYS
@@ -103,6 +112,11 @@ def timing_per_token_ms(seconds: float, tokens: float) -> float:
 def mfu(flops: float, seconds: float, peak_flops: float, world_size: int) -> float:
     """Model FLOPs utilisation: achieved FLOP/s over the peak of all devices."""
     return flops / seconds / peak_flops / world_size
+
+
+def write_rate_gb_per_s(bytes_written: float, seconds: float, devices: int) -> float:
+    """GB (1e9 bytes) written per second per device."""
+    return bytes_written / 1e9 / (seconds * devices)
 
 
 def bandwidth_utilisation(bytes_read: float, seconds: float, peak_bandwidth: float, world_size: int) -> float:
@@ -250,6 +264,20 @@ def _bandwidth(record: RunRecord) -> Figure:
     return _utilisation(record, metric, phase, read, peak, bandwidth_utilisation, basis)
 
 
+def _write_rate(record: RunRecord) -> Figure:
+    """save_checkpoint's GB written per second per device: its bytes (measured, or the workload's bytes
+    per parameter: ``saved_checkpoint_bytes``) over its seconds and the record's devices."""
+    metric = f"{WRITE_RATE}/save_checkpoint"
+    written, note = saved_checkpoint_bytes(record)
+    if written is None:
+        return _missing(metric, note)
+    devices = record.hardware.world_size
+    basis = f"{note} / (save_checkpoint seconds x {devices} devices)"
+    return _figure(
+        metric, record.phases["save_checkpoint"].seconds, lambda t: write_rate_gb_per_s(written, t, devices), basis
+    )
+
+
 def _per_round(record: RunRecord, phase: str, make: Callable[[RunRecord], Figure]) -> Figure:
     """``make``'s figure; where each round worked on its own batch (``round_tokens``), each round's
     figure over its own tokens, and their median."""
@@ -277,6 +305,8 @@ def phase_figures(record: RunRecord, phase: str) -> list[Figure]:
     ]
     if phase in FAMILIES[MFU].phases:
         out.append(_per_round(record, phase, lambda r: _mfu(r, phase)))
+    if phase in FAMILIES[WRITE_RATE].phases:
+        out.append(_write_rate(record))
     return out
 
 

@@ -111,6 +111,14 @@ def save_checkpoint(
         return final
 
 
+def checkpoint_bytes(path: str | Path) -> int:
+    """The bytes of every file a complete checkpoint holds, as its manifest lists them (the workers'
+    shards and the driver's part): what a save wrote."""
+    manifest_path = Path(path) / MANIFEST
+    files = manifest_files(json.loads(manifest_path.read_text()), manifest_path)
+    return sum(int(info["bytes"]) for info in files.values())
+
+
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 

@@ -24,6 +24,7 @@ from trainer.data.loader import PromptBatch, PromptDataset
 from trainer.driver.checkpoint import (
     MANIFEST,
     check_trainer_parts,
+    checkpoint_bytes,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -36,6 +37,7 @@ from trainer.driver.step_figures import BatchTokens, batch_metrics, batch_tokens
 from trainer.driver.tracking import Tracking
 from trainer.driver.worker_group import WorkerGroup
 from trainer.models.presets import load_tokenizer, model_spec
+from trainer.phases import CHECKPOINT_BYTES
 from trainer.rollout.replay_shares import step_uids
 from trainer.rollout.requests import rollout_seed
 from trainer.timing import PhaseTimer
@@ -116,14 +118,16 @@ class GRPOTrainer:
             with timer.phase("update_actor"):
                 actor_metrics = self.update_actor(batch)
         self.global_step += 1
+        saved: dict[str, float] = {}
         if self.cfg.trainer.save_freq > 0 and self.global_step % self.cfg.trainer.save_freq == 0:
             with timer.phase("save_checkpoint"):
-                self.save_checkpoint()
+                path = self.save_checkpoint()
+            saved[CHECKPOINT_BYTES] = float(checkpoint_bytes(path))  # the save's work, as tokens are a phase's
         self.last_batch = batch
         result = StepResult(
             step=self.global_step,
             timing_s=dict(timer.seconds),
-            metrics={**batch_metrics(batch), **adv_metrics, **actor_metrics},
+            metrics={**batch_metrics(batch), **adv_metrics, **actor_metrics, **saved},
             tokens=self.batch_tokens(batch),
         )
         return result
