@@ -141,7 +141,7 @@ for shape in "$@"; do
                 --rl-config "$opt" suites/test_step.py --rl-rollout fast --rl-rounds 1 --rl-warmup-rounds 0 \
                 --rl-report "$out/$name.json"
         done ;;
-    replay7b-step)  # one round: gen alone is ~195 s on 4 H200s, the whole step ~330 s with its save
+    replay7b-step)  # one round: gen alone is ~183 s on 4 H200s, the whole step ~318 s with its save
         python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" --gpu --rl-workload verl-7b --rl-rollout fast \
             --rl-gpus-per-node "${RL_GPUS:-4}" --rl-config actor_rollout_ref.rollout.free_cache_engine=True \
             --rl-config actor_rollout_ref.model.use_remove_padding=True --rl-config actor_rollout_ref.model.use_liger=True \

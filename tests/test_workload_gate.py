@@ -454,6 +454,9 @@ def test_save_checkpoint_is_gated_on_the_gb_written_per_second_per_gpu(gpu: str,
     assert rate.ratio == pytest.approx(16.0, rel=1e-9) and rate.verdict == "pass", rate.message
     size = [a for a in result.assumptions if a.startswith("checkpoint_size:")]
     assert len(size) == 1 and "22.85 GB on each of 4 GPUs" in size[0] and "1.43 GB on each of 64 GPUs" in size[0], size
+    assert size[0].count("12.0 bytes a parameter") == 2, size  # the same checkpoint, sharded 4 and 64 ways
+    half = [a for a in compare(_saved(run, written / 2), seven).assumptions if a.startswith("checkpoint_size:")]
+    assert "(4 a node: 45.7 GB a node; 6.0 bytes a parameter)" in half[0], half  # bf16 state: half the bytes
     assert any(a.startswith("checkpoint_bytes_per_parameter = 12") for a in result.assumptions)
     # at 16x the seconds, the same pace as VERL's per GPU less 10%: fails
     slow = replay_record(seven, gpu, world_size=4, speedup=1 / (16 * 1.2))

@@ -193,7 +193,8 @@ def offload_sharding_note(run: RunRecord, baseline: RunRecord) -> list[str]:
 def checkpoint_size_note(run: RunRecord, baseline: RunRecord) -> list[str]:
     """The line a per-GPU gate adds where both records timed save_checkpoint and its figure can be read:
     GB/s per GPU compares saves of the sizes each side's checkpoint and GPU count gave (FSDP shards the
-    checkpoint over every GPU), and a node's storage serves all its GPUs at once."""
+    checkpoint over every GPU; the state's dtypes set its bytes a parameter), and a node's storage
+    serves all its GPUs at once."""
     if "save_checkpoint" not in run.phases or "save_checkpoint" not in baseline.phases:
         return []
     ours, how_ours = saved_checkpoint_bytes(run)
@@ -204,8 +205,9 @@ def checkpoint_size_note(run: RunRecord, baseline: RunRecord) -> list[str]:
     def per_node(record: RunRecord, written: float) -> str:
         hw = record.hardware
         gpus = hw.gpus_per_node or hw.world_size
+        per_parameter = written / parameter_count(record.model)
         return f"{written / hw.world_size / 1e9:.2f} GB on each of {hw.world_size} GPUs ({gpus} a node: " \
-               f"{written / hw.world_size * gpus / 1e9:.1f} GB a node)"
+               f"{written / hw.world_size * gpus / 1e9:.1f} GB a node; {per_parameter:.1f} bytes a parameter)"
 
     return [
         f"checkpoint_size: save_checkpoint's GB/s per GPU compares saves of other sizes: this run wrote "
