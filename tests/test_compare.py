@@ -303,3 +303,23 @@ def test_a_gpu_gate_says_which_machine_each_side_ran_on() -> None:
     assert same.machines == f"the same machine as the baseline ({a})"
     # a record without it (a CPU run, an older baseline) says nothing of machines
     assert compare(record(hardware={"machine": a}), record("base")).machines == ""
+
+
+def test_a_save_that_wrote_other_bytes_is_listed_not_judged_on_the_same_machine() -> None:
+    """Same machine, same work otherwise: a save whose checkpoint changed size (a state left out, or
+    another dtype) is other work, so its time is listed, not judged, and says why; the same bytes
+    are judged as any phase."""
+    def saved(name: str, written: float, seconds: float) -> RunRecord:
+        timed = {"save_checkpoint": {"seconds": [seconds] * 5}}
+        return record(name, phases=timed, metrics={"checkpoint/bytes": {"value": written, "unit": "B", "higher_is_better": False}})
+
+    base = saved("local-ci", 1e9, 1.0)
+    half = compare(saved("run", 0.5e9, 0.6), base)
+    row = by_metric(half)["timing_s/save_checkpoint"]
+    assert row.verdict == "reference" and "not judged: the saves are other work (bytes per GPU" in row.message, row.message
+    same = compare(saved("run", 1e9, 2.0), base)
+    assert by_metric(same)["timing_s/save_checkpoint"].verdict == "fail"
+    # a save whose bytes this run could not read (another framework's save): its time is judged alone
+    unread = compare(record("run", phases={"save_checkpoint": {"seconds": [1.0] * 5}}), base)
+    assert by_metric(unread)["timing_s/save_checkpoint"].verdict == "pass" and unread.passed
+    assert "checkpoint_gb_per_s_per_gpu/save_checkpoint" not in by_metric(unread)

@@ -190,19 +190,43 @@ def offload_sharding_note(run: RunRecord, baseline: RunRecord) -> list[str]:
     ]
 
 
-def checkpoint_size_note(run: RunRecord, baseline: RunRecord) -> list[str]:
-    """The line a per-GPU gate adds where both records timed save_checkpoint and its figure can be read:
-    GB/s per GPU compares saves of the sizes each side's checkpoint and GPU count gave (FSDP shards the
-    checkpoint over every GPU; the state's dtypes set its bytes a parameter), and a node's storage
-    serves all its GPUs at once."""
+# Two saves are the same work when each GPU wrote the same bytes, within this, and as many GPUs
+# shared a node's storage: otherwise save_checkpoint is listed, not judged (a save's fixed costs weigh
+# on the smaller one, a node's storage on the larger; which dominates is not known).
+SAVE_BYTES_MATCH = 0.01
+
+
+def save_work_differences(run: RunRecord, baseline: RunRecord) -> list[str]:
+    """How the two records' saves differ in work (bytes per GPU, GPUs a node), in words; empty where
+    both timed save_checkpoint with the same work, or either lacks its bytes (its figure says so)."""
     if "save_checkpoint" not in run.phases or "save_checkpoint" not in baseline.phases:
+        return []
+    ours, _ = saved_checkpoint_bytes(run)
+    theirs, _ = saved_checkpoint_bytes(baseline)
+    if ours is None or theirs is None:
+        return []
+    per_gpu = ours / run.hardware.world_size, theirs / baseline.hardware.world_size
+    out = []
+    if abs(per_gpu[0] - per_gpu[1]) > SAVE_BYTES_MATCH * per_gpu[1]:
+        out.append(f"bytes per GPU: run {per_gpu[0] / 1e9:.2f} GB, baseline {per_gpu[1] / 1e9:.2f} GB")
+    nodes = run.hardware.gpus_per_node, baseline.hardware.gpus_per_node
+    if run.hardware.device == "gpu" and nodes[0] != nodes[1]:
+        out.append(f"GPUs sharing a node's storage: run {nodes[0]}, baseline {nodes[1]}")
+    return out
+
+
+def checkpoint_size_note(run: RunRecord, baseline: RunRecord) -> list[str]:
+    """The line a per-GPU gate adds where the two saves differ in work (``save_work_differences``): each
+    side's bytes per GPU and a node, bytes a parameter and how they are known, and that
+    save_checkpoint is therefore listed, not judged."""
+    differences = save_work_differences(run, baseline)
+    if not differences:
         return []
     ours, how_ours = saved_checkpoint_bytes(run)
     theirs, how_theirs = saved_checkpoint_bytes(baseline)
-    if ours is None or theirs is None:
-        return []
+    assert ours is not None and theirs is not None
 
-    def per_node(record: RunRecord, written: float) -> str:
+    def sizes(record: RunRecord, written: float) -> str:
         hw = record.hardware
         gpus = hw.gpus_per_node or hw.world_size
         per_parameter = written / parameter_count(record.model)
@@ -210,9 +234,10 @@ def checkpoint_size_note(run: RunRecord, baseline: RunRecord) -> list[str]:
                f"{written / hw.world_size * gpus / 1e9:.1f} GB a node; {per_parameter:.1f} bytes a parameter)"
 
     return [
-        f"checkpoint_size: save_checkpoint's GB/s per GPU compares saves of other sizes: this run wrote "
-        f"{per_node(run, ours)}, {how_ours}; the baseline {per_node(baseline, theirs)}, {how_theirs}; "
-        f"a save's fixed costs weigh more on the smaller, a node's storage shared by more bytes on the larger"
+        f"checkpoint_size: save_checkpoint is listed, not judged: the saves are other work "
+        f"({'; '.join(differences)}). This run wrote {sizes(run, ours)}, {how_ours}; the baseline "
+        f"{sizes(baseline, theirs)}, {how_theirs}. A save's fixed costs weigh more on the smaller, a "
+        f"node's storage shared by more bytes on the larger"
     ]
 
 

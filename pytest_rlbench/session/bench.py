@@ -77,12 +77,14 @@ def token_counts(tokens: BatchTokens | TokenCounts | None) -> TokenCounts | None
     return TokenCounts(**dataclasses.asdict(tokens))
 
 
-def saved_bytes(results: list[Any]) -> list[float]:
-    """The bytes each timed save wrote, from the checkpoint directories its rounds returned (a framework
-    whose save returns no such directory records none)."""
+def saved_bytes(result: Any) -> float | None:
+    """The bytes a save wrote, from the checkpoint directory it returned; None where it returned no such
+    directory (another framework's save)."""
     from trainer.driver.checkpoint import MANIFEST, checkpoint_bytes  # imports torch: only here
 
-    return [float(checkpoint_bytes(r)) for r in results if isinstance(r, Path) and (r / MANIFEST).is_file()]
+    if not isinstance(result, str | Path) or not (Path(result) / MANIFEST).is_file():
+        return None
+    return float(checkpoint_bytes(result))
 
 
 def describe_hardware(cluster: ClusterInfo, cfg: Config, workers: list[dict[str, Any]]) -> Hardware:
@@ -300,6 +302,7 @@ class PhaseBench:
         warmup, rounds = (0, 1) if self.benchmark.disabled else (self.warmup, self.rounds)
         watches = self._watches()
         results: list[Any] = []
+        saves: list[float | None] = []  # each round's checkpoint bytes, read after it, outside its time
 
         def prepare() -> None:
             stage.step(round_label(len(results), warmup, rounds))  # outside the timed call
@@ -316,6 +319,8 @@ class PhaseBench:
         def finish_round() -> None:
             for watch in watches:
                 watch.mark_end()
+            if phase == "save_checkpoint":
+                saves.append(saved_bytes(results[-1]))
             stage.done()
 
         with self.progress.stage(phase, warmup + rounds) as stage:
@@ -351,7 +356,8 @@ class PhaseBench:
         if self.keep_retimer:
             self._keep_retimer(phase, fn, setup, warmup, rounds)
         if phase == "save_checkpoint":  # a save benchmarked on its own: its checkpoint's bytes, as a step reports them
-            self.recorder.add_checkpoint_bytes(saved_bytes(timed))
+            read = saves[-len(self.samples):] if len(saves) >= len(self.samples) else [saved_bytes(r) for r in timed]
+            self.recorder.add_checkpoint_bytes([size for size in read if size is not None])
         step_figures = [r.metrics for r in timed if isinstance(getattr(r, "metrics", None), dict)]
         self.recorder.add_step_metrics(step_figures)
         problem = mismatch_failure(step_figures, self.max_mismatch)

@@ -33,6 +33,7 @@ from pytest_rlbench.records.metrics import (
     RETIMED,
     SIDE_BY_SIDE,
     TIMING,
+    WRITE_RATE,
     family_label,
     family_of,
     format_value,
@@ -43,6 +44,7 @@ from pytest_rlbench.records.workload import (
     model_differences,
     offload_sharding_note,
     placement_differences,
+    save_work_differences,
 )
 from pytest_rlbench.records.workload_format import assumptions
 from pytest_rlbench.records.workload_replay import GPUS_PER_SHARE, SLOWEST_OF, run_shares
@@ -306,6 +308,7 @@ def _gate_rows(
     on_cpu = basis == SAME_MACHINE and run.hardware.device == "cpu"
     paces = session_paces(run, baseline) if on_cpu else {}
     paces_again = session_paces(retimed_view(run), baseline) if on_cpu else {}  # at the re-timing
+    other_save = save_work_differences(run, baseline)  # a save of other work: listed, never judged
     rows = []
     for metric in sorted(theirs, key=_order):
         base_fig, family = theirs[metric], family_of(metric)
@@ -313,6 +316,9 @@ def _gate_rows(
             continue
         if not wanted(base_fig.phase):
             continue
+        judged = (metric in custom or family in gated) and not (other_save and base_fig.phase == "save_checkpoint")
+        if family == WRITE_RATE and not judged and (ours.get(metric) is None or ours[metric].value is None):
+            continue  # a save's rate listed beside needs its bytes: without them its time speaks alone
         timed = ours.get(f"{TIMING}/{base_fig.phase}") if base_fig.phase and metric not in custom else None
         same_machine = basis == SAME_MACHINE and family == TIMING and base_fig.phase is not None
         if same_machine and on_cpu:
@@ -322,7 +328,7 @@ def _gate_rows(
             judge(
                 ours.get(metric), base_fig, baseline.name,
                 _tolerance(metric, baseline, tolerance, base_fig, basis, run, side is not None), "gate",
-                judged=metric in custom or family in gated,
+                judged=judged,
                 phase_ran=base_fig.phase is None or metric in custom or base_fig.phase in run.phases,
                 run_time=timed.value if timed is not None else None,
                 device=run.hardware.device,
@@ -336,6 +342,10 @@ def _gate_rows(
             )
         )
     beside = _beside_text(rows)
+    if other_save:  # said on the save's rows of a same-machine gate (a per-GPU gate lists checkpoint_size)
+        why = f"; not judged: the saves are other work ({'; '.join(other_save)})"
+        rows = [replace(c, message=c.message + why) if c.phase == "save_checkpoint" and basis == SAME_MACHINE else c
+                for c in rows]
     return [
         replace(c, message=c.message + (beside.get(c.phase, "") + _where(run, baseline, c) if c.verdict in JUDGED else "") + note)
         for c in rows

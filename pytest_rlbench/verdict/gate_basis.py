@@ -27,7 +27,8 @@ EFFICIENCY = "same per-GPU work on another GPU model: hardware-normalised effici
 # (gated families, families listed beside) of each gate. One measurement gets one verdict: a phase's
 # time and its throughput are one measurement, so one of them is judged and the other listed beside.
 # save_checkpoint's GB/s per GPU is judged by both per-GPU gates: its pace is the host's storage, which a
-# GPU model does not set (the gate lists how the two checkpoints' sizes differ: checkpoint_size_note).
+# GPU model does not set; only where the two saves are the same work (records.workload
+# save_work_differences), else it is listed and the gate says why (checkpoint_size_note).
 BASIS_FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     SAME_MACHINE: ((TIMING,), (THROUGHPUT, WRITE_RATE)),
     PER_GPU: ((THROUGHPUT, WRITE_RATE), (TIMING,)),
