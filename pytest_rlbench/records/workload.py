@@ -196,15 +196,25 @@ def offload_sharding_note(run: RunRecord, baseline: RunRecord) -> list[str]:
 SAVE_BYTES_MATCH = 0.01
 
 
+def _saves(run: RunRecord, baseline: RunRecord) -> tuple[tuple[float, str], tuple[float, str]] | None:
+    """Both records' (bytes one save wrote, how that is known), where both timed save_checkpoint and
+    both sizes are known; else None."""
+    if "save_checkpoint" not in run.phases or "save_checkpoint" not in baseline.phases:
+        return None
+    ours, theirs = saved_checkpoint_bytes(run), saved_checkpoint_bytes(baseline)
+    if ours[0] is None or theirs[0] is None:
+        return None
+    return (ours[0], ours[1]), (theirs[0], theirs[1])
+
+
 def save_work_differences(run: RunRecord, baseline: RunRecord) -> list[str]:
     """How the two records' saves differ in work (bytes per GPU, GPUs a node), in words; empty where
     both timed save_checkpoint with the same work, or either lacks its bytes (its figure says so)."""
-    if "save_checkpoint" not in run.phases or "save_checkpoint" not in baseline.phases:
-        return []
-    ours, _ = saved_checkpoint_bytes(run)
-    theirs, _ = saved_checkpoint_bytes(baseline)
-    if ours is None or theirs is None:
-        return []
+    saves = _saves(run, baseline)
+    return [] if saves is None else _differences(run, baseline, saves[0][0], saves[1][0])
+
+
+def _differences(run: RunRecord, baseline: RunRecord, ours: float, theirs: float) -> list[str]:
     per_gpu = ours / run.hardware.world_size, theirs / baseline.hardware.world_size
     out = []
     if abs(per_gpu[0] - per_gpu[1]) > SAVE_BYTES_MATCH * per_gpu[1]:
@@ -219,12 +229,13 @@ def checkpoint_size_note(run: RunRecord, baseline: RunRecord) -> list[str]:
     """The line a per-GPU gate adds where the two saves differ in work (``save_work_differences``): each
     side's bytes per GPU and a node, bytes a parameter and how they are known, and that
     save_checkpoint is therefore listed, not judged."""
-    differences = save_work_differences(run, baseline)
+    saves = _saves(run, baseline)
+    if saves is None:
+        return []
+    (ours, how_ours), (theirs, how_theirs) = saves
+    differences = _differences(run, baseline, ours, theirs)
     if not differences:
         return []
-    ours, how_ours = saved_checkpoint_bytes(run)
-    theirs, how_theirs = saved_checkpoint_bytes(baseline)
-    assert ours is not None and theirs is not None
 
     def sizes(record: RunRecord, written: float) -> str:
         hw = record.hardware
