@@ -31,6 +31,8 @@
 #                                                      # RL_GPUS=N runs them on N GPUs of the node, each doing
 #                                                      # the baseline's work per GPU
 #   bash benchmarks/gpu_suites.sh OUT_DIR replay7b-step  # VERL f252da3's 7B work per GPU (--rl-workload
+#                                                      # (replay7b-step-tp2: each share decoded by its 2 GPUs
+#                                                      # together, tensor-parallel, as VERL's rollout did)
 #                                                      # verl-7b) on the node's 4 GPUs: one step, every phase
 #                                                      # gated from inside it, save_checkpoint after it
 #                                                      # (trainer.save_freq=1); the actor's parameters stay on
@@ -141,8 +143,10 @@ for shape in "$@"; do
                 --rl-config "$opt" suites/test_step.py --rl-rollout fast --rl-rounds 1 --rl-warmup-rounds 0 \
                 --rl-report "$out/$name.json"
         done ;;
-    replay7b-step)  # one round: gen alone is ~183 s on 4 H200s, the whole step ~318 s with its save
-        python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" --gpu --rl-workload verl-7b --rl-rollout fast \
+    replay7b-step|replay7b-step-tp2)  # one round: gen alone is ~183 s on 4 H200s, the whole step ~318 s with its save
+        # -tp2: each share's two GPUs decode it together, tensor-parallel (rollout.tensor_model_parallel_size=2)
+        tp=(); [[ $shape == *-tp2 ]] && tp=(--rl-config actor_rollout_ref.rollout.tensor_model_parallel_size=2)
+        python3 -m pytest -q -p no:cacheprovider "${plugin[@]}" --gpu --rl-workload verl-7b --rl-rollout fast "${tp[@]}" \
             --rl-gpus-per-node "${RL_GPUS:-4}" --rl-config actor_rollout_ref.rollout.free_cache_engine=True \
             --rl-config actor_rollout_ref.model.use_remove_padding=True --rl-config actor_rollout_ref.model.use_liger=True \
             --rl-config actor_rollout_ref.actor.fsdp_config.param_offload=False --rl-config trainer.save_freq=1 \

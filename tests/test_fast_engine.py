@@ -79,9 +79,9 @@ def test_each_prompt_is_prefilled_once_and_every_row_of_it_holds_its_cache(model
 
     prefilled = []
 
-    def counting_prefill(weights, cache_k, cache_v, ids, mask, into=None):
+    def counting_prefill(weights, cache_k, cache_v, ids, mask, into=None, reduce=None):
         prefilled.append(ids.shape[0])
-        return prefill_logits(weights, cache_k, cache_v, ids, mask, into)
+        return prefill_logits(weights, cache_k, cache_v, ids, mask, into, reduce)
 
     monkeypatch.setattr(fast_engine, "prefill_logits", counting_prefill)
     monkeypatch.setattr(fast_engine, "PREFILL_TOKENS", 256)  # two prompts a chunk: four chunks

@@ -401,6 +401,12 @@ def test_the_tensor_parallel_layout_is_named_in_the_line() -> None:
     result = compare(replay_record(seven, H100, world_size=4), seven)
     note = next(a for a in result.assumptions if a.startswith("replayed_workers:"))
     assert "reading all the weights at each decode step where each of the baseline's 2 GPUs read 1/2" in note
+    # decoded tensor-parallel as the baseline's replicas were (rollout.tensor_model_parallel_size=2)
+    run = replay_record(seven, H100, world_size=4)
+    run = dataclasses.replace(run, config=dataclasses.replace(run.config, parallelism={"dp": 4, "rollout_tp": 2}))
+    note = next(a for a in compare(run, seven).assumptions if a.startswith("replayed_workers:"))
+    assert "each share was decoded by its 2 GPUs together at tensor-parallel size 2" in note, note
+    assert "reading all the weights" not in note
 
 
 def test_an_offloaded_optimizer_sharded_over_fewer_gpus_is_named() -> None:

@@ -233,12 +233,21 @@ def slowest_worker_note(run: RunRecord, baseline: RunRecord) -> list[str]:
         f"step is not: this run trained on x{statistics.fmean(ratios):.3f} the mean share's tokens over steps "
         f"{STEPS[0]}-{STEPS[-1]} ({min(ratios):.3f}-{max(ratios):.3f}; the trainer's default seed {seed}), more "
         f"than the baseline's GPUs did, so its step reads slower than like for like"
-        + (
-            f"; each of this run's GPUs decodes its part of a share at tensor-parallel size 1, reading all the "
-            f"weights at each decode step where each of the baseline's {per} GPUs read 1/{per} of them: more "
-            f"reads per GPU than the baseline's (a layout, not more work)"
-            if per > 1
-            else ""
-        )
+        + _decode_layout_note(run, per)
         + (f"; the baseline's rollout layout rests on {layout}" if layout else "")
     ]
+
+
+def _decode_layout_note(run: RunRecord, per: int) -> str:
+    """How this run decoded a share that the baseline's ``per`` GPUs decoded together: tensor-parallel as
+    they did (the run's rollout_tp), or split with each GPU reading all the weights (more reads per GPU)."""
+    if per == 1:
+        return ""
+    tp = run.config.parallelism.get("rollout_tp", 1)
+    if tp == per:
+        return f"; each share was decoded by its {per} GPUs together at tensor-parallel size {per}, as the baseline's were"
+    return (
+        f"; each of this run's GPUs decodes its part of a share at tensor-parallel size {tp}, reading "
+        f"{'all the' if tp == 1 else f'1/{tp} of the'} weights at each decode step where each of the baseline's {per} GPUs read 1/{per} of them: more "
+        f"reads per GPU than the baseline's (a layout, not more work)"
+    )

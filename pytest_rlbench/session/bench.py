@@ -132,6 +132,7 @@ def describe_config(cfg: Config, rounds: int | None = None, warmup_rounds: int |
     """The run's config as a record states it; ``rounds`` and ``warmup_rounds`` (the session's options,
     where known) say whether a phase's figure includes its first call's one-time costs."""
     from trainer.rollout import engine_class
+    from trainer.rollout.tensor_parallel import decode_group_size
 
     arr = cfg.actor_rollout_ref
     sizes_by_fraction = engine_class(arr.rollout.name).uses_memory_fraction
@@ -142,7 +143,8 @@ def describe_config(cfg: Config, rounds: int | None = None, warmup_rounds: int |
         max_prompt_length=cfg.data.max_prompt_length,
         max_response_length=cfg.data.max_response_length,
         ppo_epochs=arr.actor.ppo_epochs,
-        parallelism={"dp": cfg.world_size},
+        # rollout_tp: the workers that decoded one share together (tensor-parallel), where more than one
+        parallelism={"dp": cfg.world_size, **({"rollout_tp": tp} if (tp := decode_group_size(cfg)) > 1 else {})},
         settings={
             "rollout": arr.rollout.name,
             "ignore_eos": arr.rollout.ignore_eos,

@@ -28,6 +28,7 @@ TARGET_LENGTHS_KEY = "actor_rollout_ref.rollout.target_lengths.distribution"
 CHECKPOINT_POLICY_KEY = "actor_rollout_ref.model.gradient_checkpointing_policy"
 CHECKPOINT_LAYERS_KEY = "actor_rollout_ref.model.gradient_checkpointing_layers"
 MEMORY_FRACTION_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
+TP_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 _DTYPES = ("auto", "fp32", "bf16", "fp16")
 # Choices that no registry lists (plain settings of this trainer or of VERL's ppo_trainer.yaml).
 FIXED_CHOICES: dict[str, tuple[str, ...]] = {
@@ -56,8 +57,8 @@ LOGGERS: tuple[str, ...] = ("console", "tensorboard")
 # Keys accepted for compatibility that change nothing here; a run that sets one is told so
 # (settings_without_effect).
 ACCEPTED_NO_EFFECT: dict[str, str] = {
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "rollout runs data-parallel, one engine per worker; "
-    "rollout.name=vllm checks it is 1",
+    TP_KEY: "this engine runs data-parallel, one engine per worker; rollout.name=fast decodes "
+    "tensor-parallel, and rollout.name=vllm checks it is 1",
     MEMORY_FRACTION_KEY: "the rollout KV cache is sized from the batch, except with "
     "rollout.name=vllm, whose engine it sizes",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "sequence parallelism is not implemented; must be 1 on one worker",
@@ -77,6 +78,8 @@ def settings_without_effect(cfg: Config) -> list[str]:
     lines = []
     for key, why in ACCEPTED_NO_EFFECT.items():
         if key == MEMORY_FRACTION_KEY and engine is not None and engine.uses_memory_fraction:
+            continue
+        if key == TP_KEY and engine is not None and engine.supports_tensor_parallel:
             continue
         value = get_value(cfg, key)
         if value != get_value(default, key):

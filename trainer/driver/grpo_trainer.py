@@ -40,6 +40,7 @@ from trainer.models.presets import load_tokenizer, model_spec
 from trainer.phases import CHECKPOINT_BYTES
 from trainer.rollout.replay_shares import step_uids
 from trainer.rollout.requests import rollout_seed
+from trainer.rollout.tensor_parallel import decode_group_size
 from trainer.timing import PhaseTimer
 from trainer.work_counts import WorkCounts, count_work
 from trainer.workers.memory_peaks import largest_worker
@@ -177,8 +178,10 @@ class GRPOTrainer:
         )
 
     def batch_tokens(self, batch: Batch) -> BatchTokens:
-        """The work in ``batch`` (a generate_sequences result): tokens, lengths and decode steps."""
-        return batch_tokens(batch, self.cfg.actor_rollout_ref.rollout.n, self.workers.world_size)
+        """The work in ``batch`` (a generate_sequences result): tokens, lengths and decode steps (a decode
+        group of rollout.tensor_model_parallel_size workers decodes its rows together: one replica)."""
+        replicas = self.workers.world_size // decode_group_size(self.cfg)
+        return batch_tokens(batch, self.cfg.actor_rollout_ref.rollout.n, replicas)
 
     def _rollout_seed(self) -> int:
         """One seed per step for every worker: the static engine keys each row's noise by its uid."""

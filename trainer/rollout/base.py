@@ -62,6 +62,9 @@ class RolloutEngine(ABC):
     # Sizes its memory from actor_rollout_ref.rollout.gpu_memory_utilization (the others size their
     # KV cache from the batch and ignore the key).
     uses_memory_fraction: ClassVar[bool] = False
+    # Decodes tensor-parallel over rollout.tensor_model_parallel_size workers (the others run one engine
+    # per worker, and the key has no effect on them: config validation says so).
+    supports_tensor_parallel: ClassVar[bool] = False
 
     @staticmethod
     def check_config(cfg: Config) -> None:

@@ -50,6 +50,11 @@ What makes it fast, and why each piece is there:
   with ``DTensor.full_tensor()`` under FSDP2 over several GPUs; on one, its local shard is already
   whole) is copied into the engine's fixed buffers, whose addresses the captured graphs hold.
 
+- Tensor-parallel decoding (rollout.tensor_model_parallel_size = t > 1; tensor_parallel.py): t
+  consecutive workers decode their rows together, each GPU holding 1/t of every layer's heads and MLP
+  width, two all-reduces a layer inside the captured step and the sampled tokens broadcast from the
+  group's first member, so the members stay in step; each member keeps its own rows.
+
 On CPU, or with rollout.enforce_eager, the same step runs eagerly, and sampling goes through
 ``sampling.sample_keyed``: greedy decoding gives the tokens of the hf and static engines.
 """
@@ -68,6 +73,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.batch import Batch
 from trainer.rollout.base import RolloutEngine
 from trainer.rollout.decode_buffers import (
     PROMPT_ALIGN,
@@ -87,10 +93,11 @@ from trainer.rollout.sampling import (
     sample_keyed,
     token_log_probs,
 )
+from trainer.rollout.tensor_parallel import TP_KEY, DecodeGroup, decode_groups, own_rows, row_starts
 from trainer.workers.fsdp import compute_dtype
 
 if TYPE_CHECKING:
-    from trainer.config import RolloutConfig
+    from trainer.config import Config, RolloutConfig
 
 PREFILL_TOKENS = 32768  # distinct prompts per prefill chunk are chosen so that a chunk holds about this many tokens
 FUSED_DECODE_ENV = "RLBENCH_FUSED_DECODE"  # "0": the eager elementwise ops on GPU too (to compare), "1": fused
@@ -108,6 +115,7 @@ def fused_decode_from_env(environ: Mapping[str, str] | None = None) -> bool:
 class FastRolloutEngine(RolloutEngine):
     name = "fast"
     accepts_sharded_model = True  # copies the weights into its fixed-address buffers (LeanWeights)
+    supports_tensor_parallel = True  # tensor_parallel.py
 
     def __init__(
         self,
@@ -122,6 +130,7 @@ class FastRolloutEngine(RolloutEngine):
         fused_decode: bool | None = None,
         rope_in_attention: bool = True,
         skip_ended_rows: bool = True,
+        tensor_parallel: DecodeGroup | None = None,
     ) -> None:
         super().__init__(model, tokenizer, config, share_weights=False)
         if check_every < 1:
@@ -130,12 +139,17 @@ class FastRolloutEngine(RolloutEngine):
         self.compact_rows = compact_rows  # see decode_buffers.py: decode only the rows still running
         # between compactions the GPU attention kernel reads no K/V for the rows that ended (skip_rows)
         self.skip_ended_rows = skip_ended_rows
-        self.shape = lean_shape(model.config)
+        # in a decode group (rollout.tensor_model_parallel_size > 1) this GPU holds its part of the
+        # heads and MLP width and adds the split matmuls' sums over the group (tensor_parallel.py)
+        self.tp = tensor_parallel
+        tp_rank, tp_size = (tensor_parallel.rank, tensor_parallel.size) if tensor_parallel is not None else (0, 1)
+        self._reduce = tensor_parallel.all_reduce_ if tensor_parallel is not None else None
+        self.shape = lean_shape(model.config).sharded(tp_size)
         source = next(model.parameters())
         device = source.device
         if device.type == "cpu" and torch.cuda.is_available() and _is_offloaded(source):
             device = torch.device("cuda", torch.cuda.current_device())  # FSDP CPU offload: decode on the GPU
-        self.weights = LeanWeights(self.shape, compute_dtype(source.dtype, device.type), device)
+        self.weights = LeanWeights(self.shape, compute_dtype(source.dtype, device.type), device, tp_rank, tp_size)
         self.weights.load(model)  # usable at once, like the other engines (reshard refreshes it)
         eager = bool(config.enforce_eager) if config is not None else False
         self.use_cuda_graphs = (device.type == "cuda" and not eager) if use_cuda_graphs is None else use_cuda_graphs
@@ -183,6 +197,39 @@ class FastRolloutEngine(RolloutEngine):
     def device(self) -> torch.device:
         return self.weights.device
 
+    @staticmethod
+    def check_config(cfg: Config) -> None:
+        """A decode group must be whole workers of one node (tensor_parallel.py)."""
+        from trainer.config.schema import ConfigError
+
+        size = int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
+        if size == 1:
+            return
+        try:
+            decode_groups(cfg.world_size, size)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        per_node = cfg.trainer.n_gpus_per_node
+        if cfg.trainer.device == "cuda" and per_node % size:
+            raise ConfigError(f"{TP_KEY}={size} must divide trainer.n_gpus_per_node={per_node}: a decode group stays on one node")
+
+    def generate(
+        self, prompt_token_lists: list[list[int]], uids: list[int], ground_truths: list[str], n: int,
+        max_new_tokens: int, sampling: SamplingParams, seed: int,
+    ) -> Batch:
+        """RolloutEngine.generate; in a decode group, over every member's prompts together (each member
+        calls it with its own), returning this member's rows."""
+        if self.tp is None:
+            return super().generate(prompt_token_lists, uids, ground_truths, n, max_new_tokens, sampling, seed)
+        asked = self.tp.gather((prompt_token_lists, uids, ground_truths, n, max_new_tokens, sampling, seed))
+        if len({tuple(a[3:]) for a in asked}) > 1:
+            raise RuntimeError(f"fast rollout: a decode group's members asked for different steps: {[a[3:] for a in asked]}")
+        group = super().generate(
+            [p for a in asked for p in a[0]], [u for a in asked for u in a[1]], [g for a in asked for g in a[2]],
+            n, max_new_tokens, sampling, seed,
+        )
+        return own_rows(group, row_starts([len(a[0]) for a in asked], n)[self.tp.rank], len(prompt_token_lists) * n)
+
     # ------------------------------------------------------------------ reshard
     def sync_from(self, actor_model: nn.Module) -> int:
         """Copy the actor's current weights into the engine's buffers, on the device (see LeanWeights.load)."""
@@ -213,6 +260,8 @@ class FastRolloutEngine(RolloutEngine):
                 bad = nonfinite_rows_mask(logits)
         else:
             token, bad = greedy(logits), nonfinite_rows_mask(logits)
+        if self.tp is not None:  # the group's first member's pick, so every member decodes the same rows in step
+            token = self.tp.broadcast_(token)
         if log_prob is None:
             log_prob = token_log_probs(logits, token, sampling.log_prob_temperature)
         # outputs are indexed by the slot's row (``rows``): compaction moves rows between slots
@@ -257,7 +306,7 @@ class FastRolloutEngine(RolloutEngine):
             )
         logits = decode_logits(
             self.weights, buf.cache_k, buf.cache_v, buf.last, buf.positions, buf.write_slot, buf.attn_bias, attn_len,
-            attend, self.fused_decode, attend_with_rope,
+            attend, self.fused_decode, attend_with_rope, self._reduce,
         )
         buf.write_slot.add_(1)
         buf.positions.add_(1)
@@ -336,7 +385,8 @@ class FastRolloutEngine(RolloutEngine):
             of = (group_of[rows] - start).to(self.device)  # each row's prompt within this chunk
             rows = rows.to(self.device)
             prompt_logits = prefill_logits(  # each layer's K/V written straight into every row of its group
-                self.weights, buf.cache_k, buf.cache_v, prompt_ids[at], prompt_mask[at], into=(rows, of)
+                self.weights, buf.cache_k, buf.cache_v, prompt_ids[at], prompt_mask[at], into=(rows, of),
+                reduce=self._reduce,
             )
             logits[rows] = prompt_logits[of]
         return logits

@@ -19,7 +19,7 @@ The decode state and the loop that drives this forward are the engine's (fast_en
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.batch import position_ids_from_mask
+from trainer.rollout.tensor_parallel import local_part
 from trainer.workers.fsdp import full_tensor
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("qwen2", "llama", "mistral")
@@ -61,6 +62,27 @@ class LeanShape:
     @property
     def group(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    def sharded(self, size: int) -> LeanShape:
+        """What one GPU of a decode group of ``size`` holds (tensor_parallel.py): 1/size of the query
+        and key/value heads and of the MLP's width; ValueError naming what does not split."""
+        if size == 1:
+            return self
+        uneven = [
+            f"{value} {what}" for value, what in (
+                (self.num_heads, "attention heads"), (self.num_kv_heads, "key/value heads"),
+                (self.intermediate, "MLP intermediate width"),
+            ) if value % size
+        ]
+        if uneven:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={size}: the model's {', '.join(uneven)} "
+                f"do not split evenly over {size} GPUs; use a size that divides {self.num_kv_heads} (its key/value heads)"
+            )
+        return replace(
+            self, num_heads=self.num_heads // size, num_kv_heads=self.num_kv_heads // size,
+            intermediate=self.intermediate // size,
+        )
 
 
 def _rope_theta(config: Any) -> float:
@@ -117,8 +139,11 @@ class LeanWeights:
     head (the embedding itself when tied).
     """
 
-    def __init__(self, shape: LeanShape, dtype: torch.dtype, device: torch.device) -> None:
-        self.shape = shape
+    def __init__(
+        self, shape: LeanShape, dtype: torch.dtype, device: torch.device, tp_rank: int = 0, tp_size: int = 1
+    ) -> None:
+        self.shape = shape  # what this GPU holds: LeanShape.sharded(tp_size) in a decode group
+        self.tp_rank, self.tp_size = tp_rank, tp_size  # its place in the group (tensor_parallel.py)
         self.dtype = dtype
         self.device = device
         L, H, inter = shape.num_layers, shape.hidden, shape.intermediate
@@ -185,7 +210,8 @@ class LeanWeights:
 
     @torch.no_grad()
     def load(self, source: Mapping[str, torch.Tensor] | nn.Module) -> int:
-        """Copy the source model's tensors in (gathering FSDP2 shards on this device); return bytes copied.
+        """Copy the source model's tensors in (gathering FSDP2 shards on this device; in a decode group
+        of tp_size, this GPU's part of each); return bytes copied.
 
         Every worker calls this in the same order (the gathers are collectives). A source name we do
         not map, or one of ours the source lacks, is an error naming it.
@@ -204,7 +230,7 @@ class LeanWeights:
         copied = 0
         for name, src in tensors.items():
             dst = targets[name]
-            whole = full_tensor(src, self.device)
+            whole = local_part(name, full_tensor(src, self.device), self.tp_rank, self.tp_size)
             if tuple(whole.shape) != tuple(dst.shape):
                 raise ValueError(f"fast rollout engine: {name} has shape {tuple(whole.shape)}, expected {tuple(dst.shape)}")
             dst.copy_(whole)
@@ -231,10 +257,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def _mlp(w: LeanWeights, layer: int, h: torch.Tensor) -> torch.Tensor:
+def _summed(partial: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+    """A split matmul's (o's, down's) partial sum, added over the decode group (``reduce``: its
+    all-reduce, tensor_parallel.py); on one GPU it is the whole sum already."""
+    return partial if reduce is None else reduce(partial)
+
+
+def _mlp(w: LeanWeights, layer: int, h: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     x = rms_norm(h, w.ln_post[layer], w.shape.rms_eps)
     gate, up = F.linear(x, w.gate_up[layer]).chunk(2, dim=-1)
-    return h + F.linear(F.silu(gate) * up, w.down[layer])
+    return h + _summed(F.linear(F.silu(gate) * up, w.down[layer]), reduce)
 
 
 def _attention(
@@ -268,6 +300,7 @@ def decode_logits(
     attend: Callable[..., torch.Tensor] | None = None,
     fused: bool = False,
     attend_with_rope: Callable[..., torch.Tensor] | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One token per row through the decoder: [b] -> logits [b, V]; writes this token's K and V at
     ``write_slot`` and attends over cache slots [0, attn_len) (the bias is 0 on visible slots, -inf
@@ -280,13 +313,14 @@ def decode_logits(
     same roundings as the eager ops here. ``attend_with_rope(qkv [b, (heads + 2 KV heads) d], cos, sin
     [b, d], k_cache, v_cache, bias, attn_len, write_slot, heads)`` does a layer's RoPE, cache write at
     ``write_slot`` and attention in one kernel (decode_attention_with_rope) in the fused step; it
-    needs ``fused``."""
+    needs ``fused``. ``reduce``: the decode group's in-place all-reduce, when ``w`` holds one GPU's
+    part of a tensor-parallel group's weights (tensor_parallel.py)."""
     s = w.shape
     if attend_with_rope is not None and not fused:
         raise ValueError("decode_logits: attend_with_rope replaces a fused step's kernels; it needs fused=True")
     if fused:
         return _decode_logits_fused(
-            w, cache_k, cache_v, last, positions, write_slot, attn_bias, attn_len, attend, attend_with_rope
+            w, cache_k, cache_v, last, positions, write_slot, attn_bias, attn_len, attend, attend_with_rope, reduce
         )
     b = last.shape[0]
     q_size, kv_size, d = s.q_size, s.kv_size, s.head_dim
@@ -304,15 +338,15 @@ def decode_logits(
         cache_k[layer].index_copy_(2, slot, k.unsqueeze(2))
         cache_v[layer].index_copy_(2, slot, v.unsqueeze(2))
         attn = _attention(s, q, cache_k[layer], cache_v[layer], attn_bias, attn_len, attend)
-        h = h + F.linear(attn, w.o[layer])
-        h = _mlp(w, layer, h)
+        h = h + _summed(F.linear(attn, w.o[layer]), reduce)
+        h = _mlp(w, layer, h, reduce)
     return F.linear(rms_norm(h, w.norm, s.rms_eps), w.lm_head)
 
 
 def _decode_logits_fused(
     w: LeanWeights, cache_k: torch.Tensor, cache_v: torch.Tensor, last: torch.Tensor, positions: torch.Tensor,
     write_slot: torch.Tensor, attn_bias: torch.Tensor, attn_len: int, attend: Callable[..., torch.Tensor] | None,
-    attend_with_rope: Callable[..., torch.Tensor] | None,
+    attend_with_rope: Callable[..., torch.Tensor] | None, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """decode_logits with a layer's elementwise work in three kernels: each residual add joins the
     RMSNorm after it, RoPE joins the K/V cache write (and, given ``attend_with_rope``, the attention
@@ -334,8 +368,8 @@ def _decode_logits_fused(
         else:
             q = rope_and_cache_write(qkv, cos, sin, cache_k[layer], cache_v[layer], write_slot, s.num_heads)
             attn = _attention(s, q, cache_k[layer], cache_v[layer], attn_bias, attn_len, attend)
-        h, x = add_rms_norm(h, F.linear(attn, w.o[layer]), w.ln_post[layer], s.rms_eps)
-        delta = F.linear(silu_mul(F.linear(x, w.gate_up[layer])), w.down[layer])
+        h, x = add_rms_norm(h, _summed(F.linear(attn, w.o[layer]), reduce), w.ln_post[layer], s.rms_eps)
+        delta = _summed(F.linear(silu_mul(F.linear(x, w.gate_up[layer])), w.down[layer]), reduce)
     return F.linear(add_rms_norm(h, delta, w.norm, s.rms_eps)[1], w.lm_head)
 
 
@@ -346,13 +380,14 @@ def prefill_logits(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     into: tuple[torch.Tensor, torch.Tensor] | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Left-padded prompts [b, P] into cache slots [0, P); the last position's logits [b, V].
 
     ``into`` = (rows, prompt) [n] each: cache row rows[i] gets prompt prompt[i]'s K/V (a prompt may go
     to several rows, one layer at a time); by default row i of the caches gets prompt i.
     A padding query attends to itself only (never to nothing, which would give NaN rows whose
-    values, even weighted by 0, would poison the real tokens' sums).
+    values, even weighted by 0, would poison the real tokens' sums). ``reduce``: as decode_logits'.
     """
     s = w.shape
     b, width = prompt_ids.shape
@@ -380,8 +415,8 @@ def prefill_logits(
         attn = F.scaled_dot_product_attention(
             q, k.repeat_interleave(s.group, dim=1), v.repeat_interleave(s.group, dim=1), attn_mask=allowed
         )
-        h = h + F.linear(attn.transpose(1, 2).reshape(b, width, q_size), w.o[layer])
-        h = _mlp(w, layer, h)
+        h = h + _summed(F.linear(attn.transpose(1, 2).reshape(b, width, q_size), w.o[layer]), reduce)
+        h = _mlp(w, layer, h, reduce)
     return F.linear(rms_norm(h[:, -1], w.norm, s.rms_eps), w.lm_head)
 
 

@@ -28,6 +28,7 @@ from trainer.models.liger import apply_liger
 from trainer.models.presets import build_model, load_tokenizer, resolve_dtype
 from trainer.rollout import engine_class, make_engine
 from trainer.rollout.requests import SamplingParams
+from trainer.rollout.tensor_parallel import decode_group_size, join_decode_group
 from trainer.work_counts import WorkCounts, count_work
 from trainer.workers.actor import UpdateSettings, compute_log_probs, update_policy
 from trainer.workers.distributed import DataParallel, Rendezvous
@@ -80,6 +81,8 @@ class TrainWorker:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         force = self.strategy == "fsdp2"
         self.dp.init(master_addr, master_port, backend, force=force, rendezvous=self.rendezvous)
+        # rollout.tensor_model_parallel_size consecutive workers decode together (every worker joins, in order)
+        self.decode_group = join_decode_group(self.rank, self.world_size, decode_group_size(cfg))
         path = arr.model.path
         fsdp = arr.actor.fsdp_config
         dtype = resolve_dtype(fsdp.model_dtype, cfg.trainer.device)
@@ -139,11 +142,15 @@ class TrainWorker:
         """A rollout engine, holding its own full copy of the weights unless it can share the actor's.
 
         An engine that accepts a sharded model (the fast engine: its own fused, fixed-address buffers)
-        is built on the actor's module under every strategy. The others get the actor's module on dp
+        is built on the actor's module under every strategy (in its decode group, with
+        rollout.tensor_model_parallel_size > 1: tensor_parallel.py). The others get the actor's module on dp
         (the transformers-based ones share it); under FSDP a replica of their own, since every forward
         of a sharded module is a collective that the workers' rollouts cannot keep in step.
         """
-        if engine_class(rollout.name).accepts_sharded_model or self.strategy == "dp":
+        kind = engine_class(rollout.name)
+        if kind.supports_tensor_parallel and self.decode_group is not None:
+            engine = make_engine(rollout.name, self.actor.lm, self.tokenizer, rollout, tensor_parallel=self.decode_group)
+        elif kind.accepts_sharded_model or self.strategy == "dp":
             engine = make_engine(rollout.name, self.actor.lm, self.tokenizer, rollout)
         else:
             dtype = compute_dtype(self.actor_dtype, self.device.type)

@@ -1,0 +1,178 @@
+"""Tensor-parallel decoding (rollout.tensor_model_parallel_size): two real processes of a gloo group,
+each holding half of every layer's heads and MLP width, decode both workers' prompts together and
+each keeps its own rows; the rows must be the ones one process decodes alone with the whole model.
+
+The split changes only the order in which o's and down's sums are added (each GPU's partial sum, then
+the all-reduce), so in float32 the logits agree to rounding and the tokens are the same.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from test_fsdp_gloo import _rendezvous_port, run_two_ranks
+
+from conftest import ROLLOUT_TEXTS
+from trainer.batch import Batch, left_pad
+from trainer.config import Config, ConfigError, RolloutConfig, build_config
+from trainer.models.presets import build_model, load_tokenizer
+from trainer.rollout import SamplingParams, make_engine
+from trainer.rollout.lean_decoder import lean_shape
+from trainer.rollout.tensor_parallel import (
+    decode_group_size,
+    decode_groups,
+    join_decode_group,
+    local_part,
+    own_rows,
+    row_starts,
+)
+from trainer.workers.distributed import DataParallel
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
+
+N = 2  # responses per prompt
+MAX_NEW = 24
+SEED = 5
+SAMPLINGS = {"greedy": SamplingParams(do_sample=False), "sampled": SamplingParams(temperature=0.9)}
+
+
+# ----------------------------------------------------------------------------- the split itself
+def test_each_rank_holds_its_slice_of_the_split_matrices_and_all_of_the_rest():
+    q = torch.arange(8 * 3).reshape(8, 3)
+    assert torch.equal(local_part("model.layers.0.self_attn.q_proj.weight", q, 1, 2), q[4:])
+    o = torch.arange(3 * 8).reshape(3, 8)
+    assert torch.equal(local_part("model.layers.3.self_attn.o_proj.weight", o, 0, 2), o[:, :4])
+    assert torch.equal(local_part("model.layers.3.mlp.down_proj.weight", o, 1, 2), o[:, 4:])
+    assert torch.equal(local_part("model.layers.3.self_attn.k_proj.bias", torch.arange(6), 1, 2), torch.arange(3, 6))
+    norm = torch.arange(5)
+    assert local_part("model.layers.0.input_layernorm.weight", norm, 1, 2) is norm
+    assert local_part("lm_head.weight", o, 1, 2) is o
+
+
+def test_decode_groups_are_consecutive_workers_and_must_divide_them():
+    assert decode_groups(4, 2) == [[0, 1], [2, 3]]
+    assert decode_groups(4, 4) == [[0, 1, 2, 3]]
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=3 must be >= 1 and divide the 4 worker"):
+        decode_groups(4, 3)
+
+
+def test_a_shape_that_does_not_split_names_the_key_and_the_counts(tok):
+    shape = lean_shape(build_model("tiny", seed=0).config)  # 4 heads, 2 KV heads, MLP 192
+    half = shape.sharded(2)
+    assert (half.num_heads, half.num_kv_heads, half.intermediate, half.hidden) == (2, 1, 96, shape.hidden)
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size=4: the model's 2 key/value heads do not split"):
+        shape.sharded(4)
+
+
+def test_own_rows_trims_to_the_members_own_widths():
+    ids, mask = left_pad([[7, 8, 9], [5], [6, 6]], 0)  # widths 3, 1, 2
+    batch = Batch(
+        prompt_ids=ids, prompt_mask=mask,
+        response_ids=torch.tensor([[1, 2, 3], [4, 0, 0], [5, 6, 0]]),
+        response_mask=torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]]),
+        uids=torch.tensor([0, 1, 2]), ground_truths=["a", "b", "c"],
+        rollout_log_probs=torch.tensor([[-1.0, -2.0, -3.0], [-4.0, 0, 0], [-5.0, -6.0, 0]]),
+    )
+    mine = own_rows(batch, 1, 2)
+    assert mine.prompt_ids.tolist() == [[0, 5], [6, 6]]
+    assert mine.response_ids.tolist() == [[4, 0], [5, 6]]
+    assert mine.rollout_log_probs.tolist() == [[-4.0, 0.0], [-5.0, -6.0]]
+    assert mine.ground_truths == ["b", "c"] and mine.uids.tolist() == [1, 2]
+    assert row_starts([3, 1, 2], 2) == [0, 6, 8]
+
+
+def test_config_takes_the_size_with_the_fast_engine_only():
+    def cfg(*overrides: str) -> Config:
+        return build_config(["trainer.n_gpus_per_node=2", *overrides])
+
+    assert decode_group_size(cfg("actor_rollout_ref.rollout.name=fast", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")) == 2
+    assert decode_group_size(cfg("actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")) == 1
+    from trainer.config.validation import settings_without_effect, validate
+
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size=4 must be >= 1 and divide the 2 worker"):
+        validate(cfg("actor_rollout_ref.rollout.name=fast", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"))
+    hf = cfg("actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
+    assert any("tensor_model_parallel_size=2 has no effect here" in line for line in settings_without_effect(hf))
+    fast = cfg("actor_rollout_ref.rollout.name=fast", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
+    assert not any("tensor_model_parallel_size" in line for line in settings_without_effect(fast))
+
+
+# ----------------------------------------------------------------------------- two real processes
+def _prompts() -> list[list[list[int]]]:
+    """Each rank's prompts: different counts and lengths, so the group's batch pads both."""
+    tok = load_tokenizer("tiny")
+    return [[tok.encode(t) for t in ROLLOUT_TEXTS[:5]], [tok.encode(t) for t in ROLLOUT_TEXTS[5:]]]
+
+
+def _livened_model(path: Path) -> torch.nn.Module:
+    """The tiny model, scaled so that its greedy text varies and sometimes ends (conftest's liven)."""
+    model = build_model("tiny", seed=0)
+    model.load_state_dict(torch.load(path, weights_only=True))
+    return model
+
+
+def _decode(engine, prompts: list[list[int]], first_uid: int, sampling: SamplingParams) -> Batch:
+    uids = list(range(first_uid, first_uid + len(prompts)))
+    return engine.generate(prompts, uids, [f"gt{u}" for u in uids], N, MAX_NEW, sampling, SEED)
+
+
+def _rank_main(rank: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dp = DataParallel(rank, 2, torch.device("cpu"))
+    port, rendezvous = _rendezvous_port(rank, out_dir)
+    dp.init("127.0.0.1", port, "gloo", rendezvous=rendezvous)
+    group = join_decode_group(rank, 2, 2)
+    model = _livened_model(Path(out_dir) / "model.pt")
+    engine = make_engine("fast", model, load_tokenizer("tiny"), RolloutConfig(name="fast"), tensor_parallel=group)
+    mine = _prompts()[rank]
+    first_uid = 0 if rank == 0 else len(_prompts()[0])
+    results = {name: _decode(engine, mine, first_uid, sampling) for name, sampling in SAMPLINGS.items()}
+    held = engine.weights.qkv.shape, engine.weights.down.shape, engine.weights.lm_head.shape
+    torch.save({"batches": results, "held": held}, os.path.join(out_dir, f"rank{rank}.pt"))
+    dp.shutdown()
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory, liven) -> tuple[list[dict], dict[str, list[Batch]]]:
+    out = tmp_path_factory.mktemp("tp_decode")
+    model = liven(build_model("tiny", seed=0))
+    torch.save(model.state_dict(), out / "model.pt")
+    run_two_ranks(_rank_main, out)
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    # one process, the whole model, each rank's prompts decoded as that rank would alone
+    alone = make_engine("fast", _livened_model(out / "model.pt"), load_tokenizer("tiny"), RolloutConfig(name="fast"))
+    parts = _prompts()
+    starts = [0, len(parts[0])]
+    reference = {
+        name: [_decode(alone, parts[r], starts[r], sampling) for r in range(2)] for name, sampling in SAMPLINGS.items()
+    }
+    return ranks, reference
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+def test_each_rank_gets_its_own_rows_as_one_process_decodes_them(sampling, two_rank_results):
+    ranks, reference = two_rank_results
+    for rank in range(2):
+        got, want = ranks[rank]["batches"][sampling], reference[sampling][rank]
+        assert got.uids.tolist() == want.uids.tolist()
+        assert got.ground_truths == want.ground_truths
+        assert torch.equal(got.prompt_ids, want.prompt_ids), (rank, got.prompt_ids, want.prompt_ids)
+        assert torch.equal(got.response_ids, want.response_ids), (rank, got.response_ids, want.response_ids)
+        assert torch.equal(got.response_mask, want.response_mask)
+        # the partial sums are added in another order: float32 rounding, no more
+        torch.testing.assert_close(got.rollout_log_probs, want.rollout_log_probs, rtol=0, atol=1e-4)
+    lengths = torch.cat([reference[sampling][r].response_mask.sum(dim=1) for r in range(2)])
+    assert lengths.min() < lengths.max(), "the set-up should give responses of different lengths"
+
+
+def test_each_rank_holds_half_of_the_layers_and_the_whole_head(two_rank_results):
+    ranks, _ = two_rank_results
+    whole = lean_shape(build_model("tiny", seed=0).config)
+    qkv, down, head = ranks[0]["held"]
+    # qkv rows: half the query heads and half the KV heads (x2 for K and V); down: half the MLP width
+    assert qkv[-2:] == (whole.q_size // 2 + whole.kv_size, whole.hidden)
+    assert down[-2:] == (whole.hidden, whole.intermediate // 2)
+    assert head == (whole.vocab, whole.hidden)
