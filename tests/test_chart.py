@@ -369,9 +369,13 @@ def test_a_session_of_whole_steps_alone_draws_one_bar_and_no_save() -> None:
 
 def test_an_assumed_gpu_model_is_named_as_assumed_on_its_bar() -> None:
     seven = load_baseline("verl-7b")  # "8 nodes x 8 GPUs": its workload assumes H100
-    assert "8 nodes x 8 GPUs (H100 assumed)" in _hardware_label(seven)
+    assert "8 nodes x 8 GPUs (H100 assumed), rollout TP 2" in _hardware_label(seven)  # its replicas of 2 GPUs
     unnamed = dataclasses.replace(seven, workload=dataclasses.replace(seven.workload, gpu_model=None))
     assert "8 nodes x 8 GPUs (model unknown)" in _hardware_label(unnamed)
+    run = load_baseline("verl-v0.5.0-1.5b")  # no rollout_tp named: nothing said
+    assert "rollout TP" not in _hardware_label(run)
+    split = dataclasses.replace(run, config=dataclasses.replace(run.config, parallelism={"dp": 8, "rollout_tp": 2}))
+    assert _hardware_label(split).endswith(", rollout TP 2")
 
 
 def test_a_failed_phase_timed_inside_the_step_is_marked_on_the_measured_step() -> None:

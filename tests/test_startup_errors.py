@@ -252,3 +252,15 @@ def test_a_replay_with_gpu_alone_waits_for_the_cluster_s_gpu_count(pytester: pyt
     assert_one_usage_error(result, err, "--rl-workload: cannot replay per GPU", "is not a multiple of 4")
     collected, modules, ran = stage(pytester)
     assert (collected, "ray" in modules, ran) == (False, False, False)  # at configure
+
+
+def test_a_decode_group_with_gpu_alone_waits_for_the_cluster_s_gpu_count(pytester: pytest.Pytester) -> None:
+    # two GPUs decode together (rollout.tensor_model_parallel_size=2): one GPU must not stand in for
+    # the count the cluster gives later; one GPU per node, given, is refused at once, naming the key
+    tp = "--rl-config=actor_rollout_ref.rollout.tensor_model_parallel_size=2"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--gpu", "--rl-rollout", "fast", tp, "--collect-only", timeout=300
+    )
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, result.stderr.str()
+    result, err = run(pytester, "rl_trainer", "--gpu", "--rl-gpus-per-node", "1", "--rl-rollout", "fast", tp)
+    assert_one_usage_error(result, err, "tensor_model_parallel_size=2 must be >= 1 and divide the 1 worker(s)")

@@ -32,6 +32,15 @@ def test_decode_steps_sum_each_workers_longest_response():
     assert batch_tokens(batch, n=2, world_size=1).decode_steps == 7  # one worker: the longest of all
 
 
+def test_a_decode_group_decodes_its_workers_prompts_together():
+    # 6 prompts x n=1 over 4 workers: [0, 1], [2, 3], [4], [5] (even_split); in groups of 2 workers
+    # the groups hold prompts 0-3 and 4-5, not 3 and 3, and each decodes for its longest row
+    batch = make_batch([4] * 6, [9, 1, 1, 1, 1, 8])
+    assert batch_tokens(batch, n=1, world_size=4, group_size=2).decode_steps == 9 + 8
+    assert batch_tokens(batch, n=1, world_size=4).decode_steps == 9 + 1 + 1 + 8
+    assert batch_tokens(batch, n=1, world_size=4, group_size=4).decode_steps == 9
+
+
 def test_record_token_counts_keep_every_field_the_trainer_counted():
     from pytest_rlbench.session.bench import token_counts
 

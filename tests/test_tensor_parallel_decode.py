@@ -15,7 +15,6 @@ import pytest
 import torch
 from test_fsdp_gloo import _rendezvous_port, run_two_ranks
 
-from conftest import ROLLOUT_TEXTS
 from trainer.batch import Batch, left_pad
 from trainer.config import Config, ConfigError, RolloutConfig, build_config
 from trainer.models.presets import build_model, load_tokenizer
@@ -36,6 +35,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 N = 2  # responses per prompt
 MAX_NEW = 24
 SEED = 5
+# conftest's rollout texts (the spawned ranks import this module, not conftest): with the livened tiny
+# model their responses end at different steps
+TEXTS = ["What is 2+3?", "Hi", "Compute 17*4 please", "x", "Solve: 9-4", "abc", "The answer is", "1+1="]
 SAMPLINGS = {"greedy": SamplingParams(do_sample=False), "sampled": SamplingParams(temperature=0.9)}
 
 
@@ -104,7 +106,7 @@ def test_config_takes_the_size_with_the_fast_engine_only():
 def _prompts() -> list[list[list[int]]]:
     """Each rank's prompts: different counts and lengths, so the group's batch pads both."""
     tok = load_tokenizer("tiny")
-    return [[tok.encode(t) for t in ROLLOUT_TEXTS[:5]], [tok.encode(t) for t in ROLLOUT_TEXTS[5:]]]
+    return [[tok.encode(t) for t in TEXTS[:5]], [tok.encode(t) for t in TEXTS[5:]]]
 
 
 def _livened_model(path: Path) -> torch.nn.Module:

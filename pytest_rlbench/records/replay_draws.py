@@ -240,14 +240,16 @@ def slowest_worker_note(run: RunRecord, baseline: RunRecord) -> list[str]:
 
 def _decode_layout_note(run: RunRecord, per: int) -> str:
     """How this run decoded a share that the baseline's ``per`` GPUs decoded together: tensor-parallel as
-    they did (the run's rollout_tp), or split with each GPU reading all the weights (more reads per GPU)."""
+    they did (the run's rollout_tp), or at another size, whose reads per GPU are named against theirs."""
     if per == 1:
         return ""
     tp = run.config.parallelism.get("rollout_tp", 1)
     if tp == per:
         return f"; each share was decoded by its {per} GPUs together at tensor-parallel size {per}, as the baseline's were"
+    reads = "all the" if tp == 1 else f"1/{tp} of the"
     return (
-        f"; each of this run's GPUs decodes its part of a share at tensor-parallel size {tp}, reading "
-        f"{'all the' if tp == 1 else f'1/{tp} of the'} weights at each decode step where each of the baseline's {per} GPUs read 1/{per} of them: more "
-        f"reads per GPU than the baseline's (a layout, not more work)"
+        f"; each of this run's GPUs decodes its part of a share at tensor-parallel size {tp}, reading {reads} "
+        f"weights at each decode step where each of the baseline's {per} GPUs read 1/{per} of them: "
+        f"{'more' if tp < per else 'fewer'} reads per GPU than the baseline's (a layout, not "
+        f"{'more' if tp < per else 'less'} work)"
     )

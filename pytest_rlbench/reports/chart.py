@@ -312,7 +312,17 @@ def _hardware_label(record: RunRecord) -> str:
         model = hw.gpu_model.removeprefix("NVIDIA ")
     else:
         model = f"GPUs ({assumed.value} assumed)" if assumed is not None else "GPUs (model unknown)"
-    return f"{nodes} x {hw.gpus_per_node} {model}"
+    tp = _rollout_tp(record)
+    return f"{nodes} x {hw.gpus_per_node} {model}" + (f", rollout TP {tp}" if tp > 1 else "")
+
+
+def _rollout_tp(record: RunRecord) -> int:
+    """The GPUs that decoded one share together: a run's config says (rollout_tp), a published run's
+    workload (its parallelism's rollout_tp); 1 where neither names it."""
+    tp = record.config.parallelism.get("rollout_tp")
+    if tp is None and record.workload is not None:
+        tp = record.workload.parallelism.value.get("rollout_tp")
+    return int(tp or 1)
 
 
 def drawn_baselines(run: RunRecord, baselines: Sequence[RunRecord]) -> tuple[list[RunRecord], list[str]]:

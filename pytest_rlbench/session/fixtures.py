@@ -234,13 +234,14 @@ class RLBenchSession:
 
     def _provisional_config_built(self) -> Config:
         """The config checked at configure with --gpu alone: one GPU per node stands in for the count
-        the cluster gives later, or, for a replayed workload that does not divide over one GPU (the 7B
-        run's 32 sequences per GPU are 2 prompts, not 4 PPO mini-batches), the fewest it divides over.
-        The real count is checked once the cluster is there (``trainer_config``)."""
+        the cluster gives later, or, for a config that needs more (a replayed workload that does not
+        divide over one GPU: the 7B run's 32 sequences per GPU are 2 prompts, not 4 PPO mini-batches;
+        a decode group of rollout.tensor_model_parallel_size GPUs), the fewest it holds on. The real
+        count is checked once the cluster is there (``trainer_config``)."""
         from trainer.config import ConfigError
 
         try:
-            return self._built_config(gpus_per_node=None)
+            cfg = self._built_config(gpus_per_node=None)
         except ConfigError as first:
             if self.opts.workload_record is None:
                 raise
@@ -250,6 +251,10 @@ class RLBenchSession:
                 except ConfigError:
                     continue
             raise first from None
+        group = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+        if group > 1 and cfg.trainer.n_gpus_per_node % group:  # a decode group's GPUs stand in
+            return self._built_config(gpus_per_node=group)
+        return cfg
 
     def _built_config(self, gpus_per_node: int | None) -> Config:
         """The session's defaults (synthetic data file and checkpoint dir in the session's temp dir, the

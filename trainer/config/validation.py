@@ -207,6 +207,7 @@ POSITIVE_KEYS: tuple[str, ...] = (
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
     "trainer.nnodes",
     "trainer.n_gpus_per_node",
+    TP_KEY,
     "trainer.total_epochs",
 )
 

@@ -180,8 +180,7 @@ class GRPOTrainer:
     def batch_tokens(self, batch: Batch) -> BatchTokens:
         """The work in ``batch`` (a generate_sequences result): tokens, lengths and decode steps (a decode
         group of rollout.tensor_model_parallel_size workers decodes its rows together: one replica)."""
-        replicas = self.workers.world_size // decode_group_size(self.cfg)
-        return batch_tokens(batch, self.cfg.actor_rollout_ref.rollout.n, replicas)
+        return batch_tokens(batch, self.cfg.actor_rollout_ref.rollout.n, self.workers.world_size, decode_group_size(self.cfg))
 
     def _rollout_seed(self) -> int:
         """One seed per step for every worker: the static engine keys each row's noise by its uid."""

@@ -260,8 +260,13 @@ class FastRolloutEngine(RolloutEngine):
                 bad = nonfinite_rows_mask(logits)
         else:
             token, bad = greedy(logits), nonfinite_rows_mask(logits)
-        if self.tp is not None:  # the group's first member's pick, so every member decodes the same rows in step
-            token = self.tp.broadcast_(token)
+        if self.tp is not None:
+            # the group's first member's pick and non-finite flag, so every member decodes, ends its rows
+            # and raises in step (a member that stopped alone would leave the others in a collective).
+            # Their logits hold the same bits (NCCL's all-reduce gives every member the same sums, the
+            # LM head is whole on each), so this changes nothing but guards against that ever failing.
+            packed = self.tp.broadcast_(token * 2 + bad.long())
+            token, bad = packed // 2, (packed % 2).bool()
         if log_prob is None:
             log_prob = token_log_probs(logits, token, sampling.log_prob_temperature)
         # outputs are indexed by the slot's row (``rows``): compaction moves rows between slots
