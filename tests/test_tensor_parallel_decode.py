@@ -17,6 +17,7 @@ from test_fsdp_gloo import _rendezvous_port, run_two_ranks
 
 from trainer.batch import Batch, left_pad
 from trainer.config import Config, ConfigError, RolloutConfig, build_config
+from trainer.config.schema import TargetLengthsConfig
 from trainer.models.presets import build_model, load_tokenizer
 from trainer.rollout import SamplingParams, make_engine
 from trainer.rollout.lean_decoder import lean_shape
@@ -39,6 +40,14 @@ SEED = 5
 # model their responses end at different steps
 TEXTS = ["What is 2+3?", "Hi", "Compute 17*4 please", "x", "Solve: 9-4", "abc", "The answer is", "1+1="]
 SAMPLINGS = {"greedy": SamplingParams(do_sample=False), "sampled": SamplingParams(temperature=0.9)}
+# the engine's settings each way: plain; drawn target lengths (the replays' ragged rows, which end
+# rows mid-way and compact); micro-batches of 3 rows over the group's 16
+ROLLOUTS = {
+    "plain": RolloutConfig(name="fast"),
+    "targets": RolloutConfig(name="fast", target_lengths=TargetLengthsConfig(distribution="lognormal", mean=12, sigma=0.6)),
+    "micro": RolloutConfig(name="fast", micro_batch_size=3),
+}
+CASES = [(rollout, sampling) for rollout in ROLLOUTS for sampling in SAMPLINGS]
 
 
 # ----------------------------------------------------------------------------- the split itself
@@ -128,10 +137,13 @@ def _rank_main(rank: int, out_dir: str) -> None:
     dp.init("127.0.0.1", port, "gloo", rendezvous=rendezvous)
     group = join_decode_group(rank, 2, 2)
     model = _livened_model(Path(out_dir) / "model.pt")
-    engine = make_engine("fast", model, load_tokenizer("tiny"), RolloutConfig(name="fast"), tensor_parallel=group)
     mine = _prompts()[rank]
     first_uid = 0 if rank == 0 else len(_prompts()[0])
-    results = {name: _decode(engine, mine, first_uid, sampling) for name, sampling in SAMPLINGS.items()}
+    results = {}
+    for rollout, config in ROLLOUTS.items():
+        engine = make_engine("fast", model, load_tokenizer("tiny"), config, tensor_parallel=group)
+        for name, sampling in SAMPLINGS.items():
+            results[(rollout, name)] = _decode(engine, mine, first_uid, sampling)
     held = engine.weights.qkv.shape, engine.weights.down.shape, engine.weights.lm_head.shape
     torch.save({"batches": results, "held": held}, os.path.join(out_dir, f"rank{rank}.pt"))
     dp.shutdown()
@@ -145,20 +157,22 @@ def two_rank_results(tmp_path_factory, liven) -> tuple[list[dict], dict[str, lis
     run_two_ranks(_rank_main, out)
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
     # one process, the whole model, each rank's prompts decoded as that rank would alone
-    alone = make_engine("fast", _livened_model(out / "model.pt"), load_tokenizer("tiny"), RolloutConfig(name="fast"))
+    whole = _livened_model(out / "model.pt")
     parts = _prompts()
     starts = [0, len(parts[0])]
-    reference = {
-        name: [_decode(alone, parts[r], starts[r], sampling) for r in range(2)] for name, sampling in SAMPLINGS.items()
-    }
+    reference = {}
+    for rollout, config in ROLLOUTS.items():
+        alone = make_engine("fast", whole, load_tokenizer("tiny"), config)
+        for name, sampling in SAMPLINGS.items():
+            reference[(rollout, name)] = [_decode(alone, parts[r], starts[r], sampling) for r in range(2)]
     return ranks, reference
 
 
-@pytest.mark.parametrize("sampling", list(SAMPLINGS))
-def test_each_rank_gets_its_own_rows_as_one_process_decodes_them(sampling, two_rank_results):
+@pytest.mark.parametrize("case", CASES, ids=[f"{r}-{s}" for r, s in CASES])
+def test_each_rank_gets_its_own_rows_as_one_process_decodes_them(case, two_rank_results):
     ranks, reference = two_rank_results
     for rank in range(2):
-        got, want = ranks[rank]["batches"][sampling], reference[sampling][rank]
+        got, want = ranks[rank]["batches"][case], reference[case][rank]
         assert got.uids.tolist() == want.uids.tolist()
         assert got.ground_truths == want.ground_truths
         assert torch.equal(got.prompt_ids, want.prompt_ids), (rank, got.prompt_ids, want.prompt_ids)
@@ -166,7 +180,7 @@ def test_each_rank_gets_its_own_rows_as_one_process_decodes_them(sampling, two_r
         assert torch.equal(got.response_mask, want.response_mask)
         # the partial sums are added in another order: float32 rounding, no more
         torch.testing.assert_close(got.rollout_log_probs, want.rollout_log_probs, rtol=0, atol=1e-4)
-    lengths = torch.cat([reference[sampling][r].response_mask.sum(dim=1) for r in range(2)])
+    lengths = torch.cat([reference[case][r].response_mask.sum(dim=1) for r in range(2)])
     assert lengths.min() < lengths.max(), "the set-up should give responses of different lengths"
 
 
