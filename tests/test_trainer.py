@@ -137,6 +137,29 @@ def test_a_packed_step_takes_the_padded_steps_figures(local_ray, tmp_path):
         assert results[True][key] == pytest.approx(results[False][key], rel=1e-4, abs=1e-7), key
 
 
+def test_two_workers_decoding_as_one_group_take_the_same_step(local_ray, tmp_path):
+    """rollout.tensor_model_parallel_size=2 over two CPU workers (gloo): the workers join a decode group,
+    each holds half of every layer, and the step is the one two separate engines take, to float error;
+    the group decodes for its longest row once, where two engines each decode for their own."""
+    ragged = ["trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.name=fast", "data.max_response_length=48",
+              "actor_rollout_ref.rollout.target_lengths.distribution=lognormal",
+              "actor_rollout_ref.rollout.target_lengths.mean=16", "actor_rollout_ref.rollout.target_lengths.sigma=1.0"]
+    steps = {}
+    for tp in (1, 2):
+        trainer = make_trainer(ragged + [f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"], tmp_path / str(tp))
+        try:
+            steps[tp] = trainer.train_step(next(trainer.loader))
+        finally:
+            trainer.shutdown()
+    one, group = steps[1], steps[2]
+    assert group.tokens.response_lengths == one.tokens.response_lengths
+    lengths, half = one.tokens.response_lengths, len(one.tokens.response_lengths) // 2
+    assert one.tokens.decode_steps == max(lengths[:half]) + max(lengths[half:])
+    assert group.tokens.decode_steps == max(lengths)
+    for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "rollout_fidelity/mismatch_kl"):
+        assert group.metrics[key] == pytest.approx(one.metrics[key], rel=1e-4, abs=1e-7), key
+
+
 def test_resume_continues_with_identical_state(local_ray, tmp_path):
     common = [
         "data.max_response_length=4",
