@@ -31,13 +31,13 @@
 #                                                      # RL_GPUS=N runs them on N GPUs of the node, each doing
 #                                                      # the baseline's work per GPU
 #   bash benchmarks/gpu_suites.sh OUT_DIR replay7b-step  # VERL f252da3's 7B work per GPU (--rl-workload
-#                                                      # (replay7b-step-tp2: each share decoded by its 2 GPUs
-#                                                      # together, tensor-parallel, as VERL's rollout did)
 #                                                      # verl-7b) on the node's 4 GPUs: one step, every phase
 #                                                      # gated from inside it, save_checkpoint after it
 #                                                      # (trainer.save_freq=1); the actor's parameters stay on
 #                                                      # the GPUs (param_offload=False: memory placement, not
 #                                                      # work); fits one 10-minute command on 4 H200s
+#                                                      # (replay7b-step-tp2: each share decoded by its 2 GPUs
+#                                                      # together, tensor-parallel, as VERL's rollout did)
 #   RL_GATE_PLAN="same update_actor:0.05" bash benchmarks/gpu_suites.sh OUT_DIR gate16x8  # sessions
 #                                                      # for the GPU gate's error rates (see the shape)
 #   RL_GATE_PLAN="same update_actor:0.05 same same" bash benchmarks/gpu_suites.sh OUT_DIR gate16x8-each-gpu

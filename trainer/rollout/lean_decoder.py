@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.batch import position_ids_from_mask
-from trainer.rollout.tensor_parallel import local_part
+from trainer.rollout.tensor_parallel import TP_KEY, local_part
 from trainer.workers.fsdp import full_tensor
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("qwen2", "llama", "mistral")
@@ -76,7 +76,7 @@ class LeanShape:
         ]
         if uneven:
             raise ValueError(
-                f"actor_rollout_ref.rollout.tensor_model_parallel_size={size}: the model's {', '.join(uneven)} "
+                f"{TP_KEY}={size}: the model's {', '.join(uneven)} "
                 f"do not split evenly over {size} GPUs; use a size that divides {self.num_kv_heads} (its key/value heads)"
             )
         return replace(
