@@ -26,7 +26,6 @@ from trainer.workers.fsdp import (
     clip_grad_norm,
     is_fsdp,
     keep_gathered,
-    move_optimizer_state,
 )
 
 
@@ -165,7 +164,6 @@ class UpdateSettings:
     max_response_length: int
     n_mini_batches: int
     device: torch.device
-    optimizer_offload: bool = False  # keep AdamW's moments on the CPU between steps (VERL's key)
 
 
 @dataclass
@@ -286,11 +284,7 @@ def optimizer_step(
     grad_norm = clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.grad_clip)
     stepped = math.isfinite(grad_norm)  # a non-finite gradient would poison the weights: skip it
     if stepped:
-        if settings.optimizer_offload:
-            move_optimizer_state(optimizer, settings.device)
         optimizer.step()
-        if settings.optimizer_offload:
-            move_optimizer_state(optimizer, torch.device("cpu"))
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, stepped
 

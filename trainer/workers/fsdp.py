@@ -330,11 +330,30 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sta
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Move AdamW's moments (plain tensors or DTensors) to ``device``: VERL's optimizer_offload
-    keeps them on the CPU between updates."""
+    """Move AdamW's moments (plain tensors or DTensors) to ``device``, and wait for the copies: a host
+    copy read before its device-to-host copy lands would read garbage (a checkpoint, say)."""
+    moved_cuda = False
     for state in optimizer.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and key != "step" and value.device != device:
+                moved_cuda = moved_cuda or value.device.type == "cuda" or device.type == "cuda"
                 state[key] = value.to(device, non_blocking=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if moved_cuda:
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def optimizer_state_on(optimizer: torch.optim.Optimizer, device: torch.device, offload: bool) -> Iterator[None]:
+    """With ``offload`` (VERL's ``fsdp_config.optimizer_offload``), AdamW's moments live on the CPU
+    between updates and on ``device`` for the body: one copy each way per update_actor call, which is
+    where VERL's FSDP worker loads and offloads them (``load_fsdp_optimizer`` at the start of its
+    ``update_actor``, ``offload_fsdp_optimizer`` at the end: verl/workers/fsdp_workers.py). Moments a
+    first step creates are created on ``device`` and go to the CPU after it, as the others do."""
+    if not offload:
+        yield
+        return
+    move_optimizer_state(optimizer, device)
+    try:
+        yield
+    finally:  # back on the host even if the update raised: the GPU memory is the next phase's
+        move_optimizer_state(optimizer, torch.device("cpu"))

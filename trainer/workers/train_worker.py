@@ -40,6 +40,7 @@ from trainer.workers.fsdp import (
     load_optimizer_state,
     move_optimizer_state,
     optimizer_state,
+    optimizer_state_on,
     resolve_strategy,
     shard_model,
 )
@@ -234,9 +235,8 @@ class TrainWorker:
             max_response_length=self.cfg.data.max_response_length,
             n_mini_batches=n_mini_batches,
             device=self.device,
-            optimizer_offload=self.optimizer_offload,
         )
-        with self.memory.phase("update_actor"):
+        with self.memory.phase("update_actor"), optimizer_state_on(self.optimizer, self.device, self.optimizer_offload):
             metrics = update_policy(self.actor, self.optimizer, shard, self.cfg.actor_rollout_ref.actor, settings, self.dp)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()

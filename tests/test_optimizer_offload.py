@@ -1,0 +1,78 @@
+"""optimizer_offload (VERL's fsdp_config key): AdamW's moments wait on the host between update_actor
+calls and stay on the GPU through every optimizer step of one call (trainer.workers.fsdp
+.optimizer_state_on). The copies need a GPU; without one only the no-offload path runs here."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from trainer.workers.fsdp import optimizer_state_on
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="host-GPU copies need a CUDA GPU")
+
+
+def _model(device: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).to(device)
+
+
+def _moment_devices(optimizer: torch.optim.Optimizer) -> set[str]:
+    return {v.device.type for s in optimizer.state.values() for k, v in s.items() if k != "step"}
+
+
+def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, seed: int) -> list[set[str]]:
+    """``steps`` optimizer steps on fixed inputs; where the moments were after each."""
+    gen = torch.Generator().manual_seed(seed)
+    seen = []
+    for _ in range(steps):
+        x = torch.randn(8, 16, generator=gen).to(next(model.parameters()).device)
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        seen.append(_moment_devices(optimizer))
+    return seen
+
+
+def test_without_offload_the_moments_stay_where_the_step_made_them():
+    model = _model("cpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with optimizer_state_on(optimizer, torch.device("cpu"), offload=False):
+        _update(model, optimizer, 2, seed=1)
+    assert _moment_devices(optimizer) == {"cpu"}
+    assert len(optimizer.state) == 4, "AdamW made no state: the update did not run"
+
+
+@needs_cuda
+def test_moments_stay_on_the_gpu_for_a_whole_call_and_wait_on_the_host_between_calls():
+    device = torch.device("cuda")
+    model, kept = _model("cuda"), None
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    kept = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    for call in range(3):
+        with optimizer_state_on(optimizer, device, offload=True):
+            inside = _update(model, optimizer, 4, seed=call)
+        _update(reference, kept, 4, seed=call)
+        # per call, not per step: after each of the call's steps the moments are still on the GPU
+        assert inside == [{"cuda"}] * 4, f"call {call}: moments after each step were on {inside}"
+        assert _moment_devices(optimizer) == {"cpu"}, f"call {call}: moments left on {_moment_devices(optimizer)}"
+    # the round trips lose nothing: the same weights as an optimizer that never moved its moments
+    for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b), f"{name}: differs by up to {(a - b).abs().max().item():.3e} after the round trips"
+
+
+@needs_cuda
+def test_moments_go_back_to_the_host_when_the_update_raises():
+    device = torch.device("cuda")
+    model = _model("cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with optimizer_state_on(optimizer, device, offload=True):
+        _update(model, optimizer, 1, seed=0)
+    with pytest.raises(RuntimeError, match="a worker failed"):
+        with optimizer_state_on(optimizer, device, offload=True):
+            assert _moment_devices(optimizer) == {"cuda"}
+            raise RuntimeError("a worker failed mid-update")
+    assert _moment_devices(optimizer) == {"cpu"}
