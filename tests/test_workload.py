@@ -271,3 +271,22 @@ def test_truncated_lognormal_lengths() -> None:
         expected_lengths("natural", 100.0, 4)
     with pytest.raises(ValueError, match="0 < mean < cap"):
         lognormal_mu(30000.0, 0.5, 27648)
+
+
+@pytest.mark.parametrize(("engine", "recorded"), [("fast", 2), ("hf", 1), ("static", 1)])
+def test_a_run_records_the_rollout_tp_its_engine_decoded_at(engine: str, recorded: int) -> None:
+    """rollout.tensor_model_parallel_size=2 splits the fast engine's decode over two workers; hf and
+    static ignore the key, so their runs record 1: read as a baseline, such a run's decode replicas
+    are its GPUs, not half of them."""
+    from pytest_rlbench.records.workload_replay import decode_replicas
+    from pytest_rlbench.session.bench import describe_workload
+
+    cfg = Config()
+    cfg.trainer.n_gpus_per_node = 4
+    cfg.actor_rollout_ref.rollout.name = engine
+    cfg.actor_rollout_ref.rollout.tensor_model_parallel_size = 2
+    w = describe_workload(cfg, load_baseline("verl-v0.5.0-1.5b").model)
+    assert w.parallelism.value == {"dp": 4, "rollout_tp": recorded, "sp": 1}, w.parallelism.value
+    seven = load_baseline("verl-7b")
+    record = dataclasses.replace(seven, workload=w, hardware=dataclasses.replace(seven.hardware, world_size=4))
+    assert decode_replicas(record) == (4 // recorded, None)

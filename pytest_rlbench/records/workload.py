@@ -87,8 +87,10 @@ def _response_distribution(cfg: Any) -> LengthDistribution:
     return LengthDistribution(_known(float(target.mean)), _known(cap), _known(shape, where), sigma)
 
 
-def run_workload(cfg: Any, model: ModelArch, world_size: int) -> Workload:
-    """The workload a trainer config (trainer.config.Config) does on ``world_size`` GPUs or ranks."""
+def run_workload(cfg: Any, model: ModelArch, world_size: int, rollout_tp: int = 1) -> Workload:
+    """The workload a trainer config (trainer.config.Config) does on ``world_size`` GPUs or ranks,
+    ``rollout_tp`` of them decoding each share together (the config's tensor-parallel size where its
+    engine honours it, else 1: a size the engine ignores split nothing)."""
     arr = cfg.actor_rollout_ref
     actor, rollout = arr.actor, arr.rollout
     sequences = cfg.data.train_batch_size * rollout.n
@@ -115,7 +117,7 @@ def run_workload(cfg: Any, model: ModelArch, world_size: int) -> Workload:
         parallelism=_known(
             {
                 "dp": world_size,
-                "tp": rollout.tensor_model_parallel_size,
+                "rollout_tp": rollout_tp,
                 "sp": actor.ulysses_sequence_parallel_size,
             }
         ),
@@ -157,9 +159,9 @@ def placement_differences(run: RunRecord, baseline: RunRecord) -> list[str]:
 
 
 def _moves_optimizer_state(record: RunRecord) -> bool:
-    """Whether this trainer moved the record's AdamW moments between host and GPU around its optimizer
-    steps: optimizer_offload without param_offload (under which AdamW steps on the host), sharded by
-    FSDP (the GPU default, ``strategy`` auto)."""
+    """Whether this trainer moved the record's AdamW moments between host and GPU in update_actor:
+    optimizer_offload without param_offload (under which AdamW steps on the host), sharded by FSDP
+    (the GPU default, ``strategy`` auto)."""
     w = record.workload
     return (
         w is not None
@@ -179,14 +181,12 @@ def offload_sharding_note(run: RunRecord, baseline: RunRecord) -> list[str]:
     ran, published = run.hardware.world_size, baseline.hardware.world_size
     if ran >= published:
         return []
-    w = run.workload
-    steps = w.ppo_mini_batches.value * w.ppo_epochs.value
     return [
         f"offload_sharding: the optimizer state waits on the host (optimizer_offload), sharded over every GPU: "
-        f"each of this run's GPUs copies 1/{ran} of AdamW's moments to the GPU and back around each of its "
-        f"{steps} optimizer step(s) in update_actor, where each of the baseline's held 1/{published} (VERL "
-        f"copies once per update_actor call): more copying per GPU (memory placement, not the per-GPU math), "
-        f"so update_actor and the step read slower than like for like"
+        f"each of this run's GPUs copies 1/{ran} of AdamW's moments to the GPU and back in each update_actor "
+        f"call, where each of the baseline's copied 1/{published} (both once per call, as VERL does): "
+        f"{published / ran:g}x the bytes per GPU (memory placement, not the per-GPU math), so update_actor "
+        f"and the step read slower than like for like"
     ]
 
 

@@ -70,7 +70,7 @@ class Workload:
     param_offload: Sourced
     optimizer_offload: Sourced
     temperature: Sourced
-    parallelism: Sourced  # {"dp": .., "tp": .., "sp": ..}: how the work was split
+    parallelism: Sourced  # {"dp": .., "rollout_tp": .., "sp": ..}: how the work was split (older records: "tp")
     # The GPU model, only where the record's hardware section cannot state it (an assumed one): what a
     # per-GPU gate reads the baseline's GPUs as, listed (once, with that reading) beside its verdicts.
     gpu_model: Sourced | None = field(default=None, metadata=_OMIT)

@@ -178,7 +178,9 @@ def describe_config(cfg: Config, rounds: int | None = None, warmup_rounds: int |
 
 def describe_workload(cfg: Config, model: ModelArch) -> Workload:
     """The run's own workload, every value as configured (pytest_rlbench.records.workload.run_workload)."""
-    return run_workload(cfg, model, cfg.world_size)
+    from trainer.rollout.tensor_parallel import decode_group_size  # imports torch: not at configure
+
+    return run_workload(cfg, model, cfg.world_size, decode_group_size(cfg))
 
 
 def complete_context(recorder: BenchRecorder, state: RLBenchSession) -> None:
