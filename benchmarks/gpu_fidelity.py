@@ -3,6 +3,7 @@ sampling-correctness check, on one model after one update and one reshard.
 
     python benchmarks/gpu_fidelity.py OUT_DIR [--preset r1-distill-qwen-1.5b] [--prompts 16] [--n 8]
         [--prompt-len 256] [--response-len 1024] [--entropy 2.0] [--engines fast,hf,static] [--ragged MEAN]
+        [--tp 2]
 
 Random weights are close to uniform over the vocabulary (about 11.9 nats at 151,936 tokens), where
 every sampler looks right. So the LM head is scaled by one factor, found by bisection, that puts the
@@ -14,11 +15,18 @@ For each engine:
 - tokens/s of the generate call (the fast engine's is timed on a second call, after graph capture);
 - the fidelity figures of its rollout_log_probs against the trainer's old_log_prob (the bf16 actor's
   forward, as the step computes it): trainer.algorithms.fidelity;
-- the sampling check (trainer.algorithms.sampling_check) under an fp32 copy of the updated actor.
+- the sampling check (trainer.algorithms.sampling_check) under an fp32 copy of the updated actor, and
+  beside it the engine's distance from that copy (``kl_engine_fp32``): how large a gap bf16 alone
+  can make.
 With ``--ragged MEAN`` each row's length is drawn (rollout.target_lengths: log-normal, sigma 1, mean
 MEAN tokens, capped at --response-len), so rows end at different steps and the fast engine's row
 compaction, its attention's skipping of ended rows and its chunks sized for the rows running are
 all in the sampled tokens; without it every row is --response-len long.
+With ``--tp T`` the fast engine alone runs, tensor-parallel over T GPUs (T processes, one NCCL group;
+gloo with --device cpu): each process builds the same model, rank 0's updated weights are broadcast so
+the group holds one model, each process asks for its share of the prompts and the group decodes them
+together (trainer/rollout/tensor_parallel.py). Each process scores its own rows against its whole fp32
+and bf16 copies; rank 0 pools every row and judges them as one batch.
 Writes OUT_DIR/fidelity.json and prints one line per engine.
 """
 
@@ -27,10 +35,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import socket
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from trainer.algorithms.fidelity import rollout_fidelity
 from trainer.algorithms.sampling_check import sampling_check
@@ -40,6 +52,7 @@ from trainer.models.presets import build_model, load_tokenizer
 from trainer.rollout import make_engine
 from trainer.rollout.requests import SamplingParams
 from trainer.rollout.sampling_audit import fp32_reference, reference_figures
+from trainer.rollout.tensor_parallel import join_decode_group
 from trainer.workers.actor import compute_log_probs
 from trainer.workers.distributed import DataParallel
 from trainer.workers.fsdp import PolicyModel
@@ -85,12 +98,143 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def timed_generate(engine, prompts, n, response_len, seed) -> tuple[Batch, float]:
+def timed_generate(engine, prompts, n, response_len, seed, first_uid: int = 0) -> tuple[Batch, float]:
     synchronize()
     start = time.perf_counter()
-    batch = engine.generate(prompts, list(range(len(prompts))), [], n, response_len, SamplingParams(), seed)
+    uids = list(range(first_uid, first_uid + len(prompts)))
+    batch = engine.generate(prompts, uids, [], n, response_len, SamplingParams(), seed)
     synchronize()
     return batch, time.perf_counter() - start
+
+
+def token_figures(actor: torch.nn.Module, judge: PolicyModel, batch: Batch, device: str) -> dict[str, torch.Tensor]:
+    """What the fidelity figures and the check read of one batch, each [B, R] on the CPU."""
+    log_probs, entropies = reference_figures(judge, batch, 1.0)
+    return {"old": trainer_log_probs(actor, batch, device), "rollout": batch.rollout_log_probs,
+            "mask": batch.response_mask, "log_probs": log_probs, "entropies": entropies}
+
+
+def pooled(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Several processes' token figures as one batch: rows stacked, responses right-padded (mask 0)."""
+    width = max(p["mask"].shape[1] for p in parts)
+    pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+    return {key: torch.cat([pad(p[key]) for p in parts]) for key in parts[0]}
+
+
+def kl_engine_fp32(figures: dict[str, torch.Tensor]) -> float:
+    """KL(q || p) estimated as mean(log q(y) - log p(y)) over the sampled tokens: q the engine's bf16
+    distribution (its own log-probs), p the fp32 copy's. A sampler that draws exactly from q moves the
+    check's gap by H(p) - H(q) - KL(q || p) (E_q[log p] = -H(q) - KL(q || p)): this says how large a
+    gap the engine's distance from fp32 alone can make. (It assumes the tokens were drawn from q.)"""
+    keep = figures["mask"].bool()
+    return float((figures["rollout"].double()[keep] - figures["log_probs"].double()[keep]).mean())
+
+
+def judged(figures: dict[str, torch.Tensor], seconds: float, synced: int) -> dict:
+    """One engine's row of fidelity.json: speed, fidelity against the trainer, the sampling check."""
+    tokens = int(figures["mask"].sum())
+    fidelity = rollout_fidelity(figures["old"], figures["rollout"], figures["mask"])
+    check = sampling_check(figures["log_probs"], figures["entropies"], figures["mask"])
+    kl = kl_engine_fp32(figures)
+    return {"reshard_bytes": synced, "generate_s": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+            "fidelity": fidelity, "check": {**check.__dict__, "z": check.z, "passed": check.passed},
+            "kl_engine_fp32": kl,
+            "line": f"{tokens / seconds:,.0f} tok/s; token_mult_prob_error "
+                    f"{fidelity['rollout_fidelity/token_mult_prob_error']:.4f}, mismatch_kl "
+                    f"{fidelity['rollout_fidelity/mismatch_kl']:.2e}, pearson "
+                    f"{fidelity['rollout_fidelity/pearson']:.5f}; {check.describe()}; KL(engine || fp32) {kl:.4f}"}
+
+
+def build_actor(args, device: str) -> tuple[torch.nn.Module, object, torch.Tensor, float]:
+    """The preset's actor with its LM head scaled to --entropy nats, its tokenizer, the prompts [P, L]
+    (on the CPU) and the scale. Seeded: every process of a --tp group builds the same."""
+    actor = build_model(args.preset, torch.bfloat16 if args.device == "cuda" else torch.float32, device, seed=0).eval()
+    tokenizer = load_tokenizer(args.preset)
+    generator = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(1, actor.config.vocab_size, (args.prompts, args.prompt_len), generator=generator)
+    scale = head_scale_for_entropy(actor, prompt_ids.to(device), args.entropy)
+    with torch.no_grad():
+        actor.get_output_embeddings().weight.mul_(scale)
+    return actor, tokenizer, prompt_ids, scale
+
+
+def rollout_config(args) -> dict:
+    config: dict = dict(ignore_eos=True, n=args.n)
+    if args.ragged:
+        config["target_lengths"] = TargetLengthsConfig(distribution="lognormal", mean=args.ragged, sigma=1.0)
+    return config
+
+
+def header(args, scale: float) -> dict:
+    return {"preset": args.preset, "head_scale": scale, "lr": args.lr,
+            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "tp": args.tp,
+            "shape": f"{args.prompts} x {args.n}, prompt {args.prompt_len} + response {args.response_len}",
+            "ragged_mean": args.ragged, "engines": {}}
+
+
+def one_process(args) -> None:
+    actor, tokenizer, prompt_ids, scale = build_actor(args, args.device)
+    print(f"LM head scaled by {scale:.3f} for {args.entropy} nats after the prompts", flush=True)
+    # share_weights=False: each engine holds its own copy, so the reshard below is what brings the update
+    engines = {
+        name: make_engine(name, actor, tokenizer, RolloutConfig(name=name, **rollout_config(args)), share_weights=False)
+        for name in args.engines.split(",")
+    }
+    one_update(actor, prompt_ids.to(args.device), args.lr)
+    judge = fp32_reference(actor)
+    results = header(args, scale)
+    for name, engine in engines.items():
+        synced = engine.sync_from(actor)
+        if name == "fast":  # capture the decode graphs first, as a benchmark's warm-up round does
+            timed_generate(engine, prompt_ids.tolist(), args.n, args.response_len, seed=1)
+        batch, seconds = timed_generate(engine, prompt_ids.tolist(), args.n, args.response_len, seed=2)
+        row = judged(token_figures(actor, judge, batch.to("cpu"), args.device), seconds, synced)
+        results["engines"][name] = row
+        print(f"{name}: {row['line']}", flush=True)
+        (args.out / "fidelity.json").write_text(json.dumps(results, indent=1, default=float))
+
+
+def tp_rank(rank: int, args, port: int) -> None:
+    """One process of a --tp group: its share of the prompts, decoded by the whole group."""
+    cuda = args.device == "cuda"
+    device = f"cuda:{rank}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=args.tp, device_id=torch.device(device) if cuda else None)
+    engine = None
+    try:
+        group = join_decode_group(rank, args.tp, args.tp)
+        actor, tokenizer, prompt_ids, scale = build_actor(args, device)
+        engine = make_engine("fast", actor, tokenizer, RolloutConfig(name="fast", **rollout_config(args)),
+                             tensor_parallel=group)
+        one_update(actor, prompt_ids.to(device), args.lr)
+        with torch.no_grad():  # one model for the group, whatever each process's update rounded
+            for param in actor.parameters():
+                dist.broadcast(param.data, 0)
+        judge = fp32_reference(actor)
+        mine = prompt_ids[rank :: args.tp].tolist()
+        first_uid = rank * args.prompts
+        synced = engine.sync_from(actor)
+        timed_generate(engine, mine, args.n, args.response_len, seed=1, first_uid=first_uid)  # graphs captured
+        batch, seconds = timed_generate(engine, mine, args.n, args.response_len, seed=2, first_uid=first_uid)
+        parts: list = [None] * args.tp
+        dist.all_gather_object(parts, (token_figures(actor, judge, batch.to("cpu"), device), seconds))
+        if rank == 0:
+            results = header(args, scale)
+            row = judged(pooled([p[0] for p in parts]), max(p[1] for p in parts), synced)
+            results["engines"]["fast"] = {**row, "rows_by_rank": [int(p[0]["mask"].shape[0]) for p in parts]}
+            print(f"fast (tensor-parallel over {args.tp}): {row['line']}", flush=True)
+            (args.out / "fidelity.json").write_text(json.dumps(results, indent=1, default=float))
+    finally:
+        # The engine's CUDA graphs hold the group's NCCL communicator: release them before the group
+        # goes, or tearing it down waits on them (seen on two H200s: the script hung after its result).
+        if engine is not None:
+            engine.release()
+        del engine
+        synchronize()
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def main() -> None:
@@ -106,57 +250,27 @@ def main() -> None:
     parser.add_argument("--engines", default="fast,hf,static")
     parser.add_argument("--ragged", type=float, default=0.0,
                         help="mean tokens of log-normal target lengths (0: every row --response-len long)")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor-parallel size of the fast engine's decode (processes; the fast engine alone)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only to try the script on a small preset")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_fidelity.py: no CUDA GPU here (--device cpu runs it on the CPU, for a small preset)")
     if not 0 <= args.ragged <= args.response_len:
         parser.error(f"--ragged {args.ragged}: the mean length must lie in [0, --response-len {args.response_len}]")
+    if args.tp < 1 or args.prompts % args.tp:
+        parser.error(f"--tp {args.tp}: must be at least 1 and divide --prompts {args.prompts}")
+    if args.tp > 1 and args.device == "cuda" and torch.cuda.device_count() < args.tp:
+        parser.error(f"--tp {args.tp}: needs {args.tp} GPUs, {torch.cuda.device_count()} here")
     args.out.mkdir(parents=True, exist_ok=True)
-
-    actor = build_model(args.preset, torch.bfloat16 if args.device == "cuda" else torch.float32, args.device, seed=0).eval()
-    tokenizer = load_tokenizer(args.preset)
-    generator = torch.Generator().manual_seed(0)
-    prompt_ids = torch.randint(1, actor.config.vocab_size, (args.prompts, args.prompt_len), generator=generator)
-    prompts = prompt_ids.to(args.device)
-    scale = head_scale_for_entropy(actor, prompts, args.entropy)
-    with torch.no_grad():
-        actor.get_output_embeddings().weight.mul_(scale)
-    print(f"LM head scaled by {scale:.3f} for {args.entropy} nats after the prompts", flush=True)
-
-    config: dict = dict(ignore_eos=True, n=args.n)
-    if args.ragged:
-        config["target_lengths"] = TargetLengthsConfig(distribution="lognormal", mean=args.ragged, sigma=1.0)
-    # share_weights=False: each engine holds its own copy, so the reshard below is what brings the update
-    engines = {
-        name: make_engine(name, actor, tokenizer, RolloutConfig(name=name, **config), share_weights=False)
-        for name in args.engines.split(",")
-    }
-    one_update(actor, prompts, args.lr)
-    judge = fp32_reference(actor)
-    results = {"preset": args.preset, "head_scale": scale, "lr": args.lr, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-               "shape": f"{args.prompts} x {args.n}, prompt {args.prompt_len} + response {args.response_len}",
-               "ragged_mean": args.ragged,
-               "engines": {}}
-    for name, engine in engines.items():
-        synced = engine.sync_from(actor)
-        if name == "fast":  # capture the decode graphs first, as a benchmark's warm-up round does
-            timed_generate(engine, prompt_ids.tolist(), args.n, args.response_len, seed=1)
-        batch, seconds = timed_generate(engine, prompt_ids.tolist(), args.n, args.response_len, seed=2)
-        batch = batch.to("cpu")
-        tokens = int(batch.response_mask.sum())
-        old = trainer_log_probs(actor, batch, args.device)
-        fidelity = rollout_fidelity(old, batch.rollout_log_probs, batch.response_mask)
-        log_probs, entropies = reference_figures(judge, batch, 1.0)
-        check = sampling_check(log_probs, entropies, batch.response_mask)
-        row = {"reshard_bytes": synced, "generate_s": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
-               "fidelity": fidelity, "check": {**check.__dict__, "z": check.z, "passed": check.passed}}
-        results["engines"][name] = row
-        print(f"{name}: {tokens / seconds:,.0f} tok/s; token_mult_prob_error "
-              f"{fidelity['rollout_fidelity/token_mult_prob_error']:.4f}, mismatch_kl "
-              f"{fidelity['rollout_fidelity/mismatch_kl']:.2e}, pearson {fidelity['rollout_fidelity/pearson']:.5f}; "
-              f"{check.describe()}", flush=True)
-        (args.out / "fidelity.json").write_text(json.dumps(results, indent=1, default=float))
+    if args.tp == 1:
+        one_process(args)
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    mp.start_processes(tp_rank, args=(args, port), nprocs=args.tp, start_method="spawn")
 
 
 if __name__ == "__main__":
