@@ -98,10 +98,10 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def timed_generate(engine, prompts, n, response_len, seed, first_uid: int = 0) -> tuple[Batch, float]:
+def timed_generate(engine, prompts, n, response_len, seed, uids: list[int] | None = None) -> tuple[Batch, float]:
     synchronize()
     start = time.perf_counter()
-    uids = list(range(first_uid, first_uid + len(prompts)))
+    uids = list(range(len(prompts))) if uids is None else uids
     batch = engine.generate(prompts, uids, [], n, response_len, SamplingParams(), seed)
     synchronize()
     return batch, time.perf_counter() - start
@@ -202,7 +202,6 @@ def tp_rank(rank: int, args, port: int) -> None:
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.tp, device_id=torch.device(device) if cuda else None)
-    engine = None
     try:
         group = join_decode_group(rank, args.tp, args.tp)
         actor, tokenizer, prompt_ids, scale = build_actor(args, device)
@@ -213,11 +212,13 @@ def tp_rank(rank: int, args, port: int) -> None:
             for param in actor.parameters():
                 dist.broadcast(param.data, 0)
         judge = fp32_reference(actor)
-        mine = prompt_ids[rank :: args.tp].tolist()
-        first_uid = rank * args.prompts
+        # Each prompt keeps its index as its uid, as in one process: target lengths and sampling noise are
+        # keyed by it, so the group samples the rows one GPU would.
+        uids = list(range(rank, args.prompts, args.tp))
+        mine = prompt_ids[uids].tolist()
         synced = engine.sync_from(actor)
-        timed_generate(engine, mine, args.n, args.response_len, seed=1, first_uid=first_uid)  # graphs captured
-        batch, seconds = timed_generate(engine, mine, args.n, args.response_len, seed=2, first_uid=first_uid)
+        timed_generate(engine, mine, args.n, args.response_len, seed=1, uids=uids)  # graphs captured
+        batch, seconds = timed_generate(engine, mine, args.n, args.response_len, seed=2, uids=uids)
         parts: list = [None] * args.tp
         dist.all_gather_object(parts, (token_figures(actor, judge, batch.to("cpu"), device), seconds))
         if rank == 0:
@@ -226,14 +227,12 @@ def tp_rank(rank: int, args, port: int) -> None:
             results["engines"]["fast"] = {**row, "rows_by_rank": [int(p[0]["mask"].shape[0]) for p in parts]}
             print(f"fast (tensor-parallel over {args.tp}): {row['line']}", flush=True)
             (args.out / "fidelity.json").write_text(json.dumps(results, indent=1, default=float))
-    finally:
         # The engine's CUDA graphs hold the group's NCCL communicator: release them before the group
         # goes, or tearing it down waits on them (seen on two H200s: the script hung after its result).
-        if engine is not None:
-            engine.release()
-        del engine
+        engine.release()
         synchronize()
         dist.barrier()
+    finally:  # no collective here: a rank that failed must not wait for one that never comes
         dist.destroy_process_group()
 
 
@@ -260,6 +259,8 @@ def main() -> None:
         parser.error(f"--ragged {args.ragged}: the mean length must lie in [0, --response-len {args.response_len}]")
     if args.tp < 1 or args.prompts % args.tp:
         parser.error(f"--tp {args.tp}: must be at least 1 and divide --prompts {args.prompts}")
+    if args.tp > 1 and args.engines != "fast":
+        parser.error(f"--tp {args.tp} runs the fast engine alone (the others decode on one device): pass --engines fast")
     if args.tp > 1 and args.device == "cuda" and torch.cuda.device_count() < args.tp:
         parser.error(f"--tp {args.tp}: needs {args.tp} GPUs, {torch.cuda.device_count()} here")
     args.out.mkdir(parents=True, exist_ok=True)

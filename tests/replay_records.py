@@ -42,7 +42,9 @@ def replay_record(
     Its token counts are the expected lengths of its own workload (as measured lengths would be, up to
     the draw). ``gpu_model`` None: a CPU run."""
     cfg = replay_config(baseline, world_size, overrides)
-    workload = run_workload(cfg, baseline.model, world_size)
+    from trainer.rollout.tensor_parallel import decode_group_size
+
+    workload = run_workload(cfg, baseline.model, world_size, rollout_tp=decode_group_size(cfg))
     if gpu_model is None:
         hardware = Hardware("cpu", 1, world_size, 0, None, "x86_64", 16)
     else:

@@ -188,7 +188,7 @@ def test_a_faithful_replay_does_the_same_work_per_gpu(name: str) -> None:
 
 def test_the_run_workload_records_the_configured_lengths() -> None:
     cfg = replay_config(load_baseline("verl-v0.5.0-1.5b"), 1)
-    w = run_workload(cfg, load_baseline("verl-v0.5.0-1.5b").model, 1)
+    w = run_workload(cfg, load_baseline("verl-v0.5.0-1.5b").model, 1, rollout_tp=1)
     assert (w.response_length.shape.value, w.response_length.mean.value, w.response_length.sigma.value) == (
         "lognormal",
         14254.837890625,
@@ -198,11 +198,11 @@ def test_the_run_workload_records_the_configured_lengths() -> None:
     assert (w.sequences_per_step.value, w.sequences_per_gpu.value, w.ppo_mini_batches.value) == (64, 64, 4)
     plain = Config()  # no target lengths: the model's own lengths, or the cap with ignore_eos
     model = load_baseline("verl-v0.5.0-1.5b").model
-    assert run_workload(plain, model, 1).response_length.shape.value == "natural"
+    assert run_workload(plain, model, 1, rollout_tp=1).response_length.shape.value == "natural"
     plain.actor_rollout_ref.rollout.ignore_eos = True
-    capped = run_workload(plain, model, 1).response_length
+    capped = run_workload(plain, model, 1, rollout_tp=1).response_length
     assert (capped.shape.value, capped.mean.value) == ("constant", float(plain.data.max_response_length))
-    assert run_workload(plain, model, 3).sequences_per_gpu.value == pytest.approx(32 / 3)
+    assert run_workload(plain, model, 3, rollout_tp=1).sequences_per_gpu.value == pytest.approx(32 / 3)
 
 
 @pytest.mark.parametrize(

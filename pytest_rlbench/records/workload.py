@@ -87,7 +87,7 @@ def _response_distribution(cfg: Any) -> LengthDistribution:
     return LengthDistribution(_known(float(target.mean)), _known(cap), _known(shape, where), sigma)
 
 
-def run_workload(cfg: Any, model: ModelArch, world_size: int, rollout_tp: int = 1) -> Workload:
+def run_workload(cfg: Any, model: ModelArch, world_size: int, *, rollout_tp: int) -> Workload:
     """The workload a trainer config (trainer.config.Config) does on ``world_size`` GPUs or ranks,
     ``rollout_tp`` of them decoding each share together (the config's tensor-parallel size where its
     engine honours it, else 1: a size the engine ignores split nothing)."""

@@ -70,7 +70,9 @@ class Workload:
     param_offload: Sourced
     optimizer_offload: Sourced
     temperature: Sourced
-    parallelism: Sourced  # {"dp": .., "rollout_tp": .., "sp": ..}: how the work was split (older records: "tp")
+    # {"dp": .., "rollout_tp": .., "sp": ..}: how the work was split. A run's dp counts its workers; a
+    # published record's may count GPUs over sp (VERL's) or over tp (RLinf's); older runs name "tp".
+    parallelism: Sourced
     # The GPU model, only where the record's hardware section cannot state it (an assumed one): what a
     # per-GPU gate reads the baseline's GPUs as, listed (once, with that reading) beside its verdicts.
     gpu_model: Sourced | None = field(default=None, metadata=_OMIT)

@@ -180,7 +180,7 @@ def describe_workload(cfg: Config, model: ModelArch) -> Workload:
     """The run's own workload, every value as configured (pytest_rlbench.records.workload.run_workload)."""
     from trainer.rollout.tensor_parallel import decode_group_size  # imports torch: not at configure
 
-    return run_workload(cfg, model, cfg.world_size, decode_group_size(cfg))
+    return run_workload(cfg, model, cfg.world_size, rollout_tp=decode_group_size(cfg))
 
 
 def complete_context(recorder: BenchRecorder, state: RLBenchSession) -> None:

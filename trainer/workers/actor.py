@@ -275,8 +275,7 @@ def backward_micro_batch(
 
 
 def optimizer_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: ActorConfig, settings: UpdateSettings,
-    dp: DataParallel,
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: ActorConfig, dp: DataParallel
 ) -> tuple[float, bool]:
     """Reduce the gradients, clip them, step: (grad norm, whether the step was taken)."""
     if not is_fsdp(model):  # FSDP reduce-scatters in the backward pass itself
@@ -311,7 +310,7 @@ def update_mini_batch(
             # same number of groups under lockstep, so they agree on which one is last).
             accumulate_gradients(model, last_micro_batch=index == len(groups) - 1)
             backward_micro_batch(model, mini, rows, cfg, settings, global_norm, metrics)
-    grad_norm, stepped = optimizer_step(model, optimizer, cfg, settings, dp)
+    grad_norm, stepped = optimizer_step(model, optimizer, cfg, dp)
     metrics.end_mini_batch(grad_norm, stepped, dp)
 
 

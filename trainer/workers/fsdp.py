@@ -352,8 +352,8 @@ def optimizer_state_on(optimizer: torch.optim.Optimizer, device: torch.device, o
     if not offload:
         yield
         return
-    move_optimizer_state(optimizer, device)
     try:
+        move_optimizer_state(optimizer, device)
         yield
-    finally:  # back on the host even if the update raised: the GPU memory is the next phase's
+    finally:  # back on the host even if the update (or the copy in: out of memory) raised
         move_optimizer_state(optimizer, torch.device("cpu"))
