@@ -25,8 +25,8 @@ all in the sampled tokens; without it every row is --response-len long.
 With ``--tp T`` the fast engine alone runs, tensor-parallel over T GPUs (T processes, one NCCL group;
 gloo with --device cpu): each process builds the same model, rank 0's updated weights are broadcast so
 the group holds one model, each process asks for its share of the prompts and the group decodes them
-together (trainer/rollout/tensor_parallel.py). Each process scores its own rows against its whole fp32
-and bf16 copies; rank 0 pools every row and judges them as one batch.
+together (trainer/rollout/tensor_parallel.py). Rank 0 gathers every process's rows and scores and
+judges them as one batch against its whole fp32 and bf16 copies.
 Writes OUT_DIR/fidelity.json and prints one line per engine.
 """
 
@@ -46,7 +46,7 @@ import torch.multiprocessing as mp
 
 from trainer.algorithms.fidelity import rollout_fidelity
 from trainer.algorithms.sampling_check import sampling_check
-from trainer.batch import Batch
+from trainer.batch import Batch, concat_batches
 from trainer.config.schema import RolloutConfig, TargetLengthsConfig
 from trainer.models.presets import build_model, load_tokenizer
 from trainer.rollout import make_engine
@@ -112,13 +112,6 @@ def token_figures(actor: torch.nn.Module, judge: PolicyModel, batch: Batch, devi
     log_probs, entropies = reference_figures(judge, batch, 1.0)
     return {"old": trainer_log_probs(actor, batch, device), "rollout": batch.rollout_log_probs,
             "mask": batch.response_mask, "log_probs": log_probs, "entropies": entropies}
-
-
-def pooled(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Several processes' token figures as one batch: rows stacked, responses right-padded (mask 0)."""
-    width = max(p["mask"].shape[1] for p in parts)
-    pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
-    return {key: torch.cat([pad(p[key]) for p in parts]) for key in parts[0]}
 
 
 def kl_engine_fp32(figures: dict[str, torch.Tensor]) -> float:
@@ -211,7 +204,7 @@ def tp_rank(rank: int, args, port: int) -> None:
         with torch.no_grad():  # one model for the group, whatever each process's update rounded
             for param in actor.parameters():
                 dist.broadcast(param.data, 0)
-        judge = fp32_reference(actor)
+        judge = fp32_reference(actor) if rank == 0 else None  # rank 0 alone scores the rows
         # Each prompt keeps its index as its uid, as in one process: target lengths and sampling noise are
         # keyed by it, so the group samples the rows one GPU would.
         uids = list(range(rank, args.prompts, args.tp))
@@ -220,11 +213,12 @@ def tp_rank(rank: int, args, port: int) -> None:
         timed_generate(engine, mine, args.n, args.response_len, seed=1, uids=uids)  # graphs captured
         batch, seconds = timed_generate(engine, mine, args.n, args.response_len, seed=2, uids=uids)
         parts: list = [None] * args.tp
-        dist.all_gather_object(parts, (token_figures(actor, judge, batch.to("cpu"), device), seconds))
-        if rank == 0:
+        dist.all_gather_object(parts, (batch.to("cpu"), seconds))
+        if rank == 0:  # every process holds the whole model: rank 0 scores the group's rows as one batch
             results = header(args, scale)
-            row = judged(pooled([p[0] for p in parts]), max(p[1] for p in parts), synced)
-            results["engines"]["fast"] = {**row, "rows_by_rank": [int(p[0]["mask"].shape[0]) for p in parts]}
+            rows = concat_batches([p[0] for p in parts])
+            row = judged(token_figures(actor, judge, rows, device), max(p[1] for p in parts), synced)
+            results["engines"]["fast"] = {**row, "rows_by_rank": [p[0].size for p in parts]}
             print(f"fast (tensor-parallel over {args.tp}): {row['line']}", flush=True)
             (args.out / "fidelity.json").write_text(json.dumps(results, indent=1, default=float))
         # The engine's CUDA graphs hold the group's NCCL communicator: release them before the group

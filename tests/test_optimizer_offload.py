@@ -48,7 +48,7 @@ def test_without_offload_the_moments_stay_where_the_step_made_them():
 @needs_cuda
 def test_moments_stay_on_the_gpu_for_a_whole_call_and_wait_on_the_host_between_calls():
     device = torch.device("cuda")
-    model, kept = _model("cuda"), None
+    model = _model("cuda")
     reference = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     kept = torch.optim.AdamW(reference.parameters(), lr=1e-2)
