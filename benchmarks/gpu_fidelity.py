@@ -17,7 +17,14 @@ For each engine:
   forward, as the step computes it): trainer.algorithms.fidelity;
 - the sampling check (trainer.algorithms.sampling_check) under an fp32 copy of the updated actor, and
   beside it the engine's distance from that copy (``kl_engine_fp32``): how large a gap bf16 alone
-  can make.
+  can make;
+- the sampler check (trainer.rollout.sampling_audit.sampler_check): the same statistic under the
+  engine's own distributions, from the entropies it reports, which tests the sampler alone at any
+  precision; and the precision shift, the part of the fp32 check's gap that the engine's own
+  distributions make (the fp32 gap is the sampler's gap plus it, exactly).
+The timed call samples as a rollout does; a second call at the same seed asks for the entropies too,
+and ``same_tokens`` says whether it drew the timed call's tokens: the fast and static engines do (asking
+for the entropies changes no token), transformers' generate on a GPU does not repeat itself at a seed.
 With ``--ragged MEAN`` each row's length is drawn (rollout.target_lengths: log-normal, sigma 1, mean
 MEAN tokens, capped at --response-len), so rows end at different steps and the fast engine's row
 compaction, its attention's skipping of ended rows and its chunks sized for the rows running are
@@ -45,7 +52,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trainer.algorithms.fidelity import rollout_fidelity
-from trainer.algorithms.sampling_check import sampling_check
+from trainer.algorithms.sampling_check import precision_shift, sampling_check
 from trainer.batch import Batch, concat_batches
 from trainer.config.schema import RolloutConfig, TargetLengthsConfig
 from trainer.models.presets import build_model, load_tokenizer
@@ -98,11 +105,16 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def timed_generate(engine, prompts, n, response_len, seed, uids: list[int] | None = None) -> tuple[Batch, float]:
+AUDITED = SamplingParams(report_entropy=True)
+
+
+def timed_generate(
+    engine, prompts, n, response_len, seed, uids: list[int] | None = None, sampling: SamplingParams = SamplingParams()
+) -> tuple[Batch, float]:
     synchronize()
     start = time.perf_counter()
     uids = list(range(len(prompts))) if uids is None else uids
-    batch = engine.generate(prompts, uids, [], n, response_len, SamplingParams(), seed)
+    batch = engine.generate(prompts, uids, [], n, response_len, sampling, seed)
     synchronize()
     return batch, time.perf_counter() - start
 
@@ -111,7 +123,8 @@ def token_figures(actor: torch.nn.Module, judge: PolicyModel, batch: Batch, devi
     """What the fidelity figures and the check read of one batch, each [B, R] on the CPU."""
     log_probs, entropies = reference_figures(judge, batch, 1.0)
     return {"old": trainer_log_probs(actor, batch, device), "rollout": batch.rollout_log_probs,
-            "mask": batch.response_mask, "log_probs": log_probs, "entropies": entropies}
+            "rollout_entropies": batch.rollout_entropies, "mask": batch.response_mask,
+            "log_probs": log_probs, "entropies": entropies}
 
 
 def kl_engine_fp32(figures: dict[str, torch.Tensor]) -> float:
@@ -123,19 +136,37 @@ def kl_engine_fp32(figures: dict[str, torch.Tensor]) -> float:
     return float((figures["rollout"].double()[keep] - figures["log_probs"].double()[keep]).mean())
 
 
-def judged(figures: dict[str, torch.Tensor], seconds: float, synced: int) -> dict:
-    """One engine's row of fidelity.json: speed, fidelity against the trainer, the sampling check."""
+def check_row(check) -> dict:
+    return {**check.__dict__, "z": check.z, "passed": check.passed}
+
+
+def judged(figures: dict[str, torch.Tensor], seconds: float, synced: int, same_tokens: bool) -> dict:
+    """One engine's row of fidelity.json: speed, fidelity against the trainer, the sampling check under
+    the fp32 judge, and the sampler check under the engine's own distributions with the shift between."""
     tokens = int(figures["mask"].sum())
     fidelity = rollout_fidelity(figures["old"], figures["rollout"], figures["mask"])
     check = sampling_check(figures["log_probs"], figures["entropies"], figures["mask"])
+    own = sampling_check(figures["rollout"], figures["rollout_entropies"], figures["mask"])  # sampler_check's
+    shift = precision_shift(figures["log_probs"], figures["entropies"], figures["rollout"],
+                            figures["rollout_entropies"], figures["mask"])
     kl = kl_engine_fp32(figures)
     return {"reshard_bytes": synced, "generate_s": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
-            "fidelity": fidelity, "check": {**check.__dict__, "z": check.z, "passed": check.passed},
-            "kl_engine_fp32": kl,
+            "fidelity": fidelity, "check": check_row(check), "sampler_check": check_row(own),
+            "precision_shift": shift, "kl_engine_fp32": kl, "same_tokens": same_tokens,
             "line": f"{tokens / seconds:,.0f} tok/s; token_mult_prob_error "
                     f"{fidelity['rollout_fidelity/token_mult_prob_error']:.4f}, mismatch_kl "
                     f"{fidelity['rollout_fidelity/mismatch_kl']:.2e}, pearson "
-                    f"{fidelity['rollout_fidelity/pearson']:.5f}; {check.describe()}; KL(engine || fp32) {kl:.4f}"}
+                    f"{fidelity['rollout_fidelity/pearson']:.5f}\n  under fp32: {check.describe()}; "
+                    f"KL(engine || fp32) {kl:.4f}\n  under its own q: {own.describe('sampler check')}"
+                    f"\n  the fp32 gap {check.gap:+.4f} = sampler gap {own.gap:+.4f} + precision shift {shift:+.4f} nats"
+                    f"{'' if same_tokens else '; the audited call drew other tokens than the timed call'}"}
+
+
+def audited(engine, prompts, n, response_len, timed: Batch, uids: list[int] | None = None) -> tuple[Batch, bool]:
+    """The timed call again with the entropies reported (same seed), and whether its tokens are the same."""
+    batch, _ = timed_generate(engine, prompts, n, response_len, seed=2, uids=uids, sampling=AUDITED)
+    same = batch.response_ids.shape == timed.response_ids.shape and bool(torch.equal(batch.response_ids, timed.response_ids))
+    return batch, same
 
 
 def build_actor(args, device: str) -> tuple[torch.nn.Module, object, torch.Tensor, float]:
@@ -181,7 +212,8 @@ def one_process(args) -> None:
         if name == "fast":  # capture the decode graphs first, as a benchmark's warm-up round does
             timed_generate(engine, prompt_ids.tolist(), args.n, args.response_len, seed=1)
         batch, seconds = timed_generate(engine, prompt_ids.tolist(), args.n, args.response_len, seed=2)
-        row = judged(token_figures(actor, judge, batch.to("cpu"), args.device), seconds, synced)
+        batch, same = audited(engine, prompt_ids.tolist(), args.n, args.response_len, batch)
+        row = judged(token_figures(actor, judge, batch.to("cpu"), args.device), seconds, synced, same)
         results["engines"][name] = row
         print(f"{name}: {row['line']}", flush=True)
         (args.out / "fidelity.json").write_text(json.dumps(results, indent=1, default=float))
@@ -212,12 +244,14 @@ def tp_rank(rank: int, args, port: int) -> None:
         synced = engine.sync_from(actor)
         timed_generate(engine, mine, args.n, args.response_len, seed=1, uids=uids)  # graphs captured
         batch, seconds = timed_generate(engine, mine, args.n, args.response_len, seed=2, uids=uids)
+        batch, same = audited(engine, mine, args.n, args.response_len, batch, uids=uids)
         parts: list = [None] * args.tp
-        dist.all_gather_object(parts, (batch.to("cpu"), seconds))
+        dist.all_gather_object(parts, (batch.to("cpu"), seconds, same))
         if rank == 0:  # every process holds the whole model: rank 0 scores the group's rows as one batch
             results = header(args, scale)
             rows = concat_batches([p[0] for p in parts])
-            row = judged(token_figures(actor, judge, rows, device), max(p[1] for p in parts), synced)
+            row = judged(token_figures(actor, judge, rows, device), max(p[1] for p in parts), synced,
+                         all(p[2] for p in parts))
             results["engines"]["fast"] = {**row, "rows_by_rank": [p[0].size for p in parts]}
             print(f"fast (tensor-parallel over {args.tp}): {row['line']}", flush=True)
             (args.out / "fidelity.json").write_text(json.dumps(results, indent=1, default=float))

@@ -2,6 +2,7 @@
 
     python benchmarks/tp_decode_probe.py OUT_DIR [--model r1-distill-qwen-7b] [--rows 32 8 2]
                                          [--context 2048 8192 16384 27648] [--prompts 4 --n 8 --max-new 2048]
+                                         [--modes tp1 tp2 tp2-one_shot]
 
 Two processes, one GPU each, one NCCL group. For each rows count R and context C it times the fast
 engine's captured decode step (benchmarks/decode_profile.py's ``time_step``: median of 20 single
@@ -13,11 +14,14 @@ the per-GPU work of a replay whose shares are split over two GPUs. Then a whole 
 and how far each row's tokens agree between the two (bf16: the split adds o's and down's sums in
 another order, so a row's greedy text may part once two tokens are near-tied). Random weights of the
 preset. Results: OUT_DIR/tp_decode_probe.json (rank 0's, with rank 1's seconds beside).
+"tp2-one_shot" is tp2 with the group's sums through symmetric memory (tensor_parallel.OneShotReduce)
+instead of NCCL; the probe first checks that the two give the same bits, eagerly and in a graph.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -38,7 +42,7 @@ from trainer.config import RolloutConfig  # noqa: E402
 from trainer.models.presets import build_model, load_tokenizer  # noqa: E402
 from trainer.rollout import FastRolloutEngine, SamplingParams  # noqa: E402
 from trainer.rollout.decode_buffers import DecodeBuffers  # noqa: E402
-from trainer.rollout.tensor_parallel import join_decode_group  # noqa: E402
+from trainer.rollout.tensor_parallel import DecodeGroup, join_decode_group  # noqa: E402
 
 WIDTH = 128  # prompt slots of the timed steps' buffers
 
@@ -80,6 +84,29 @@ def agreement(a, b) -> dict:
             "rows_all_agree": int((prefix == a.response_ids.shape[1]).sum()), "max_log_prob_gap": max(gaps)}
 
 
+def sums_agree(group: DecodeGroup, one_shot: DecodeGroup, device: torch.device, hidden: int) -> dict:
+    """NCCL's sum and the one-shot kernel's of the same bf16 values, eagerly and replayed from a graph:
+    do they give the same bits? (Two members: a + b rounded once either way.)"""
+    g = torch.Generator(device=device).manual_seed(11 + group.rank)
+    out = {}
+    for rows in (64, 4):
+        x = torch.randn(rows, hidden, device=device, dtype=torch.bfloat16, generator=g)
+        by_nccl = group.all_reduce(x.clone())
+        eager = one_shot.all_reduce(x)
+        static = x.clone()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = one_shot.all_reduce(static)
+        static.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        out[f"rows_{rows}"] = {"eager_equal": bool(torch.equal(eager, by_nccl)),
+                               "graph_equal": bool(torch.equal(captured, by_nccl)),
+                               "max_abs_diff": float((eager.float() - by_nccl.float()).abs().max())}
+    return out
+
+
 def rank_main(rank: int, args, port: int) -> None:
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
@@ -89,7 +116,15 @@ def rank_main(rank: int, args, port: int) -> None:
     tok = load_tokenizer(args.model)
     sampling = SamplingParams(temperature=0.6)
     result: dict = {"gpu": torch.cuda.get_device_name(device), "model": args.model, "steps": []}
-    for label, tp, factor in (("tp1", None, 1), ("tp2", group, 2)):
+    groups = {"tp1": (None, 1), "tp2": (group, 2)}
+    if "tp2-one_shot" in args.modes:
+        one_shot = group.with_one_shot(device, torch.bfloat16)
+        groups["tp2-one_shot"] = (one_shot, 2)
+        result["sums_agree"] = sums_agree(group, one_shot, device, model.config.hidden_size)
+        if rank == 0:
+            print(json.dumps(result["sums_agree"]), flush=True)
+    for label in args.modes:
+        tp, factor = groups[label]
         engine = FastRolloutEngine(model, tok, tensor_parallel=tp)
         for rows in args.rows:
             for row in step_times(engine, rows * factor, args.context, sampling):
@@ -102,7 +137,8 @@ def rank_main(rank: int, args, port: int) -> None:
     prompts = [[(7 * rank + 13 * i + j) % 5000 + 100 for j in range(200 + 17 * i)] for i in range(args.prompts)]
     config = RolloutConfig(name="fast", ignore_eos=True)
     runs = {}
-    for label, tp in (("tp1", None), ("tp2", group)):
+    for label in args.modes:
+        tp = groups[label][0]
         for sampling_name, s in (("greedy", SamplingParams(do_sample=False)), ("sampled", sampling)):
             engine = FastRolloutEngine(model, tok, config, tensor_parallel=tp)
             generate(engine, prompts, rank * args.prompts, args, s)  # warm-up: graphs captured, kernels compiled
@@ -118,9 +154,10 @@ def rank_main(rank: int, args, port: int) -> None:
                             "rows_per_gpu": args.prompts * args.n, "tokens_per_row": args.max_new}
         for i, (label, name) in enumerate(sorted(runs))
     }
-    for name in ("greedy", "sampled"):
-        result["generate"][f"agreement-{name}"] = agreement(runs[("tp1", name)][1], runs[("tp2", name)][1])
-    result["graphs_note"] = "tp2 steps replay CUDA graphs holding NCCL all-reduces"
+    for a, b in itertools.pairwise(args.modes):  # each mode against the one before it
+        for name in ("greedy", "sampled"):
+            result["generate"][f"agreement-{a}-{b}-{name}"] = agreement(runs[(a, name)][1], runs[(b, name)][1])
+    result["graphs_note"] = "tp2 steps replay CUDA graphs holding NCCL all-reduces (tp2-one_shot: symmetric memory's)"
     if rank == 0:
         Path(args.out, "tp_decode_probe.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result["generate"], indent=1), flush=True)
@@ -137,6 +174,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4, help="prompts per GPU in the generate runs")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new", type=int, default=2048)
+    ap.add_argument("--modes", nargs="+", default=["tp1", "tp2"], choices=["tp1", "tp2", "tp2-one_shot"])
     args = ap.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if torch.cuda.device_count() < 2:

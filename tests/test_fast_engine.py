@@ -194,6 +194,29 @@ def test_graph_replay_gives_the_eager_tokens(tok, prompts, liven):
 
 
 @needs_cuda
+def test_graph_captured_decode_passes_the_sampler_check_and_reporting_entropies_changes_no_token(tok, prompts):
+    # The Triton race in CUDA graphs, bf16, rows of ragged lengths compacted part-way: the sampler draws
+    # from the distribution whose log-probs and entropies it reports, and the audit's extra pass over the
+    # logits leaves the tokens as they were.
+    from trainer.config.schema import TargetLengthsConfig
+    from trainer.rollout.sampling_audit import sampler_check
+
+    model = build_model("tiny", seed=0)
+    with torch.no_grad():  # the tied head x4: about 2.8 nats a step (tests/test_rollout_fidelity.py's lively)
+        model.get_input_embeddings().weight.mul_(4.0)
+    model = model.to("cuda", torch.bfloat16).eval()
+    lengths = TargetLengthsConfig(distribution="lognormal", mean=100.0, sigma=1.0)
+    engine = make_engine("fast", model, tok, RolloutConfig(name="fast", ignore_eos=True, target_lengths=lengths))
+    plain = engine.generate(prompts, list(range(8)), [], 16, 200, SamplingParams(), seed=4)
+    audited = engine.generate(prompts, list(range(8)), [], 16, 200, SamplingParams(report_entropy=True), seed=4)
+    assert engine._race is not None and engine.use_cuda_graphs
+    assert torch.equal(plain.response_ids, audited.response_ids)
+    check = sampler_check(audited.to("cpu"))
+    assert check.tokens > 5_000 and 1.0 < check.mean_entropy < 4.0, check.describe()
+    assert check.passed, check.describe("sampler check")
+
+
+@needs_cuda
 @pytest.mark.parametrize("programs", [None, 1, 200, 10_000])  # default; one chunk a row; 4; the most (75)
 def test_triton_race_draws_what_sample_keyed_draws(programs):
     from trainer.kernels.triton_sampling import keyed_race

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,14 +18,22 @@ from trainer.algorithms.fidelity import (
     merge_sums,
     rollout_fidelity,
 )
-from trainer.algorithms.sampling_check import sampling_check
+from trainer.algorithms.sampling_check import precision_shift, sampling_check
 from trainer.batch import Batch, concat_batches
 from trainer.config import RolloutConfig
+from trainer.config.schema import TargetLengthsConfig
 from trainer.driver.step_figures import batch_metrics
 from trainer.models.presets import build_model
 from trainer.rollout import make_engine
+from trainer.rollout import sampling as sampling_module
 from trainer.rollout.requests import SamplingParams
-from trainer.rollout.sampling_audit import check_engine_sampling
+from trainer.rollout.sampling_audit import (
+    check_engine_sampling,
+    fp32_reference,
+    reference_figures,
+    sampler_check,
+)
+from trainer.rollout.static_engine import StaticRolloutEngine
 from trainer.workers.actor import compute_log_probs
 from trainer.workers.distributed import DataParallel
 from trainer.workers.fsdp import PolicyModel
@@ -112,6 +121,10 @@ def test_batch_operations_carry_rollout_log_probs():
     assert joined.rollout_log_probs[:2, 3:].eq(0).all()  # right padding is 0, like the mask
     assert joined.select([2, 0]).rollout_log_probs[:, 0].tolist() == [-2.0, -1.0]
     assert "rollout_log_probs" in joined.tensors()
+    with_entropies = concat_batches([replace(rows(2, 3, -1.0), rollout_entropies=torch.full((2, 3), 2.0)),
+                                     replace(rows(1, 5, -2.0), rollout_entropies=torch.full((1, 5), 3.0))])
+    assert with_entropies.select([2, 0]).rollout_entropies[:, 0].tolist() == [3.0, 2.0]
+    assert with_entropies.rollout_entropies[:2, 3:].eq(0).all()
 
 
 # ----------------------------------------------------------------------------- the fidelity figures
@@ -228,3 +241,80 @@ def test_sampling_check_refuses_filtered_or_greedy_sampling(lively, tok, prompts
     for sampling in (SamplingParams(top_k=5), SamplingParams(top_p=0.9), SamplingParams(do_sample=False)):
         with pytest.raises(ValueError, match="plain sampling"):
             check_engine_sampling(engine("static", lively, tok), lively, prompts, 1, 4, sampling, seed=0)
+
+
+# ----------------------------------------------------------------------------- the sampler check
+def ragged_engine(name: str, model: torch.nn.Module, tok):
+    """Rows of log-normal target lengths (mean 24, up to 48): they end at different steps, so the fast
+    engine compacts its rows part-way and each row's figures must still land in its own row."""
+    lengths = TargetLengthsConfig(distribution="lognormal", mean=24.0, sigma=1.0)
+    return make_engine(name, model, tok, RolloutConfig(name=name, ignore_eos=True, target_lengths=lengths))
+
+
+@pytest.mark.parametrize("name", ENGINE_NAMES)
+def test_reported_entropies_are_the_judges_at_the_sampling_temperature(name, lively, tok, prompts):
+    # On the CPU an engine computes in fp32, so its distribution is the fp32 judge's: H(q) = H(p) per token.
+    sampling = SamplingParams(temperature=0.7, report_entropy=True)
+    batch = ragged_engine(name, lively, tok).generate(prompts, list(range(8)), [], 4, 48, sampling, seed=5)
+    mask = batch.response_mask.bool()
+    assert batch.rollout_entropies.shape == batch.response_ids.shape
+    assert len(set(mask.sum(dim=1).tolist())) > 1, "rows should end at different steps"
+    assert torch.all(batch.rollout_entropies[~mask] == 0)
+    _, judge_entropies = reference_figures(fp32_reference(lively), batch, 0.7)
+    worst = (batch.rollout_entropies - judge_entropies)[mask].abs().max()
+    assert worst < 1e-4, f"engine entropies differ from the fp32 judge's by up to {worst:.2e} nats"
+
+
+def test_entropies_are_reported_only_when_asked(lively, tok, prompts):
+    batch = engine("fast", lively, tok).generate(prompts[:2], [0, 1], [], 2, 8, SamplingParams(), seed=0)
+    assert batch.rollout_entropies is None
+
+
+@pytest.mark.parametrize("name", ENGINE_NAMES)
+def test_sampler_check_passes_and_the_judges_gap_splits_exactly(name, lively, tok, prompts):
+    batch = ragged_engine(name, lively, tok).generate(
+        prompts, list(range(8)), [], 16, 48, SamplingParams(report_entropy=True), seed=1
+    )
+    own = sampler_check(batch)
+    assert own.passed, own.describe()
+    log_probs, entropies = reference_figures(fp32_reference(lively), batch, 1.0)
+    judged = sampling_check(log_probs, entropies, batch.response_mask)
+    shift = precision_shift(
+        log_probs, entropies, batch.rollout_log_probs, batch.rollout_entropies, batch.response_mask
+    )
+    # the identity: the fp32 judge's gap = the sampler's gap + the precision shift (0 here: q is p in fp32)
+    assert judged.gap == pytest.approx(own.gap + shift, abs=1e-9), (judged.gap, own.gap, shift)
+    assert abs(shift) < 1e-5, f"fp32 engine and fp32 judge should agree; shift {shift:.2e} nats"
+
+
+@pytest.mark.parametrize("name", ["static", "fast"])
+def test_sampler_check_fails_for_a_sampler_that_draws_from_another_distribution(name, lively, tok, prompts, monkeypatch):
+    # The race picks argmax p_i / E_i. With E_i ~ Exp(1) that draws from p; with E_i squared it draws
+    # from p^(1/2), renormalised: the sampler runs at twice the temperature that its log-probs and
+    # entropies are taken at. The engine's own figures are right, so only the sampler check can see it.
+    exact = sampling_module.keyed_exponential
+    monkeypatch.setattr(sampling_module, "keyed_exponential", lambda *args: exact(*args) ** 2)
+    batch = ragged_engine(name, lively, tok).generate(
+        prompts, list(range(8)), [], 16, 48, SamplingParams(report_entropy=True), seed=1
+    )
+    own = sampler_check(batch)
+    assert not own.passed, own.describe()
+    assert own.gap < 0, own.describe()  # a hotter sampler picks tokens its own q finds unlikely
+
+
+def test_sampler_check_needs_the_entropies(lively, tok, prompts):
+    batch = engine("static", lively, tok).generate(prompts[:2], [0, 1], [], 2, 8, SamplingParams(), seed=0)
+    with pytest.raises(ValueError, match="report_entropy=True"):
+        sampler_check(batch)
+
+
+def test_an_engine_that_does_not_report_entropies_is_refused_before_it_decodes(lively, tok, prompts):
+    class Silent(StaticRolloutEngine):
+        reports_entropy = False
+
+        def _generate_rows(self, request):
+            raise AssertionError("decoded although the request could not be met")
+
+    silent = Silent(lively, tok, RolloutConfig(name="static"))
+    with pytest.raises(ValueError, match="static rollout engine does not report entropies"):
+        silent.generate(prompts[:1], [0], [], 1, 4, SamplingParams(report_entropy=True), seed=0)

@@ -22,11 +22,13 @@ from trainer.models.presets import build_model, load_tokenizer
 from trainer.rollout import SamplingParams, make_engine
 from trainer.rollout.lean_decoder import lean_shape
 from trainer.rollout.tensor_parallel import (
+    REDUCE_ENV,
     decode_group_size,
     decode_groups,
     join_decode_group,
     local_part,
     own_rows,
+    reduce_from_env,
     row_starts,
 )
 from trainer.workers.distributed import DataParallel
@@ -39,7 +41,8 @@ SEED = 5
 # conftest's rollout texts (the spawned ranks import this module, not conftest): with the livened tiny
 # model their responses end at different steps
 TEXTS = ["What is 2+3?", "Hi", "Compute 17*4 please", "x", "Solve: 9-4", "abc", "The answer is", "1+1="]
-SAMPLINGS = {"greedy": SamplingParams(do_sample=False), "sampled": SamplingParams(temperature=0.9)}
+# the sampled case also reports entropies (SamplingParams.report_entropy): they travel with their rows
+SAMPLINGS = {"greedy": SamplingParams(do_sample=False), "sampled": SamplingParams(temperature=0.9, report_entropy=True)}
 # the engine's settings each way: plain; drawn target lengths (the replays' ragged rows, which end
 # rows mid-way and compact); micro-batches of 3 rows over the group's 16
 ROLLOUTS = {
@@ -86,11 +89,13 @@ def test_own_rows_trims_to_the_members_own_widths():
         response_mask=torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]]),
         uids=torch.tensor([0, 1, 2]), ground_truths=["a", "b", "c"],
         rollout_log_probs=torch.tensor([[-1.0, -2.0, -3.0], [-4.0, 0, 0], [-5.0, -6.0, 0]]),
+        rollout_entropies=torch.tensor([[1.0, 2.0, 3.0], [4.0, 0, 0], [5.0, 6.0, 0]]),
     )
     mine = own_rows(batch, 1, 2)
     assert mine.prompt_ids.tolist() == [[0, 5], [6, 6]]
     assert mine.response_ids.tolist() == [[4, 0], [5, 6]]
     assert mine.rollout_log_probs.tolist() == [[-4.0, 0.0], [-5.0, -6.0]]
+    assert mine.rollout_entropies.tolist() == [[4.0, 0.0], [5.0, 6.0]]
     assert mine.ground_truths == ["b", "c"] and mine.uids.tolist() == [1, 2]
     assert row_starts([3, 1, 2], 2) == [0, 6, 8]
 
@@ -180,6 +185,10 @@ def test_each_rank_gets_its_own_rows_as_one_process_decodes_them(case, two_rank_
         assert torch.equal(got.response_mask, want.response_mask)
         # the partial sums are added in another order: float32 rounding, no more
         torch.testing.assert_close(got.rollout_log_probs, want.rollout_log_probs, rtol=0, atol=1e-4)
+        if case[1] == "sampled":
+            torch.testing.assert_close(got.rollout_entropies, want.rollout_entropies, rtol=0, atol=1e-4)
+        else:
+            assert got.rollout_entropies is None and want.rollout_entropies is None
     lengths = torch.cat([reference[case][r].response_mask.sum(dim=1) for r in range(2)])
     assert lengths.min() < lengths.max(), "the set-up should give responses of different lengths"
 
@@ -192,3 +201,57 @@ def test_each_rank_holds_half_of_the_layers_and_the_whole_head(two_rank_results)
     assert qkv[-2:] == (whole.q_size // 2 + whole.kv_size, whole.hidden)
     assert down[-2:] == (whole.hidden, whole.intermediate // 2)
     assert head == (whole.vocab, whole.hidden)
+
+
+# ----------------------------------------------------------------------------- the one-shot sums
+def test_the_reduce_setting_defaults_to_nccl_and_names_what_is_valid():
+    assert reduce_from_env({}) == "nccl"
+    assert reduce_from_env({REDUCE_ENV: "one_shot"}) == "one_shot"
+    with pytest.raises(ValueError, match=f"{REDUCE_ENV} must be one of nccl, one_shot, got 'oneshot'"):
+        reduce_from_env({REDUCE_ENV: "oneshot"})
+
+
+def _one_shot_rank(rank: int, out_dir: str) -> None:
+    """One of two GPUs: NCCL's and the one-shot kernel's sums of the same values, eager and in a graph,
+    and the fast engine's tokens with either, greedy and sampled."""
+    device = torch.device("cuda", rank)
+    dp = DataParallel(rank, 2, device)
+    port, rendezvous = _rendezvous_port(rank, out_dir)
+    dp.init("127.0.0.1", port, "nccl", rendezvous=rendezvous)
+    group = join_decode_group(rank, 2, 2)
+    one_shot = group.with_one_shot(device, torch.bfloat16)
+    x = torch.randn(64, 1536, device=device, dtype=torch.bfloat16, generator=torch.Generator(device).manual_seed(rank))
+    by_nccl = group.all_reduce(x.clone())
+    eager = one_shot.all_reduce(x)
+    static = torch.zeros_like(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = one_shot.all_reduce(static)
+    static.copy_(x)
+    graph.replay()
+    big = torch.ones(4 << 20, device=device, dtype=torch.bfloat16)  # past the buffer: NCCL, in place
+    model = _livened_model(Path(out_dir) / "model.pt").to(device, torch.bfloat16)
+    tokens = {}
+    for name, tp in (("nccl", group), ("one_shot", one_shot)):
+        engine = make_engine("fast", model, load_tokenizer("tiny"), ROLLOUTS["targets"], tensor_parallel=tp)
+        for kind, sampling in SAMPLINGS.items():
+            tokens[(name, kind)] = _decode(engine, _prompts()[rank], 0 if rank == 0 else 5, sampling).response_ids.cpu()
+        engine.release()
+    torch.cuda.synchronize()
+    torch.save({"nccl": by_nccl.cpu(), "eager": eager.cpu(), "graph": captured.cpu(),
+                "big": one_shot.all_reduce(big) is big and bool((big == 2).all()), "tokens": tokens},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+    dp.shutdown()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the one-shot sums need two GPUs of one host")
+def test_one_shot_sums_give_nccls_bits_and_the_same_tokens(tmp_path, liven):
+    torch.save(liven(build_model("tiny", seed=0)).state_dict(), tmp_path / "model.pt")
+    run_two_ranks(_one_shot_rank, tmp_path)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert torch.equal(got["eager"], got["nccl"]), (got["eager"] - got["nccl"]).abs().max()
+        assert torch.equal(got["graph"], got["nccl"]), (got["graph"] - got["nccl"]).abs().max()
+        assert got["big"], "a sum past the one-shot buffer should go through NCCL, in place"
+        for kind in SAMPLINGS:
+            assert torch.equal(got["tokens"][("one_shot", kind)], got["tokens"][("nccl", kind)]), (rank, kind)

@@ -27,6 +27,9 @@ class Batch:
     # [B, R] float32, set by the rollout engine: each response token's log-prob under the engine's own
     # logits / temperature (before top-k/top-p), 0 where response_mask is 0 (trainer/rollout/base.py)
     rollout_log_probs: torch.Tensor | None = None
+    # [B, R] float32, only when SamplingParams.report_entropy asked: the entropy of the distribution each
+    # rollout_log_probs entry was taken from, 0 where response_mask is 0 (the sampler check reads it)
+    rollout_entropies: torch.Tensor | None = None
     # Filled by later phases; all [B, R] over response positions unless noted.
     token_level_scores: torch.Tensor | None = None
     token_level_rewards: torch.Tensor | None = None

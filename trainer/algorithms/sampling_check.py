@@ -11,6 +11,10 @@ the engine draw from some q != p, and then E[d] = sum_y (q(y) - p(y)) log p(y), 
 nonzero (a hotter q puts mass on unlikely tokens: E[d] < 0; a colder one on likely tokens: > 0): the check
 fails when |mean(d)| exceeds ``limit`` standard errors (4 by default: a false alarm about once in
 16,000 runs). It judges plain sampling only: with top-k/top-p the engine draws from a truncated p.
+
+The reference may be an fp32 forward of the policy (it tests the engine's model and sampler together,
+and a bf16 engine's own rounding moves the gap: ``precision_shift``), or the engine's own distribution
+q, from the log-probs and entropies it reports (it tests the sampler alone, exactly at any precision).
 """
 
 from __future__ import annotations
@@ -45,10 +49,10 @@ class SamplingCheck:
     def passed(self) -> bool:
         return abs(self.z) <= self.limit
 
-    def describe(self) -> str:
+    def describe(self, name: str = "sampling check") -> str:
         verdict = "passes" if self.passed else "FAILS"
         return (
-            f"sampling check {verdict}: mean log-prob {self.mean_log_prob:.4f} vs minus mean entropy "
+            f"{name} {verdict}: mean log-prob {self.mean_log_prob:.4f} vs minus mean entropy "
             f"{-self.mean_entropy:.4f} over {self.tokens} tokens: gap {self.gap:+.4f} nats = "
             f"{self.z:+.1f} s.e. (s.e. {self.stderr:.4f}, limit {self.limit:g} s.e.)"
         )
@@ -84,3 +88,21 @@ def sampling_check(
         stderr=float(d.std() / math.sqrt(n)),
         limit=limit,
     )
+
+
+def precision_shift(
+    judge_log_probs: torch.Tensor, judge_entropies: torch.Tensor,
+    engine_log_probs: torch.Tensor, engine_entropies: torch.Tensor, mask: torch.Tensor,
+) -> float:
+    """The part of a judge's gap that the engine's own distributions make, in nats per token.
+
+    With p the judge's distributions and q the engine's: mean(H(p) - H(q) + log p(y) - log q(y)) over
+    the tokens where ``mask`` is 1 (all [B, R]). The judge's gap (``sampling_check`` under p) minus this
+    is the gap under q (the sampler check), exactly. For a sampler drawing from q its expectation is
+    H(p) - H(q) - KL(q || p): what a q computed at another precision than p moves the judge's gap by,
+    however exact the sampler.
+    """
+    keep = mask.bool()
+    shift = (judge_entropies.double() - engine_entropies.double()
+             + judge_log_probs.double() - engine_log_probs.double())  # [B, R]
+    return float(shift[keep].mean())

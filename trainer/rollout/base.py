@@ -65,6 +65,8 @@ class RolloutEngine(ABC):
     # Decodes tensor-parallel over rollout.tensor_model_parallel_size workers (the others run one engine
     # per worker, and the key has no effect on them: config validation says so).
     supports_tensor_parallel: ClassVar[bool] = False
+    # Returns each sampling distribution's entropy when SamplingParams.report_entropy asks (the sampler check).
+    reports_entropy: ClassVar[bool] = False
 
     @staticmethod
     def check_config(cfg: Config) -> None:
@@ -130,6 +132,11 @@ class RolloutEngine(ABC):
         model's device; the response width is the longest response (not max_new_tokens).
         """
         self._check_inputs(prompt_token_lists, uids, ground_truths, n, max_new_tokens)
+        if sampling.report_entropy and not self.reports_entropy:
+            raise ValueError(
+                f"the {self.name} rollout engine does not report entropies (SamplingParams.report_entropy, "
+                "which the sampler check asks for); the bundled fast, static and hf engines do"
+            )
         rows = [list(p) for p in prompt_token_lists for _ in range(n)]
         device = self.device
         prompt_ids, prompt_mask = left_pad(rows, self.pad_token_id)
@@ -162,6 +169,7 @@ class RolloutEngine(ABC):
         width = max(p.tokens.shape[1] for p in parts)
         tokens = torch.cat([pad_right(p.tokens, width, self.pad_token_id) for p in parts])
         log_probs = torch.cat([pad_right(p.log_probs, width, 0) for p in parts])
+        entropies = self._reported_entropies(parts, width, sampling)
         if targets is not None:
             longest = int(host_targets.max())
             if tokens.shape[1] < longest:
@@ -180,7 +188,19 @@ class RolloutEngine(ABC):
             ground_truths=[g for g in ground_truths for _ in range(n)],
             # where, not a product: a padded row's log-prob may be anything, NaN included
             rollout_log_probs=torch.where(response_mask.bool(), log_probs[:, :longest].float(), 0.0),
+            rollout_entropies=(
+                None if entropies is None else torch.where(response_mask.bool(), entropies[:, :longest].float(), 0.0)
+            ),
         )
+
+    def _reported_entropies(self, parts: list[GeneratedRows], width: int, sampling: SamplingParams) -> torch.Tensor | None:
+        """The micro-batches' entropies [B, width] when ``sampling.report_entropy`` asked for them."""
+        if not sampling.report_entropy:
+            return None
+        entropies = [p.entropies for p in parts]
+        if any(e is None for e in entropies):
+            raise RuntimeError(f"{self.name} rollout: asked for entropies, a micro-batch came back without them")
+        return torch.cat([pad_right(e, width, 0) for e in entropies])
 
     @abstractmethod
     def _generate_rows(self, request: RowsRequest) -> GeneratedRows:

@@ -64,7 +64,8 @@ class DecodeBuffers:
     """
 
     def __init__(
-        self, w: LeanWeights, batch: int, prompt_width: int, max_new: int, stop_ids: tuple[int, ...], pad_id: int
+        self, w: LeanWeights, batch: int, prompt_width: int, max_new: int, stop_ids: tuple[int, ...], pad_id: int,
+        with_entropy: bool = False,
     ) -> None:
         s, dev = w.shape, w.device
         self.batch, self.prompt_width, self.max_new = batch, prompt_width, max_new
@@ -77,6 +78,8 @@ class DecodeBuffers:
         # outputs, indexed by the micro-batch's row (not by slot): see ``rows``
         self.tokens = torch.full((batch, max_new), pad_id, dtype=torch.long, device=dev)
         self.log_probs = torch.zeros((batch, max_new), dtype=torch.float32, device=dev)  # base.GeneratedRows
+        # each step's distribution's entropy, only when SamplingParams.report_entropy asks (the sampler check)
+        self.entropies = torch.zeros((batch, max_new), dtype=torch.float32, device=dev) if with_entropy else None
         self.last = torch.zeros(batch, dtype=torch.long, device=dev)
         self.positions = torch.zeros(batch, dtype=torch.long, device=dev)
         self.write_slot = torch.zeros((), dtype=torch.long, device=dev)
@@ -111,6 +114,8 @@ class DecodeBuffers:
         self.attn_bias[:, :width].masked_fill_(prompt_mask.bool(), 0.0)
         self.tokens.fill_(self.pad_id)
         self.log_probs.zero_()
+        if self.entropies is not None:
+            self.entropies.zero_()
         self.last.fill_(self.pad_id)
         self.positions.copy_(prompt_mask.sum(dim=1))  # the first generated token follows the prompt
         self.write_slot.fill_(width)

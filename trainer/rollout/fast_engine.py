@@ -91,9 +91,17 @@ from trainer.rollout.sampling import (
     nonfinite_rows_mask,
     process_logits,
     sample_keyed,
+    token_entropies,
     token_log_probs,
 )
-from trainer.rollout.tensor_parallel import TP_KEY, DecodeGroup, decode_groups, own_rows, row_starts
+from trainer.rollout.tensor_parallel import (
+    TP_KEY,
+    DecodeGroup,
+    decode_groups,
+    own_rows,
+    reduce_from_env,
+    row_starts,
+)
 from trainer.workers.fsdp import compute_dtype
 
 if TYPE_CHECKING:
@@ -114,6 +122,7 @@ def fused_decode_from_env(environ: Mapping[str, str] | None = None) -> bool:
 # ----------------------------------------------------------------------------- the engine
 class FastRolloutEngine(RolloutEngine):
     name = "fast"
+    reports_entropy = True
     accepts_sharded_model = True  # copies the weights into its fixed-address buffers (LeanWeights)
     supports_tensor_parallel = True  # tensor_parallel.py
 
@@ -141,15 +150,19 @@ class FastRolloutEngine(RolloutEngine):
         self.skip_ended_rows = skip_ended_rows
         # in a decode group (rollout.tensor_model_parallel_size > 1) this GPU holds its part of the
         # heads and MLP width and adds the split matmuls' sums over the group (tensor_parallel.py)
-        self.tp = tensor_parallel
         tp_rank, tp_size = (tensor_parallel.rank, tensor_parallel.size) if tensor_parallel is not None else (0, 1)
-        self._reduce = tensor_parallel.all_reduce_ if tensor_parallel is not None else None
         self.shape = lean_shape(model.config).sharded(tp_size)
         source = next(model.parameters())
         device = source.device
         if device.type == "cpu" and torch.cuda.is_available() and _is_offloaded(source):
             device = torch.device("cuda", torch.cuda.current_device())  # FSDP CPU offload: decode on the GPU
-        self.weights = LeanWeights(self.shape, compute_dtype(source.dtype, device.type), device, tp_rank, tp_size)
+        dtype = compute_dtype(source.dtype, device.type)
+        one_shot_asked = tensor_parallel is not None and tensor_parallel.one_shot is None and reduce_from_env() == "one_shot"
+        if one_shot_asked and device.type == "cuda":
+            tensor_parallel = tensor_parallel.with_one_shot(device, dtype)
+        self.tp = tensor_parallel
+        self._reduce = tensor_parallel.all_reduce if tensor_parallel is not None else None
+        self.weights = LeanWeights(self.shape, dtype, device, tp_rank, tp_size)
         self.weights.load(model)  # usable at once, like the other engines (reshard refreshes it)
         eager = bool(config.enforce_eager) if config is not None else False
         self.use_cuda_graphs = (device.type == "cuda" and not eager) if use_cuda_graphs is None else use_cuda_graphs
@@ -272,6 +285,8 @@ class FastRolloutEngine(RolloutEngine):
         # outputs are indexed by the slot's row (``rows``): compaction moves rows between slots
         at = (buf.rows, buf.step.expand(buf.batch))
         buf.log_probs.index_put_(at, log_prob.float())
+        if buf.entropies is not None:  # an audit's: one more pass over the logits
+            buf.entropies.index_put_(at, token_entropies(logits, sampling.log_prob_temperature))
         # an ended row's logits are never used (its attention may be skipped): non-finite there is no error
         flagged = bad & ~buf.finished & (buf.first_bad < 0)
         buf.first_bad.copy_(torch.where(flagged, buf.step, buf.first_bad))
@@ -323,7 +338,9 @@ class FastRolloutEngine(RolloutEngine):
         if self._buffers is not None and self._buffers_key == key:
             return self._buffers
         self.release()
-        buf = DecodeBuffers(self.weights, batch, width, max_new, self.stop_token_ids, self.pad_token_id)
+        buf = DecodeBuffers(
+            self.weights, batch, width, max_new, self.stop_token_ids, self.pad_token_id, sampling.report_entropy
+        )
         self._buffers, self._buffers_key = buf, key
         return buf
 
@@ -438,7 +455,8 @@ class FastRolloutEngine(RolloutEngine):
         )
         if trace is not None and traces is not None:
             self._finish_trace(trace, steps, traces)
-        out = GeneratedRows(buf.tokens[:, :steps].clone(), buf.log_probs[:, :steps].clone())
+        entropies = buf.entropies[:, :steps].clone() if buf.entropies is not None else None
+        out = GeneratedRows(buf.tokens[:, :steps].clone(), buf.log_probs[:, :steps].clone(), entropies)
         if self.free_cache:
             self.release()
         return out

@@ -24,7 +24,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from trainer.rollout.base import RolloutEngine
 from trainer.rollout.requests import GeneratedRows, RowsRequest, SamplingParams
-from trainer.rollout.sampling import nonfinite_rows_mask, token_log_probs
+from trainer.rollout.sampling import nonfinite_rows_mask, token_entropies, token_log_probs
 
 
 class FiniteLogitsCheck(LogitsProcessor):
@@ -57,14 +57,17 @@ class SampledLogProbs(LogitsProcessor):
     scores the previous step's token and keeps this step's logits until then.
     """
 
-    def __init__(self, temperature: float) -> None:
+    def __init__(self, temperature: float, with_entropy: bool = False) -> None:
         self.temperature = temperature
         self.pending: torch.Tensor | None = None  # [b, V] the last step's raw logits
         self.log_probs: list[torch.Tensor] = []  # one [b] per scored step
+        self.entropies: list[torch.Tensor] | None = [] if with_entropy else None  # one [b] per step, if asked
 
     def _score(self, tokens: torch.Tensor) -> None:
         if self.pending is not None:
             self.log_probs.append(token_log_probs(self.pending, tokens, self.temperature))
+            if self.entropies is not None:
+                self.entropies.append(token_entropies(self.pending, self.temperature))
         self.pending = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -79,9 +82,14 @@ class SampledLogProbs(LogitsProcessor):
             raise RuntimeError(f"hf rollout: {len(self.log_probs)} log-prob steps for {generated.shape[1]} tokens")
         return torch.stack(self.log_probs, dim=1)
 
+    def finished_entropies(self) -> torch.Tensor | None:
+        """The entropies [b, T] of the steps ``finish`` scored, if asked for."""
+        return None if self.entropies is None else torch.stack(self.entropies, dim=1)
+
 
 class HFRolloutEngine(RolloutEngine):
     name = "hf"
+    reports_entropy = True
 
     @contextlib.contextmanager
     def _seeded(self, seed: int, device: torch.device) -> Iterator[torch.Generator | None]:
@@ -126,7 +134,7 @@ class HFRolloutEngine(RolloutEngine):
         # request.row_keys go unused: transformers samples from the seeded global stream
         width = request.prompt_ids.shape[1]
         sampling = request.sampling
-        recorder = SampledLogProbs(sampling.log_prob_temperature)
+        recorder = SampledLogProbs(sampling.log_prob_temperature, sampling.report_entropy)
         out = self.model.generate(
             input_ids=request.prompt_ids,
             attention_mask=request.prompt_mask,
@@ -134,4 +142,5 @@ class HFRolloutEngine(RolloutEngine):
             logits_processor=LogitsProcessorList([FiniteLogitsCheck(request), recorder]),
         )
         tokens = out[:, width:]
-        return GeneratedRows(tokens, recorder.finish(tokens))
+        log_probs = recorder.finish(tokens)
+        return GeneratedRows(tokens, log_probs, recorder.finished_entropies())

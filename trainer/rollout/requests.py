@@ -25,6 +25,9 @@ class SamplingParams:
     top_k: int = -1  # -1 or 0: off
     top_p: float = 1.0  # 1.0: off
     do_sample: bool = True
+    # also return each sampling distribution's entropy (Batch.rollout_entropies), which the sampler check
+    # reads; it costs one more pass over the logits at each step, so only an audit asks for it
+    report_entropy: bool = False
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -87,6 +90,9 @@ class GeneratedRows:
     # [b, T] float32: each generated token's log-prob under the engine's own logits / temperature
     # (before top-k/top-p filtering; T = 1 for greedy)
     log_probs: torch.Tensor
+    # [b, T] float32: the entropy of the distribution each log-prob was taken from, H(softmax(logits / T));
+    # only when SamplingParams.report_entropy asks for it
+    entropies: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)

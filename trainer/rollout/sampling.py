@@ -141,6 +141,18 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: flo
     return picked - torch.logsumexp(scaled, dim=-1)
 
 
+def token_entropies(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """H(softmax(logits / T)) of each row in nats: [B, V] -> [B] float32.
+
+    The entropy of the distribution ``token_log_probs`` scores (before top-k/top-p). A sampler that
+    draws from it has E[log q(y)] = -H(q) exactly, which is what the sampler check tests
+    (trainer/rollout/sampling_audit.py). ``entr`` gives 0 for tokens of probability 0, where
+    p * log p would be 0 * -inf.
+    """
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [B, V]
+    return torch.special.entr(probs).sum(dim=-1)  # [B]
+
+
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """The most likely token of each row (the first one on ties), [B, V] -> [B]."""
     return torch.argmax(logits, dim=-1)

@@ -42,6 +42,7 @@ from trainer.rollout.sampling import (
     nonfinite_rows_mask,
     process_logits,
     sample_keyed,
+    token_entropies,
     token_log_probs,
 )
 
@@ -55,6 +56,7 @@ class DecodeState:
 
     tokens: torch.Tensor  # [b, max_new] generated tokens (pad where not yet written)
     log_probs: torch.Tensor  # [b, max_new] float32 log-prob of each generated token (GeneratedRows)
+    entropies: torch.Tensor | None  # [b, max_new] float32 entropy of each step's distribution, if asked
     last: torch.Tensor  # [b] the token fed to the next forward
     positions: torch.Tensor  # [b] position id of ``last``
     slot_mask: torch.Tensor  # [b, P + max_new] 1 on cache slots a query may attend to
@@ -78,6 +80,7 @@ class DecodeState:
         row_keys: torch.Tensor,
         seed: int,
         targets: torch.Tensor | None = None,
+        with_entropy: bool = False,
     ) -> DecodeState:
         b, width = prompt_mask.shape
         device = prompt_mask.device
@@ -86,6 +89,7 @@ class DecodeState:
         return cls(
             tokens=torch.full((b, max_new_tokens), pad_token_id, dtype=torch.long, device=device),
             log_probs=torch.zeros((b, max_new_tokens), dtype=torch.float32, device=device),
+            entropies=torch.zeros((b, max_new_tokens), dtype=torch.float32, device=device) if with_entropy else None,
             last=torch.full((b,), pad_token_id, dtype=torch.long, device=device),
             positions=prompt_mask.sum(dim=1).long(),  # the first generated token follows the prompt
             slot_mask=slot_mask,
@@ -118,6 +122,9 @@ def sample_step(
         token = greedy(logits)
     log_prob = token_log_probs(logits, token, sampling.log_prob_temperature)
     state.log_probs.index_copy_(1, state.step.view(1), log_prob.view(-1, 1))
+    if state.entropies is not None:
+        entropy = token_entropies(logits, sampling.log_prob_temperature)  # [b]
+        state.entropies.index_copy_(1, state.step.view(1), entropy.view(-1, 1))
     token = token.masked_fill(state.finished, state.pad_token_id)  # finished rows emit padding
     state.tokens.index_copy_(1, state.step.view(1), token.view(-1, 1))
     state.finished.logical_or_(torch.isin(token, state.eos))
@@ -167,6 +174,7 @@ def prefill(
 
 class StaticRolloutEngine(RolloutEngine):
     name = "static"
+    reports_entropy = True
 
     def __init__(
         self,
@@ -187,7 +195,7 @@ class StaticRolloutEngine(RolloutEngine):
         cache = StaticCache(config=self.model.config, max_cache_len=width + max_new)
         state = DecodeState.start(
             request.prompt_mask, max_new, self.stop_token_ids, self.pad_token_id, request.row_keys, request.seed,
-            request.targets,
+            request.targets, request.sampling.report_entropy,
         )
         sampling = request.sampling
         sample_step(state, prefill(self.model, cache, request.prompt_ids, request.prompt_mask), sampling)
@@ -195,4 +203,5 @@ class StaticRolloutEngine(RolloutEngine):
             lambda _: decode_step(self.model, cache, state, sampling),
             state.first_bad_step, state.finished, request, self.check_every, self.name,
         )
-        return GeneratedRows(state.tokens[:, :steps], state.log_probs[:, :steps])
+        entropies = state.entropies[:, :steps] if state.entropies is not None else None
+        return GeneratedRows(state.tokens[:, :steps], state.log_probs[:, :steps], entropies)

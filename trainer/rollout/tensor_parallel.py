@@ -19,7 +19,8 @@ times the rows).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,10 @@ from trainer.rollout.registry import engine_class
 
 if TYPE_CHECKING:
     from trainer.config import Config
+
+REDUCE_ENV = "RLBENCH_TP_REDUCE"  # how a CUDA decode group sums: reduce_from_env
+REDUCES = ("nccl", "one_shot")
+ONE_SHOT_BYTES = 4 << 20  # the one-shot buffer: larger sums (prefill's) go through NCCL
 
 # A source parameter's name ending -> the dimension split over the group (absent: whole on each GPU).
 SPLIT_DIM: dict[str, int] = {
@@ -80,16 +85,24 @@ def decode_groups(world_size: int, size: int) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class DecodeGroup:
-    """This worker's place in its decode group, and the group's collectives (in place, on the group)."""
+    """This worker's place in its decode group, and the group's collectives (on the group)."""
 
     rank: int  # within the group
     size: int
     group: Any  # torch.distributed ProcessGroup
+    one_shot: OneShotReduce | None = None  # sums that fit it go through symmetric memory (with_one_shot)
 
-    def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum ``t`` over the group, in place (capturable in a CUDA graph on NCCL); return it."""
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over the group (capturable in a CUDA graph): a new tensor from the one-shot
+        kernel where ``t`` fits its buffer, else ``t`` itself, summed in place by NCCL."""
+        if self.one_shot is not None and self.one_shot.fits(t):
+            return self.one_shot(t)
         dist.all_reduce(t, group=self.group)
         return t
+
+    def with_one_shot(self, device: torch.device, dtype: torch.dtype, capacity_bytes: int = ONE_SHOT_BYTES) -> DecodeGroup:
+        """This group with a one-shot buffer (a collective: every member calls it, before any capture)."""
+        return replace(self, one_shot=OneShotReduce(self.group, capacity_bytes // dtype.itemsize, dtype, device))
 
     def broadcast_(self, t: torch.Tensor) -> torch.Tensor:
         """Overwrite ``t`` with the group's first member's, in place; return it."""
@@ -101,6 +114,44 @@ class DecodeGroup:
         out: list[Any] = [None] * self.size
         dist.all_gather_object(out, item, group=self.group)
         return out
+
+
+class OneShotReduce:
+    """Sums over a decode group of one host through PyTorch's symmetric memory: each GPU's kernel
+    copies its values into a buffer its peers can read over NVLink and adds theirs, in one launch
+    (``torch.ops.symm_mem.one_shot_all_reduce_copy``). At a decode step's sizes (tens to hundreds of KB)
+    NCCL's all-reduce is bound by its latency, and a step holds two a layer.
+
+    The buffer is allocated and exchanged here (a collective, which cannot run inside a CUDA-graph
+    capture); later calls only launch the kernel, which a graph captures. Multicast is off
+    (TORCH_SYMM_MEM_DISABLE_MULTICAST): the one-shot kernel reads peers through plain P2P pointers, and
+    building a multicast object fails on some hosts.
+    """
+
+    def __init__(self, group: Any, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        self.group_name: str = group.group_name
+        self.buffer = symm_mem.empty(capacity, dtype=dtype, device=device)
+        symm_mem.rendezvous(self.buffer, self.group_name)
+
+    def fits(self, t: torch.Tensor) -> bool:
+        b = self.buffer
+        return t.dtype == b.dtype and t.device == b.device and t.is_contiguous() and t.numel() <= b.numel()
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        # the kernel's output has the input's shape, and so must the buffer view it copies into
+        view = self.buffer[: t.numel()].view_as(t)
+        return torch.ops.symm_mem.one_shot_all_reduce_copy(view, t, "sum", self.group_name)
+
+
+def reduce_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """How a CUDA decode group sums its split matmuls: REDUCE_ENV, "nccl" (the default) or "one_shot"."""
+    value = (os.environ if environ is None else environ).get(REDUCE_ENV, "nccl")
+    if value not in REDUCES:
+        raise ValueError(f"{REDUCE_ENV} must be one of {', '.join(REDUCES)}, got {value!r}")
+    return value
 
 
 def join_decode_group(rank: int, world_size: int, size: int) -> DecodeGroup | None:
@@ -131,8 +182,10 @@ def own_rows(batch: Batch, start: int, count: int) -> Batch:
         "response_ids": rows.response_ids[:, :response_width].contiguous(),
         "response_mask": rows.response_mask[:, :response_width].contiguous(),
     }
-    if rows.rollout_log_probs is not None:
-        trimmed["rollout_log_probs"] = rows.rollout_log_probs[:, :response_width].contiguous()
+    for name in ("rollout_log_probs", "rollout_entropies"):
+        value = getattr(rows, name)
+        if value is not None:
+            trimmed[name] = value[:, :response_width].contiguous()
     return replace(rows, **trimmed)
 
 
