@@ -211,7 +211,7 @@ def test_graph_captured_decode_passes_the_sampler_check_and_reporting_entropies_
     audited = engine.generate(prompts, list(range(8)), [], 16, 200, SamplingParams(report_entropy=True), seed=4)
     assert engine._race is not None and engine.use_cuda_graphs
     assert torch.equal(plain.response_ids, audited.response_ids)
-    check = sampler_check(audited.to("cpu"))
+    check = sampler_check(audited.to("cpu"), SamplingParams(report_entropy=True))
     assert check.tokens > 5_000 and 1.0 < check.mean_entropy < 4.0, check.describe()
     assert check.passed, check.describe("sampler check")
 

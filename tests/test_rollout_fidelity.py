@@ -272,10 +272,9 @@ def test_entropies_are_reported_only_when_asked(lively, tok, prompts):
 
 @pytest.mark.parametrize("name", ENGINE_NAMES)
 def test_sampler_check_passes_and_the_judges_gap_splits_exactly(name, lively, tok, prompts):
-    batch = ragged_engine(name, lively, tok).generate(
-        prompts, list(range(8)), [], 16, 48, SamplingParams(report_entropy=True), seed=1
-    )
-    own = sampler_check(batch)
+    sampling = SamplingParams(report_entropy=True)
+    batch = ragged_engine(name, lively, tok).generate(prompts, list(range(8)), [], 16, 48, sampling, seed=1)
+    own = sampler_check(batch, sampling)
     assert own.passed, own.describe()
     log_probs, entropies = reference_figures(fp32_reference(lively), batch, 1.0)
     judged = sampling_check(log_probs, entropies, batch.response_mask)
@@ -294,18 +293,21 @@ def test_sampler_check_fails_for_a_sampler_that_draws_from_another_distribution(
     # entropies are taken at. The engine's own figures are right, so only the sampler check can see it.
     exact = sampling_module.keyed_exponential
     monkeypatch.setattr(sampling_module, "keyed_exponential", lambda *args: exact(*args) ** 2)
-    batch = ragged_engine(name, lively, tok).generate(
-        prompts, list(range(8)), [], 16, 48, SamplingParams(report_entropy=True), seed=1
-    )
-    own = sampler_check(batch)
+    sampling = SamplingParams(report_entropy=True)
+    batch = ragged_engine(name, lively, tok).generate(prompts, list(range(8)), [], 16, 48, sampling, seed=1)
+    own = sampler_check(batch, sampling)
     assert not own.passed, own.describe()
     assert own.gap < 0, own.describe()  # a hotter sampler picks tokens its own q finds unlikely
 
 
-def test_sampler_check_needs_the_entropies(lively, tok, prompts):
+def test_sampler_check_needs_the_entropies_and_plain_sampling(lively, tok, prompts):
     batch = engine("static", lively, tok).generate(prompts[:2], [0, 1], [], 2, 8, SamplingParams(), seed=0)
     with pytest.raises(ValueError, match="report_entropy=True"):
-        sampler_check(batch)
+        sampler_check(batch, SamplingParams())
+    for filtered in (SamplingParams(top_k=5, report_entropy=True), SamplingParams(do_sample=False, report_entropy=True)):
+        audited = engine("static", lively, tok).generate(prompts[:2], [0, 1], [], 2, 8, filtered, seed=0)
+        with pytest.raises(ValueError, match="plain sampling"):
+            sampler_check(audited, filtered)
 
 
 def test_an_engine_that_does_not_report_entropies_is_refused_before_it_decodes(lively, tok, prompts):

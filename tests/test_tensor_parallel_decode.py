@@ -204,11 +204,18 @@ def test_each_rank_holds_half_of_the_layers_and_the_whole_head(two_rank_results)
 
 
 # ----------------------------------------------------------------------------- the one-shot sums
-def test_the_reduce_setting_defaults_to_nccl_and_names_what_is_valid():
+def test_the_reduce_setting_defaults_to_nccl_and_names_what_is_valid(monkeypatch):
     assert reduce_from_env({}) == "nccl"
     assert reduce_from_env({REDUCE_ENV: "one_shot"}) == "one_shot"
     with pytest.raises(ValueError, match=f"{REDUCE_ENV} must be one of nccl, one_shot, got 'oneshot'"):
         reduce_from_env({REDUCE_ENV: "oneshot"})
+    # a bad value fails the config's validation, before any worker or engine starts
+    overrides = ["trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.name=fast",
+                 "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
+    build_config(overrides)
+    monkeypatch.setenv(REDUCE_ENV, "oneshot")
+    with pytest.raises(ConfigError, match=f"{REDUCE_ENV} must be one of"):
+        build_config(overrides)
 
 
 def _one_shot_rank(rank: int, out_dir: str) -> None:
@@ -235,7 +242,8 @@ def _one_shot_rank(rank: int, out_dir: str) -> None:
     for name, tp in (("nccl", group), ("one_shot", one_shot)):
         engine = make_engine("fast", model, load_tokenizer("tiny"), ROLLOUTS["targets"], tensor_parallel=tp)
         for kind, sampling in SAMPLINGS.items():
-            tokens[(name, kind)] = _decode(engine, _prompts()[rank], 0 if rank == 0 else 5, sampling).response_ids.cpu()
+            batch = _decode(engine, _prompts()[rank], 0 if rank == 0 else 5, sampling)
+            tokens[(name, kind)] = (batch.response_ids.cpu(), batch.rollout_log_probs.cpu())
         engine.release()
     torch.cuda.synchronize()
     torch.save({"nccl": by_nccl.cpu(), "eager": eager.cpu(), "graph": captured.cpu(),
@@ -254,4 +262,6 @@ def test_one_shot_sums_give_nccls_bits_and_the_same_tokens(tmp_path, liven):
         assert torch.equal(got["graph"], got["nccl"]), (got["graph"] - got["nccl"]).abs().max()
         assert got["big"], "a sum past the one-shot buffer should go through NCCL, in place"
         for kind in SAMPLINGS:
-            assert torch.equal(got["tokens"][("one_shot", kind)], got["tokens"][("nccl", kind)]), (rank, kind)
+            (ids, log_probs), (want_ids, want_log_probs) = got["tokens"][("one_shot", kind)], got["tokens"][("nccl", kind)]
+            assert torch.equal(ids, want_ids), (rank, kind)
+            assert torch.equal(log_probs, want_log_probs), (rank, kind, (log_probs - want_log_probs).abs().max())

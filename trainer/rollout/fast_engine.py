@@ -220,6 +220,7 @@ class FastRolloutEngine(RolloutEngine):
             return
         try:
             decode_groups(cfg.world_size, size)
+            reduce_from_env()  # a bad RLBENCH_TP_REDUCE fails here, before any worker starts
         except ValueError as err:
             raise ConfigError(str(err)) from None
         per_node = cfg.trainer.n_gpus_per_node
@@ -277,7 +278,8 @@ class FastRolloutEngine(RolloutEngine):
             # the group's first member's pick and non-finite flag, so every member decodes, ends its rows
             # and raises in step (a member that stopped alone would leave the others in a collective).
             # Their logits hold the same bits (NCCL's all-reduce gives every member the same sums, the
-            # LM head is whole on each), so this changes nothing but guards against that ever failing.
+            # LM head is whole on each), so this changes nothing but guards against that ever failing;
+            # the one-shot kernel (RLBENCH_TP_REDUCE) may add in another order on each member beyond 2.
             packed = self.tp.broadcast_(token * 2 + bad.long())
             token, bad = packed // 2, (packed % 2).bool()
         if log_prob is None:

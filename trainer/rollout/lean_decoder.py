@@ -313,7 +313,7 @@ def decode_logits(
     same roundings as the eager ops here. ``attend_with_rope(qkv [b, (heads + 2 KV heads) d], cos, sin
     [b, d], k_cache, v_cache, bias, attn_len, write_slot, heads)`` does a layer's RoPE, cache write at
     ``write_slot`` and attention in one kernel (decode_attention_with_rope) in the fused step; it
-    needs ``fused``. ``reduce``: the decode group's in-place all-reduce, when ``w`` holds one GPU's
+    needs ``fused``. ``reduce``: the decode group's all-reduce (it returns the sum), when ``w`` holds one GPU's
     part of a tensor-parallel group's weights (tensor_parallel.py)."""
     s = w.shape
     if attend_with_rope is not None and not fused:

@@ -4,7 +4,8 @@
                                   sampling=SamplingParams(temperature=1.0), seed=0)
     assert check.passed, check.describe()
 
-    check = sampler_check(engine.generate(..., SamplingParams(report_entropy=True), seed))
+    sampling = SamplingParams(report_entropy=True)
+    check = sampler_check(engine.generate(..., sampling, seed), sampling)
 
 The engine samples; an fp32 copy of ``reference`` (the policy the engine should be sampling from,
 e.g. the actor's module after an update and a reshard) is the judge: it scores each sampled token
@@ -16,8 +17,10 @@ chunked log-softmax never builds the [rows, R, V] float32 logits.
 ``sampler_check`` judges the same statistic under the engine's own distribution q instead: its
 rollout_log_probs log q(y) against the entropies H(q) it reports. That test is exact at any precision:
 it fails only if the sampler does not draw from the distribution the engine computed (a wrong
-temperature inside the sampler, biased noise, tokens and log-probs of different rows), and it is blind
-to a wrong q (stale weights, a broken cache), which the fp32 judge and the fidelity figures see. The
+temperature inside the sampler, biased noise, a token scored against another step's logits), and it
+is blind to a wrong q (stale weights, a broken cache), which the fp32 judge and the fidelity figures
+see. It reads means over the response tokens, so figures stored in another row's place pass it: the
+tests compare each token's entropy with a reference forward's for that. The
 fp32 judge's gap is the sampler's gap plus ``sampling_check.precision_shift``, the part of the gap
 that the engine's precision (bf16 logits against fp32) makes.
 """
@@ -61,6 +64,15 @@ def reference_figures(
     return torch.cat(log_probs), torch.cat(entropies)
 
 
+def require_plain_sampling(sampling: SamplingParams) -> None:
+    """The checks judge plain sampling: with top-k/top-p the engine draws from a truncated distribution,
+    and greedy decoding draws nothing."""
+    if not sampling.do_sample or sampling.top_k_or_zero > 0 or sampling.top_p < 1.0:
+        raise ValueError(
+            f"the sampling check judges plain sampling (do_sample, top_k off, top_p 1.0); got {sampling}"
+        )
+
+
 def check_engine_sampling(
     engine: RolloutEngine,
     reference: nn.Module,
@@ -73,10 +85,7 @@ def check_engine_sampling(
     limit: float = DEFAULT_LIMIT,
 ) -> SamplingCheck:
     """Sample n responses per prompt with ``engine`` and judge them under an fp32 copy of ``reference``."""
-    if not sampling.do_sample or sampling.top_k_or_zero > 0 or sampling.top_p < 1.0:
-        raise ValueError(
-            f"the sampling check judges plain sampling (do_sample, top_k off, top_p 1.0); got {sampling}"
-        )
+    require_plain_sampling(sampling)
     batch = engine.generate(prompts, list(range(len(prompts))), [], n, max_new_tokens, sampling, seed).to("cpu")
     judge = fp32_reference(reference)
     temperature = sampling.temperature if judge_temperature is None else judge_temperature
@@ -84,11 +93,12 @@ def check_engine_sampling(
     return sampling_check(log_probs, entropies, batch.response_mask, limit)
 
 
-def sampler_check(batch: Batch, limit: float = DEFAULT_LIMIT) -> SamplingCheck:
+def sampler_check(batch: Batch, sampling: SamplingParams, limit: float = DEFAULT_LIMIT) -> SamplingCheck:
     """The sampling check of ``batch`` under the engine's own distributions (see the module's text).
 
-    The batch must come from plain sampling with ``SamplingParams(report_entropy=True)``.
+    ``sampling``: what the batch was generated with; plain sampling with ``report_entropy=True``.
     """
+    require_plain_sampling(sampling)
     if batch.rollout_log_probs is None or batch.rollout_entropies is None:
         raise ValueError(
             "the sampler check reads rollout_log_probs and rollout_entropies: generate with "
