@@ -376,6 +376,8 @@ def test_an_assumed_gpu_model_is_named_as_assumed_on_its_bar() -> None:
     assert "rollout TP" not in _hardware_label(run)
     split = dataclasses.replace(run, config=dataclasses.replace(run.config, parallelism={"dp": 8, "rollout_tp": 2}))
     assert _hardware_label(split).endswith(", rollout TP 2")
+    # RLinf publishes "tp": 2 without saying it is the rollout's: the gate takes it as one, and the bar says so
+    assert _hardware_label(load_baseline("rlinf-1.5b")).endswith(", rollout TP 2 assumed")
 
 
 def test_a_failed_phase_timed_inside_the_step_is_marked_on_the_measured_step() -> None:

@@ -48,6 +48,7 @@ from pytest_rlbench.records.length_shapes import NATURAL
 from pytest_rlbench.records.metrics import TIMING, family_of
 from pytest_rlbench.records.record import RunRecord
 from pytest_rlbench.records.workload import model_differences, workload_matches, workload_tokens
+from pytest_rlbench.records.workload_replay import decode_replicas
 from pytest_rlbench.verdict.compare import BaselineComparison
 from pytest_rlbench.verdict.gate_basis import SAME_MACHINE
 from pytest_rlbench.verdict.retiming import baseline_median
@@ -312,17 +313,22 @@ def _hardware_label(record: RunRecord) -> str:
         model = hw.gpu_model.removeprefix("NVIDIA ")
     else:
         model = f"GPUs ({assumed.value} assumed)" if assumed is not None else "GPUs (model unknown)"
-    tp = _rollout_tp(record)
-    return f"{nodes} x {hw.gpus_per_node} {model}" + (f", rollout TP {tp}" if tp > 1 else "")
+    tp, assumed_tp = _rollout_tp(record)
+    shown = f", rollout TP {tp}" + (" assumed" if assumed_tp else "") if tp > 1 else ""
+    return f"{nodes} x {hw.gpus_per_node} {model}{shown}"
 
 
-def _rollout_tp(record: RunRecord) -> int:
-    """The GPUs that decoded one share together: a run's config says (rollout_tp), a published run's
-    workload (its parallelism's rollout_tp); 1 where neither names it."""
+def _rollout_tp(record: RunRecord) -> tuple[int, bool]:
+    """The GPUs that decoded one share together, and whether that is assumed: a run's config says
+    (rollout_tp); a published run's workload, as the gate reads it (workload_replay.decode_replicas:
+    its rollout_tp, or a tp that names no rollout, as RLinf's "tp": 2, taken as one); else 1."""
     tp = record.config.parallelism.get("rollout_tp")
-    if tp is None and record.workload is not None:
-        tp = record.workload.parallelism.value.get("rollout_tp")
-    return int(tp or 1)
+    if tp is not None:
+        return int(tp), False
+    if record.workload is None:
+        return 1, False
+    replicas, assumption = decode_replicas(record)
+    return record.hardware.world_size // replicas, assumption is not None
 
 
 def drawn_baselines(run: RunRecord, baselines: Sequence[RunRecord]) -> tuple[list[RunRecord], list[str]]:
