@@ -58,7 +58,7 @@ from trainer.config.schema import RolloutConfig, TargetLengthsConfig
 from trainer.models.presets import build_model, load_tokenizer
 from trainer.rollout import make_engine
 from trainer.rollout.requests import SamplingParams
-from trainer.rollout.sampling_audit import fp32_reference, reference_figures
+from trainer.rollout.sampling_audit import fp32_reference, reference_figures, sampler_check
 from trainer.rollout.tensor_parallel import join_decode_group
 from trainer.workers.actor import compute_log_probs
 from trainer.workers.distributed import DataParallel
@@ -106,6 +106,7 @@ def synchronize() -> None:
 
 
 AUDITED = SamplingParams(report_entropy=True)
+TIMED_SEED = 2  # the timed call's, which the audited call repeats (seed 1 is the graph-capturing warm-up's)
 
 
 def timed_generate(
@@ -140,13 +141,14 @@ def check_row(check) -> dict:
     return {**check.__dict__, "z": check.z, "passed": check.passed}
 
 
-def judged(figures: dict[str, torch.Tensor], seconds: float, synced: int, same_tokens: bool) -> dict:
+def judged(batch: Batch, figures: dict[str, torch.Tensor], seconds: float, synced: int, same_tokens: bool) -> dict:
     """One engine's row of fidelity.json: speed, fidelity against the trainer, the sampling check under
-    the fp32 judge, and the sampler check under the engine's own distributions with the shift between."""
+    the fp32 judge, and the sampler check under the engine's own distributions with the shift between.
+    ``batch``: the audited call's, which ``figures`` (token_figures) were read from."""
     tokens = int(figures["mask"].sum())
     fidelity = rollout_fidelity(figures["old"], figures["rollout"], figures["mask"])
     check = sampling_check(figures["log_probs"], figures["entropies"], figures["mask"])
-    own = sampling_check(figures["rollout"], figures["rollout_entropies"], figures["mask"])  # sampler_check's
+    own = sampler_check(batch, AUDITED)
     shift = precision_shift(figures["log_probs"], figures["entropies"], figures["rollout"],
                             figures["rollout_entropies"], figures["mask"])
     kl = kl_engine_fp32(figures)
@@ -164,9 +166,8 @@ def judged(figures: dict[str, torch.Tensor], seconds: float, synced: int, same_t
 
 def audited(engine, prompts, n, response_len, timed: Batch, uids: list[int] | None = None) -> tuple[Batch, bool]:
     """The timed call again with the entropies reported (same seed), and whether its tokens are the same."""
-    batch, _ = timed_generate(engine, prompts, n, response_len, seed=2, uids=uids, sampling=AUDITED)
-    same = batch.response_ids.shape == timed.response_ids.shape and bool(torch.equal(batch.response_ids, timed.response_ids))
-    return batch, same
+    batch, _ = timed_generate(engine, prompts, n, response_len, seed=TIMED_SEED, uids=uids, sampling=AUDITED)
+    return batch, torch.equal(batch.response_ids, timed.response_ids)  # False for other shapes too
 
 
 def build_actor(args, device: str) -> tuple[torch.nn.Module, object, torch.Tensor, float]:
@@ -211,9 +212,10 @@ def one_process(args) -> None:
         synced = engine.sync_from(actor)
         if name == "fast":  # capture the decode graphs first, as a benchmark's warm-up round does
             timed_generate(engine, prompt_ids.tolist(), args.n, args.response_len, seed=1)
-        batch, seconds = timed_generate(engine, prompt_ids.tolist(), args.n, args.response_len, seed=2)
+        batch, seconds = timed_generate(engine, prompt_ids.tolist(), args.n, args.response_len, seed=TIMED_SEED)
         batch, same = audited(engine, prompt_ids.tolist(), args.n, args.response_len, batch)
-        row = judged(token_figures(actor, judge, batch.to("cpu"), args.device), seconds, synced, same)
+        batch = batch.to("cpu")
+        row = judged(batch, token_figures(actor, judge, batch, args.device), seconds, synced, same)
         results["engines"][name] = row
         print(f"{name}: {row['line']}", flush=True)
         (args.out / "fidelity.json").write_text(json.dumps(results, indent=1, default=float))
@@ -243,14 +245,14 @@ def tp_rank(rank: int, args, port: int) -> None:
         mine = prompt_ids[uids].tolist()
         synced = engine.sync_from(actor)
         timed_generate(engine, mine, args.n, args.response_len, seed=1, uids=uids)  # graphs captured
-        batch, seconds = timed_generate(engine, mine, args.n, args.response_len, seed=2, uids=uids)
+        batch, seconds = timed_generate(engine, mine, args.n, args.response_len, seed=TIMED_SEED, uids=uids)
         batch, same = audited(engine, mine, args.n, args.response_len, batch, uids=uids)
         parts: list = [None] * args.tp
         dist.all_gather_object(parts, (batch.to("cpu"), seconds, same))
         if rank == 0:  # every process holds the whole model: rank 0 scores the group's rows as one batch
             results = header(args, scale)
             rows = concat_batches([p[0] for p in parts])
-            row = judged(token_figures(actor, judge, rows, device), max(p[1] for p in parts), synced,
+            row = judged(rows, token_figures(actor, judge, rows, device), max(p[1] for p in parts), synced,
                          all(p[2] for p in parts))
             results["engines"]["fast"] = {**row, "rows_by_rank": [p[0].size for p in parts]}
             print(f"fast (tensor-parallel over {args.tp}): {row['line']}", flush=True)
