@@ -3,13 +3,14 @@ tile and launch, and the layer matmuls' cuBLAS back end and weight layout (issue
 
     python benchmarks/decode_kernels_tune.py OUT.json [--model r1-distill-qwen-1.5b]
         [--shapes 128x768 128x1280 64x8192 16x27648 1x27648] [--matmul-rows 128 64]
-        [--split-matmul-rows 128 64]
+        [--split-matmul-rows 128 64] [--tp 1]
 
 Attention is timed at the kernel's own split count (``"splits": "rule"``; ``rule_splits`` says how
 many that was) and at 1, 2 and 4 chunks a row. Each figure is one CUDA graph of the op over every layer (as a decode step runs it: each layer's own
 weights or cache, so nothing is served from L2), replayed 20 times after 3 warm-ups, median, with the
 bytes it must read at least (a layer's weights; the rows' K and V over the visible slots) over the
-time. Random values in bf16 at the model's shapes; GPU only.
+time. Random values in bf16 at the model's shapes (with ``--tp T``, one GPU's part of a decode group of
+T: the engine's tensor-parallel shapes, the LM head whole); GPU only.
 """
 
 from __future__ import annotations
@@ -191,11 +192,13 @@ def main() -> None:
     ap.add_argument("--matmul-rows", type=int, nargs="*", default=[128, 64])
     ap.add_argument("--split-matmul-rows", type=int, nargs="*", default=[],
                     help="time the split-K Triton matmul against cuBLAS at these row counts")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="one GPU's part of a decode group of this size (LeanShape.sharded; the LM head stays whole, as the engine holds it)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_kernels_tune.py needs a CUDA GPU")
-    shape = lean_shape(preset_config(args.model))
-    results = {"gpu": torch.cuda.get_device_name(), "model": args.model, "attention": [], "matmul": [],
+    shape = lean_shape(preset_config(args.model)).sharded(args.tp)
+    results = {"gpu": torch.cuda.get_device_name(), "model": args.model, "tp": args.tp, "attention": [], "matmul": [],
                "split_matmul": []}
     for spec in args.shapes:
         rows, context = (int(x) for x in spec.split("x"))

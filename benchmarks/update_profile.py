@@ -1,21 +1,26 @@
 """Where the training phases' time goes on one GPU: the GPU busy, or waiting on its host (issue 31).
 
     python benchmarks/update_profile.py OUT_DIR [--rounds 3] [--phases old_log_prob ref update_actor]
-                                                [--config KEY=VALUE ...]
+                                                [--config KEY=VALUE ...] [--world 1]
 
 One training worker (trainer/workers/train_worker.py, as a session builds it, without Ray: FSDP2 over
-a group of one) at step16x8's shape by default (16 prompts x 8, prompt 256 + response 1024, the 1.5B
+a group of one; with ``--world N``, N workers, one a GPU, each in its own process and with its own
+batch of the shape, FSDP2 over all of them, each writing its own results) at step16x8's shape by default (16 prompts x 8, prompt 256 + response 1024, the 1.5B
 preset, use_liger, the KL loss; ``--config`` adds or replaces keys). It generates one batch with its
-own rollout engine, then times each phase ``--rounds`` times on that batch (as the suites time them,
+own rollout engine (or, with ``--response-lengths``, makes rows of those lengths without decoding), then
+records each phase's first call (cold caches) and times each phase ``--rounds`` times on that batch (as the suites time them,
 the device synchronised at the end), with NVML sampling the GPU: SM clock, power and how often the
 power cap held the clock back. Then it runs each phase once more under torch's profiler and reads
 the trace: how long the GPU ran kernels (the union of their intervals) against the call's wall time,
 and every stretch longer than 10 microseconds in which the GPU ran nothing, filed under the host
 call that launched the kernel after it (the host was late) and whether the host had just waited on
 the GPU (a sync drains the queue, and the GPU idles until the host launches again). The profiler
-slows the host, so the profiled call's gaps bound the timed calls' from above.
+slows the host, so the profiled call's gaps bound the timed calls' from above. The trace's summary
+also splits the GPU's busy time by kernel family (matmul, attention, NCCL, optimizer, copies, the
+rest) and names the kernels that took longest; each phase's row has its peak memory, from the timed
+rounds. ``--profile-first`` profiles each phase's first call instead (what a cold step pays).
 
-Results: OUT_DIR/update_profile.json; the profiled traces (chrome format, gzip) beside it, which
+Results: OUT_DIR/update_profile.json (``_rankR`` before the suffix with ``--world``); the profiled traces (chrome format, gzip) beside it, which
 ``python benchmarks/update_profile.py --read TRACE.json.gz`` summarises again. Runs on a CPU too (with
 ``--config trainer.device=cpu`` and a small model), where there is no GPU trace to read.
 """
@@ -128,6 +133,42 @@ def _largest_seconds(pauses: dict[str, list[float]], most: int = 20) -> dict[str
     return dict(totals[:most])
 
 
+KERNEL_FAMILIES = (  # (family, name fragments), first match wins; names are lower-cased
+    ("nccl", ("nccl",)),
+    ("attention", ("flash", "fmha", "attn")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_", "sm80_")),
+    ("optimizer", ("multi_tensor", "adam", "foreach")),
+    ("copy", ("memcpy", "memset")),
+)
+
+
+def kernel_family(name: str) -> str:
+    low = name.lower()
+    for family, fragments in KERNEL_FAMILIES:
+        if any(f in low for f in fragments):
+            return family
+    return "other"
+
+
+def kernel_seconds(events: list[dict], most: int = 25) -> dict[str, Any]:
+    """The GPU's time by kernel family and the ``most`` kernels (by name, cut to 90 characters) that
+    took longest in all: where a busy GPU's time went."""
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            entry = by_name[e["name"][:90]]
+            entry[0] += float(e.get("dur", 0.0)) / 1e6
+            entry[1] += 1
+    families: dict[str, float] = defaultdict(float)
+    for name, (seconds, _) in by_name.items():
+        families[kernel_family(name)] += seconds
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:most]
+    return {
+        "family_s": dict(sorted(families.items(), key=lambda kv: -kv[1])),
+        "top_kernels": [{"name": n, "s": round(s, 4), "count": c} for n, (s, c) in top],
+    }
+
+
 def read_trace(path: Path) -> dict[str, Any]:
     """The trace's summary (a chrome trace, gzip or not): GPU busy time against the wall, the pauses
     filed by cause."""
@@ -146,6 +187,9 @@ def read_trace(path: Path) -> dict[str, Any]:
     gpu_end = max(i[1] for i in intervals)
     wall = max(gpu_end, max((e["ts"] + e.get("dur", 0.0) for e in cpu_ops), default=0.0)) - begin
     sync_calls = [e for e in runtime if e["name"] in SYNC_NAMES]
+    runtime_calls: dict[str, list[float]] = defaultdict(list)
+    for e in runtime:
+        runtime_calls[e["name"]].append(float(e.get("dur", 0.0)))
     # the host's waits on the GPU: the sync calls, and copies long enough to have blocked
     waits = sync_calls + [e for e in runtime if e["name"].startswith("cudaMemcpy") and e.get("dur", 0) > 20]
     wait_ends = sorted(e["ts"] + e.get("dur", 0.0) for e in waits)
@@ -197,7 +241,79 @@ def read_trace(path: Path) -> dict[str, Any]:
         "gap_s_by_launching_op": _largest_seconds(by_op),
         "gap_s_by_outermost_op": _largest_seconds(by_top),
         "longest_gaps": [{"us": round(n, 1), "launched_in": op, "after_sync": w} for n, op, w in top[:15]],
+        "kernels_by_time": kernel_seconds(events),
+        # the host's CUDA calls that took longest in all (a first call's allocations: cudaMalloc, cudaHostAlloc)
+        "runtime_s_by_call": _largest_seconds(runtime_calls, most=12),
     }
+
+
+def fabricated_batch(lengths: list[int], prompt_length: int, n: int, vocab: int, gen: torch.Generator):
+    """Rows of the given response lengths, random ids, full prompts: the training phases' work for
+    rows a run generated (their values do not change a phase's work), without decoding them."""
+    from trainer.batch import Batch
+
+    rows, width = len(lengths), max(lengths)
+    response_mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    return Batch(
+        prompt_ids=torch.randint(0, vocab, (rows, prompt_length), generator=gen),
+        prompt_mask=torch.ones(rows, prompt_length, dtype=torch.long),
+        response_ids=torch.randint(0, vocab, (rows, width), generator=gen) * response_mask,
+        response_mask=response_mask,
+        uids=torch.arange(rows) // n,
+    )
+
+
+def spawn_workers(world: int) -> int:
+    """Run this script once per GPU as worker r of ``world`` (CUDA_VISIBLE_DEVICES=r, one process
+    group on a free local port); the exit status: 0, or the first worker's that failed."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:  # a free port for rank 0's store (released here, bound again there)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *sys.argv, "--rank", str(r), "--port", str(port)],
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": str(r)},
+        )
+        for r in range(world)
+    ]
+    codes = [p.wait() for p in procs]
+    return next((c for c in codes if c), 0)
+
+
+def profiled_call(call, trace: Path) -> tuple[dict[str, Any], float]:
+    """Run ``call`` once under torch's profiler; its trace written gzipped at ``trace`` + .gz, and (its
+    summary, the call's seconds)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        call()
+        sync()
+        seconds = time.perf_counter() - start
+    prof.export_chrome_trace(str(trace))
+    with open(trace, "rb") as src, gzip.open(str(trace) + ".gz", "wb") as dst:
+        dst.write(src.read())
+    trace.unlink()
+    return read_trace(Path(str(trace) + ".gz")), seconds
+
+
+def host_pinning() -> tuple[int, float]:
+    """(blocks torch's caching host allocator has pinned, seconds spent pinning them) so far; zeros
+    without CUDA."""
+    if not torch.cuda.is_available():
+        return 0, 0.0
+    stats = torch.cuda.host_memory_stats()
+    return int(stats.get("num_host_alloc", 0)), float(stats.get("host_alloc_time.total", 0)) / 1e6
+
+
+def pinning_delta(before: tuple[int, float], after: tuple[int, float]) -> dict[str, float]:
+    return {"blocks": after[0] - before[0], "seconds": round(after[1] - before[1], 3)}
 
 
 def sync() -> None:
@@ -213,13 +329,27 @@ def main() -> None:
                     choices=["old_log_prob", "ref", "update_actor"])
     ap.add_argument("--config", nargs="*", default=[], help="KEY=VALUE overrides after step16x8's")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--profile-first", action="store_true",
+                    help="profile each phase's first call (cold caches) instead of one after the timed rounds")
     ap.add_argument("--read", nargs="+", default=None, metavar="TRACE", help="only summarise these traces")
+    ap.add_argument("--response-lengths", type=int, nargs="+", default=None, metavar="N",
+                    help="skip generation: rows of these response lengths (random ids; GRPO groups of rollout.n in order)")
+    ap.add_argument("--mini-batches", type=int, default=None,
+                    help="optimizer steps per update_actor call (default: train_batch_size / ppo_mini_batch_size)")
+    ap.add_argument("--world", type=int, default=1,
+                    help="workers, one a GPU (FSDP2 over them all, as a session of this many GPUs); each gets the shape's batch")
+    ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)  # a worker of --world, started by the first
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.read:
         print(json.dumps({Path(path).name: read_trace(Path(path)) for path in args.read}, indent=1))
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.world > 1 and args.rank is None:
+        raise SystemExit(spawn_workers(args.world))
+    rank = args.rank or 0
+    suffix = f"_rank{rank}" if args.world > 1 else ""
 
     from pytest_rlbench.session.gpu_watch import GpuWatch
     from pytest_rlbench.verdict.machine_load import POWER_REASONS, throttle_names
@@ -228,28 +358,37 @@ def main() -> None:
     from trainer.workers.train_worker import TrainWorker
 
     cfg = build_config(STEP16X8 + list(args.config))
-    worker = TrainWorker(cfg, rank=0, world_size=1)
-    host, port = worker.address()
+    worker = TrainWorker(cfg, rank=rank, world_size=args.world)
+    host, port = worker.address() if args.world == 1 else ("127.0.0.1", args.port)
     info = worker.setup(host, port)
     prompts = cfg.data.train_batch_size
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(rank)  # each worker its own prompts (and rows), as a step's shards
     vocab = len(worker.tokenizer)  # random ids among the tokenizer's: the engine embeds them as any prompt
     prompt_ids = [torch.randint(0, vocab, (cfg.data.max_prompt_length,), generator=gen).tolist() for _ in range(prompts)]
     t0 = time.perf_counter()
-    batch = worker.generate(prompt_ids, list(range(prompts)), [""] * prompts, seed=0)
+    if args.response_lengths:
+        batch = fabricated_batch(args.response_lengths, cfg.data.max_prompt_length, cfg.actor_rollout_ref.rollout.n,
+                                 vocab, gen)
+    else:
+        batch = worker.generate(prompt_ids, list(range(prompts)), [""] * prompts, seed=0)
     gen_s = time.perf_counter() - t0
     batch.token_level_scores = torch.zeros(batch.response_ids.shape)
     last = batch.response_mask.sum(1).clamp(min=1) - 1
     batch.token_level_scores[torch.arange(batch.size), last] = torch.randint(0, 2, (batch.size,), generator=gen).float()
     batch.token_level_rewards = batch.token_level_scores
+    first_calls = {}  # each phase's first call: cold caches (Triton, cuDNN plans, the allocator), as a step's first
+    t0 = time.perf_counter()
     batch.old_log_probs = worker.compute_old_log_prob(batch)
+    first_calls["old_log_prob"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     batch.ref_log_probs = worker.compute_ref_log_prob(batch)
+    first_calls["ref"] = time.perf_counter() - t0
     alg = cfg.algorithm
     batch.advantages, batch.returns = compute_advantage(
         alg.adv_estimator, token_level_rewards=batch.token_level_rewards, response_mask=batch.response_mask,
         index=batch.uids.tolist(), gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
     )
-    n_mini = cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    n_mini = args.mini_batches or cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size
     calls = {
         "old_log_prob": lambda: worker.compute_old_log_prob(batch),
         "ref": lambda: worker.compute_ref_log_prob(batch),
@@ -258,13 +397,24 @@ def main() -> None:
     watch = GpuWatch([info["gpu_uuid"]] if info["gpu_uuid"] else [], interval_s=0.01)
     watch.start()
     result: dict[str, Any] = {
-        "gpu": info["device_name"], "worker": info, "config": STEP16X8 + list(args.config),
+        "gpu": info["device_name"], "worker": info, "world": args.world, "rank": rank,
+        "config": STEP16X8 + list(args.config),
         "rows": batch.size, "response_tokens": int(batch.response_mask.sum()), "generate_s": gen_s, "phases": {},
     }
     for phase in args.phases:
         call = calls[phase]
-        call()  # warm-up: allocator and Triton caches
-        sync()
+        first_trace = None
+        pinned_before = host_pinning()
+        if args.profile_first and phase not in first_calls:
+            first_trace, first_calls[phase] = profiled_call(call, out / f"trace_{phase}_first{suffix}.json")
+        else:
+            start = time.perf_counter()
+            call()  # warm-up: allocator and Triton caches
+            sync()
+            first_calls.setdefault(phase, time.perf_counter() - start)
+        pinned_first = host_pinning()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
         seconds, telemetry = [], []
         for _ in range(args.rounds):
             watch.mark_start()
@@ -273,6 +423,7 @@ def main() -> None:
             sync()
             seconds.append(time.perf_counter() - start)
             watch.mark_end()
+        pinned_after = host_pinning()
         since = watch._marks[-args.rounds][0] if watch.available else float("inf")
         samples = [s for s in watch._samples if since <= s.t]
         capped = sum(1 for s in samples if POWER_REASONS & set(throttle_names(s.reasons)))
@@ -280,27 +431,24 @@ def main() -> None:
             telemetry.append({"sm_mhz": r.sm_clock_mhz, "power_w": round(r.power_w, 1), "cap_w": r.power_cap_w,
                               "throttle": list(r.throttle)})
         row: dict[str, Any] = {
-            "seconds": seconds, "median_s": statistics.median(seconds), "rounds": telemetry,
+            "first_call_s": first_calls[phase], "seconds": seconds, "median_s": statistics.median(seconds), "rounds": telemetry,
             "samples": len(samples), "power_capped_fraction": capped / max(len(samples), 1),
+            # new page-locked host blocks and the seconds spent pinning them (torch's caching host
+            # allocator): in the warm-up or first call (the prep calls' own are not counted), in the rounds
+            "host_pinning_first": pinning_delta(pinned_before, pinned_first),
+            "host_pinning_rounds": pinning_delta(pinned_first, pinned_after),
         }
-        if not args.no_profile:
-            from torch.profiler import ProfilerActivity, profile
-
-            with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])) as prof:
-                start = time.perf_counter()
-                call()
-                sync()
-                row["profiled_s"] = time.perf_counter() - start
-            trace = out / f"trace_{phase}.json"
-            prof.export_chrome_trace(str(trace))
-            with open(trace, "rb") as src, gzip.open(str(trace) + ".gz", "wb") as dst:
-                dst.write(src.read())
-            trace.unlink()
-            row["trace"] = read_trace(Path(str(trace) + ".gz"))
+        if torch.cuda.is_available():
+            row["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        if first_trace is not None:
+            row["trace_first_call"] = first_trace
+        elif not args.no_profile:
+            row["trace"], row["profiled_s"] = profiled_call(call, out / f"trace_{phase}{suffix}.json")
         result["phases"][phase] = row
         print(json.dumps({phase: row}, indent=1), flush=True)
     watch.stop()
-    (out / "update_profile.json").write_text(json.dumps(result, indent=1))
+    (out / f"update_profile{suffix}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from update_profile import busy_and_gaps, read_trace  # noqa: E402
+from update_profile import busy_and_gaps, fabricated_batch, kernel_family, read_trace  # noqa: E402
 
 
 def test_overlapping_work_counts_once_and_short_pauses_are_not_pauses() -> None:
@@ -57,3 +57,34 @@ def test_a_pause_is_filed_under_the_launching_threads_op_and_a_sync_under_its_ca
     assert out["gap_s_by_outermost_op"] == {"LigerRMSNormFunction": pytest.approx(216.0 / 1e6)}
     assert out["syncs"] == 1 and out["syncs_by_outermost_op"] == {"aten::to": 1}
     assert out["pageable_copies"] == 1
+    # the host's calls by time in all: the sync's 85 us first
+    assert list(out["runtime_s_by_call"])[0] == "cudaStreamSynchronize"
+    assert out["runtime_s_by_call"]["cudaStreamSynchronize"] == pytest.approx(85.0 / 1e6)
+    kernels = out["kernels_by_time"]
+    assert kernels["family_s"] == {"other": pytest.approx(120.0 / 1e6), "copy": pytest.approx(4.0 / 1e6)}
+    assert kernels["top_kernels"][0] == {"name": "k", "s": pytest.approx(0.0001, abs=1e-4), "count": 2}
+
+
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        ("nvjet_sm90_tst_192x208_64x4_1x2_h_bz_coopB_TNT", "matmul"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16", "attention"),
+        ("ncclDevKernel_AllGather_RING_LL", "nccl"),
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>", "optimizer"),
+        ("Memcpy DtoH (Device -> Pinned)", "copy"),
+        ("_rms_norm_backward_kernel", "other"),
+    ],
+)
+def test_kernels_are_filed_by_family(name: str, family: str) -> None:
+    assert kernel_family(name) == family
+
+
+def test_fabricated_rows_have_the_asked_lengths_and_grpo_groups() -> None:
+    import torch
+
+    batch = fabricated_batch([5, 30, 12, 7], prompt_length=6, n=2, vocab=100, gen=torch.Generator().manual_seed(0))
+    assert batch.response_mask.sum(dim=1).tolist() == [5, 30, 12, 7]
+    assert batch.response_ids.shape == (4, 30) and batch.prompt_mask.sum().item() == 24
+    assert batch.uids.tolist() == [0, 0, 1, 1]
+    assert int(batch.response_ids[0, 5:].abs().sum()) == 0  # padding past a row's end

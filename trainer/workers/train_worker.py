@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from trainer.workers.fsdp import (
     move_optimizer_state,
     optimizer_state,
     optimizer_state_on,
+    reserve_pinned_moments,
     resolve_strategy,
     shard_model,
 )
@@ -100,6 +102,9 @@ class TrainWorker:
         )
         # With param_offload the optimizer steps on the CPU already (CPUOffloadPolicy).
         self.optimizer_offload = fsdp.optimizer_offload and not fsdp.param_offload and self.device.type == "cuda"
+        pinning = time.perf_counter()
+        pinned = reserve_pinned_moments(self.optimizer) if self.optimizer_offload else 0
+        pinning = time.perf_counter() - pinning
         if cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
             ref_fsdp = arr.ref.fsdp_config
             ref_dtype = resolve_dtype(ref_fsdp.model_dtype, cfg.trainer.device)
@@ -122,6 +127,9 @@ class TrainWorker:
             "threads": torch.get_num_threads(),
             "strategy": self.strategy,
             "attention": lm.config._attn_implementation,  # the actor's: sdpa, or packed rows (use_remove_padding)
+            # optimizer_offload: the host memory pinned at set-up for the moments' copies (fsdp.reserve_pinned_moments)
+            "pinned_moment_bytes": pinned,
+            "pinning_s": round(pinning, 3),
         }
 
     def _build_trained_model(self, path: str, dtype: torch.dtype) -> torch.nn.Module:
