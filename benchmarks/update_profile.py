@@ -16,8 +16,8 @@ and every stretch longer than 10 microseconds in which the GPU ran nothing, file
 call that launched the kernel after it (the host was late) and whether the host had just waited on
 the GPU (a sync drains the queue, and the GPU idles until the host launches again). The profiler
 slows the host, so the profiled call's gaps bound the timed calls' from above. The trace's summary
-also splits the GPU's busy time by kernel family (matmul, attention, NCCL, optimizer, copies, the
-rest) and names the kernels that took longest; each phase's row has its peak memory, from the timed
+also splits the GPU's busy time by kernel family (matmul, attention, NCCL, the foreach kernels of AdamW
+and of gradient clipping, copies, the rest) and names the kernels that took longest; each phase's row has its peak memory, from the timed
 rounds. ``--profile-first`` profiles each phase's first call instead (what a cold step pays).
 
 Results: OUT_DIR/update_profile.json (``_rankR`` before the suffix with ``--world``); the profiled traces (chrome format, gzip) beside it, which
@@ -137,7 +137,7 @@ KERNEL_FAMILIES = (  # (family, name fragments), first match wins; names are low
     ("nccl", ("nccl",)),
     ("attention", ("flash", "fmha", "attn")),
     ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_", "sm80_")),
-    ("optimizer", ("multi_tensor", "adam", "foreach")),
+    ("foreach", ("multi_tensor", "adam", "foreach")),  # AdamW's, and gradient clipping's and zeroing's
     ("copy", ("memcpy", "memset")),
 )
 
@@ -253,6 +253,10 @@ def fabricated_batch(lengths: list[int], prompt_length: int, n: int, vocab: int,
     from trainer.batch import Batch
 
     rows, width = len(lengths), max(lengths)
+    if rows % n:
+        raise SystemExit(f"--response-lengths: {rows} rows do not make whole groups of rollout.n={n}")
+    if min(lengths) < 1:
+        raise SystemExit(f"--response-lengths: a row of {min(lengths)} tokens; each needs at least 1")
     response_mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
     return Batch(
         prompt_ids=torch.randint(0, vocab, (rows, prompt_length), generator=gen),
@@ -264,25 +268,37 @@ def fabricated_batch(lengths: list[int], prompt_length: int, n: int, vocab: int,
 
 
 def spawn_workers(world: int) -> int:
-    """Run this script once per GPU as worker r of ``world`` (CUDA_VISIBLE_DEVICES=r, one process
-    group on a free local port); the exit status: 0, or the first worker's that failed."""
+    """Run this script once per GPU as worker r of ``world`` (the r-th of the GPUs this process may
+    use, one process group on a free local port); the exit status: 0, or the first failure's, the
+    other workers stopped then (they would wait in a collective for ever)."""
     import os
     import socket
     import subprocess
     import sys
 
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count() or world)]
+    if len(devices) < world:
+        raise SystemExit(f"--world {world}: only {len(devices)} GPUs are visible ({', '.join(devices) or 'none'})")
     with socket.socket() as probe:  # a free port for rank 0's store (released here, bound again there)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     procs = [
         subprocess.Popen(
             [sys.executable, *sys.argv, "--rank", str(r), "--port", str(port)],
-            env={**os.environ, "CUDA_VISIBLE_DEVICES": str(r)},
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": devices[r]},
         )
         for r in range(world)
     ]
-    codes = [p.wait() for p in procs]
-    return next((c for c in codes if c), 0)
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = next((c for c in codes if c), 0)
+        if failed or all(c == 0 for c in codes):
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            return failed
+        time.sleep(1.0)
 
 
 def profiled_call(call, trace: Path) -> tuple[dict[str, Any], float]:
@@ -306,9 +322,10 @@ def profiled_call(call, trace: Path) -> tuple[dict[str, Any], float]:
 def host_pinning() -> tuple[int, float]:
     """(blocks torch's caching host allocator has pinned, seconds spent pinning them) so far; zeros
     without CUDA."""
-    if not torch.cuda.is_available():
+    read = getattr(torch.cuda, "host_memory_stats", None)  # torch 2.6 and later
+    if not torch.cuda.is_available() or read is None:
         return 0, 0.0
-    stats = torch.cuda.host_memory_stats()
+    stats = read()
     return int(stats.get("num_host_alloc", 0)), float(stats.get("host_alloc_time.total", 0)) / 1e6
 
 
@@ -367,6 +384,9 @@ def main() -> None:
     prompt_ids = [torch.randint(0, vocab, (cfg.data.max_prompt_length,), generator=gen).tolist() for _ in range(prompts)]
     t0 = time.perf_counter()
     if args.response_lengths:
+        if max(args.response_lengths) > cfg.data.max_response_length:
+            raise SystemExit(f"--response-lengths: {max(args.response_lengths)} tokens is more than "
+                             f"data.max_response_length={cfg.data.max_response_length}")
         batch = fabricated_batch(args.response_lengths, cfg.data.max_prompt_length, cfg.actor_rollout_ref.rollout.n,
                                  vocab, gen)
     else:
@@ -376,13 +396,25 @@ def main() -> None:
     last = batch.response_mask.sum(1).clamp(min=1) - 1
     batch.token_level_scores[torch.arange(batch.size), last] = torch.randint(0, 2, (batch.size,), generator=gen).float()
     batch.token_level_rewards = batch.token_level_scores
-    first_calls = {}  # each phase's first call: cold caches (Triton, cuDNN plans, the allocator), as a step's first
-    t0 = time.perf_counter()
-    batch.old_log_probs = worker.compute_old_log_prob(batch)
-    first_calls["old_log_prob"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    batch.ref_log_probs = worker.compute_ref_log_prob(batch)
-    first_calls["ref"] = time.perf_counter() - t0
+    # each phase's first call: cold caches (Triton, cuDNN plans, the host allocator's pinned pool), as in
+    # a step that is the process's first; old_log_prob's and ref's are the calls that fill the batch
+    first_calls: dict[str, dict[str, Any]] = {}
+
+    def first_call(phase: str, call):
+        pinned_before, start, summary = host_pinning(), time.perf_counter(), None
+        if args.profile_first:
+            holder = {}
+            summary, _ = profiled_call(lambda: holder.setdefault("out", call()), out / f"trace_{phase}_first{suffix}.json")
+            result = holder["out"]
+        else:
+            result = call()
+            sync()
+        first_calls[phase] = {"s": time.perf_counter() - start, "pinning": pinning_delta(pinned_before, host_pinning()),
+                              "trace": summary}
+        return result
+
+    batch.old_log_probs = first_call("old_log_prob", lambda: worker.compute_old_log_prob(batch))
+    batch.ref_log_probs = first_call("ref", lambda: worker.compute_ref_log_prob(batch))
     alg = cfg.algorithm
     batch.advantages, batch.returns = compute_advantage(
         alg.adv_estimator, token_level_rewards=batch.token_level_rewards, response_mask=batch.response_mask,
@@ -403,15 +435,11 @@ def main() -> None:
     }
     for phase in args.phases:
         call = calls[phase]
-        first_trace = None
-        pinned_before = host_pinning()
-        if args.profile_first and phase not in first_calls:
-            first_trace, first_calls[phase] = profiled_call(call, out / f"trace_{phase}_first{suffix}.json")
+        if phase not in first_calls:
+            first_call(phase, call)
         else:
-            start = time.perf_counter()
-            call()  # warm-up: allocator and Triton caches
+            call()  # a second call, as the timed rounds are: update_actor's first call was its own
             sync()
-            first_calls.setdefault(phase, time.perf_counter() - start)
         pinned_first = host_pinning()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
@@ -431,18 +459,18 @@ def main() -> None:
             telemetry.append({"sm_mhz": r.sm_clock_mhz, "power_w": round(r.power_w, 1), "cap_w": r.power_cap_w,
                               "throttle": list(r.throttle)})
         row: dict[str, Any] = {
-            "first_call_s": first_calls[phase], "seconds": seconds, "median_s": statistics.median(seconds), "rounds": telemetry,
+            "first_call_s": first_calls[phase]["s"], "seconds": seconds, "median_s": statistics.median(seconds), "rounds": telemetry,
             "samples": len(samples), "power_capped_fraction": capped / max(len(samples), 1),
             # new page-locked host blocks and the seconds spent pinning them (torch's caching host
-            # allocator): in the warm-up or first call (the prep calls' own are not counted), in the rounds
-            "host_pinning_first": pinning_delta(pinned_before, pinned_first),
+            # allocator): in the phase's first call, and in the timed rounds
+            "host_pinning_first": first_calls[phase]["pinning"],
             "host_pinning_rounds": pinning_delta(pinned_first, pinned_after),
         }
         if torch.cuda.is_available():
             row["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
             row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-        if first_trace is not None:
-            row["trace_first_call"] = first_trace
+        if first_calls[phase]["trace"] is not None:
+            row["trace_first_call"] = first_calls[phase]["trace"]
         elif not args.no_profile:
             row["trace"], row["profiled_s"] = profiled_call(call, out / f"trace_{phase}{suffix}.json")
         result["phases"][phase] = row

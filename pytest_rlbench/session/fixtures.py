@@ -411,8 +411,8 @@ def first_call_note(why: str) -> str:
         "one-time costs; on GPU, Triton compiling the kernels its cache (~/.triton) lacks (liger-kernel's, the "
         "fast engine's) and the fast engine capturing its CUDA graphs: on an H100 at VERL's 1.5B replay shape a "
         "cold cache added about 2 s to old_log_prob and to update_actor; at the 7B's, on one H200, a first "
-        "update_actor took 74 s against 50 s later, though the moments' host memory is now pinned at set-up "
-        "(docs/benchmarks.md)"
+        "update_actor took 92 s against 50 s later, most of it pinning host memory for the optimizer's "
+        "moments, which set-up now does (docs/benchmarks.md)"
     )
 
 

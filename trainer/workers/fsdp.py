@@ -343,25 +343,31 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device)
 
 
 def reserve_pinned_moments(optimizer: torch.optim.Optimizer) -> int:
-    """Grow the page-locked host pool by AdamW's two moments of every parameter (this worker's shard,
-    its dtype) now, at set-up; the bytes reserved (0 without CUDA).
+    """Grow the page-locked host pool by AdamW's two moments of every trained parameter (this worker's
+    shard, its dtype) now, at set-up, after anything else that pins host memory; the bytes the pool
+    grew by (torch rounds each block up to a power of two), or asked for where torch keeps no host
+    statistics; 0 without CUDA.
 
     A copy of the moments to the host (``move_optimizer_state``, non-blocking) takes its destination
     from torch's caching host allocator, which pins new memory when it has no free block of the size:
-    on one H200 host, 30.8 s of cudaHostAlloc for the 7B's 30.5 GB in the first update_actor call, none
+    on one H200 host, 30.8 s of cudaHostAlloc for the 7B's moments in the first update_actor call, none
     in later calls (docs/benchmarks.md). Blocks of these sizes allocated and freed here stay in the
     pool, so that first copy finds them, and a step's timing holds no one-time cost of the process."""
     if not torch.cuda.is_available():
         return 0
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    before = stats().get("allocated_bytes.current", 0) if stats else 0
     blocks = [
         torch.empty(local.shape, dtype=local.dtype, pin_memory=True)
         for group in optimizer.param_groups
         for param in group["params"]
+        if param.requires_grad  # AdamW keeps no state for a frozen parameter
         for local in [param.to_local() if _is_dtensor(param) else param] * 2  # exp_avg, exp_avg_sq
     ]
-    reserved = sum(b.numel() * b.element_size() for b in blocks)
+    asked = sum(b.numel() * b.element_size() for b in blocks)  # what torch without host statistics reports
+    grown = stats().get("allocated_bytes.current", 0) - before if stats else asked
     del blocks  # back to the pool, cached: the allocator returns pinned memory to CUDA only when asked
-    return reserved
+    return grown
 
 
 @contextlib.contextmanager

@@ -102,9 +102,6 @@ class TrainWorker:
         )
         # With param_offload the optimizer steps on the CPU already (CPUOffloadPolicy).
         self.optimizer_offload = fsdp.optimizer_offload and not fsdp.param_offload and self.device.type == "cuda"
-        pinning = time.perf_counter()
-        pinned = reserve_pinned_moments(self.optimizer) if self.optimizer_offload else 0
-        pinning = time.perf_counter() - pinning
         if cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
             ref_fsdp = arr.ref.fsdp_config
             ref_dtype = resolve_dtype(ref_fsdp.model_dtype, cfg.trainer.device)
@@ -115,6 +112,11 @@ class TrainWorker:
         self.actor_dtype = dtype
         self.engine = self._make_engine(arr.rollout)
         self.panel_engines: dict[str, Any] = {}  # name -> engine of the rollout panel (generate_with)
+        # Last: what pins host memory before this (an offloaded ref's shards, of the moments' very
+        # sizes) would take the reserved blocks from the pool for good.
+        pinning = time.perf_counter()
+        pinned = reserve_pinned_moments(self.optimizer) if self.optimizer_offload else 0
+        pinning = time.perf_counter() - pinning
         return {
             "rank": self.rank,
             "host": socket.gethostname(),
@@ -127,7 +129,7 @@ class TrainWorker:
             "threads": torch.get_num_threads(),
             "strategy": self.strategy,
             "attention": lm.config._attn_implementation,  # the actor's: sdpa, or packed rows (use_remove_padding)
-            # optimizer_offload: the host memory pinned at set-up for the moments' copies (fsdp.reserve_pinned_moments)
+            # optimizer_offload: host memory pinned at set-up for the moments' copies (fsdp.reserve_pinned_moments)
             "pinned_moment_bytes": pinned,
             "pinning_s": round(pinning, 3),
         }
