@@ -3,6 +3,7 @@ baseline's phase time, and what a replay of the first shares would leave out (is
 
     python benchmarks/replay_draws.py [--workload verl-v0.5.0-1.5b] [--gpus 1 2 4] [--steps 0 1 2]
                                       [--gpu "H100 SXM"] [--seed 1] [--json OUT.json]
+    python benchmarks/replay_draws.py --workload verl-7b --worker-rows 4 [--steps 0] [--lengths-of 2]
 
 A baseline's generation on its M GPUs lasts as long as its slowest worker's, and its per-GPU
 throughput is all tokens / (M x that time). The rows' target lengths depend only on (the step's rollout
@@ -15,6 +16,11 @@ read too high at the same pace, against the same engine doing the baseline's who
 above 1 flatters the replay. ``--rl-workload`` instead generates the N slowest shares
 (trainer/rollout/replay_shares.py), and the per-GPU gate compares seconds for those rows
 (pytest_rlbench/records/replay_draws.py).
+
+``--worker-rows N`` instead prints, for each step, what each worker of a replay on N GPUs trains on:
+its rows, tokens, longest row and the sum of squared sequence lengths (attention's share of the
+work grows with it); ``--lengths-of W`` prints only worker W's response lengths at the first step,
+space-separated, for ``benchmarks/update_profile.py --response-lengths``.
 """
 
 from __future__ import annotations
@@ -26,10 +32,35 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pytest_rlbench.records.baselines import load_baseline
-from pytest_rlbench.records.replay_draws import ReplayLayouts, flattery
+from pytest_rlbench.records.replay_draws import ReplayLayouts, flattery, replay_worker_rows
 from pytest_rlbench.verdict.peaks import peak_memory_bandwidth
 from trainer.config.schema import TrainerSection
 from trainer.rollout.requests import rollout_seed
+
+
+def print_worker_rows(ap: argparse.ArgumentParser, baseline, args: argparse.Namespace) -> None:
+    gpus, seed_base = args.worker_rows, TrainerSection().seed if args.seed is None else args.seed
+    if not 1 <= gpus <= baseline.hardware.world_size:
+        ap.error(f"--worker-rows {gpus}: a replay runs on 1 .. {baseline.hardware.world_size} GPUs (the baseline's count)")
+    if args.lengths_of is not None and not 0 <= args.lengths_of < gpus:
+        ap.error(f"--lengths-of {args.lengths_of}: the workers are 0 .. {gpus - 1}")
+    prompt = baseline.workload.prompt_length.mean.value if baseline.workload else 0
+    try:
+        per_step = [(step, replay_worker_rows(baseline, gpus, rollout_seed(seed_base, step))) for step in args.steps]
+    except ValueError as exc:  # a WorkloadError too
+        ap.error(f"--workload {args.workload}: {exc}")
+    if args.lengths_of is not None:
+        print(" ".join(str(length) for length in per_step[0][1][args.lengths_of]))
+        return
+    result = {"workload": args.workload, "gpus": gpus, "trainer_seed": seed_base, "steps": []}
+    for step, workers in per_step:
+        print(f"step {step}: worker | rows | response tokens | longest | sum of (prompt + response)^2")
+        for w, rows in enumerate(workers):
+            squares = sum((prompt + length) ** 2 for length in rows)
+            print(f"  {w:2d} | {len(rows)} | {sum(rows):,} | {max(rows):,} | {squares:.3e}")
+        result["steps"].append({"step": step, "workers": workers})
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
 
 
 def main() -> None:
@@ -41,8 +72,15 @@ def main() -> None:
                     help="the GPU whose peak bandwidth the bounds' seconds use (the factors do not depend on it)")
     ap.add_argument("--seed", type=int, default=None, help="trainer.seed (default: the trainer's)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--worker-rows", type=int, default=None, metavar="N",
+                    help="each worker's rows in a replay on N GPUs, instead of the draws")
+    ap.add_argument("--lengths-of", type=int, default=None, metavar="W",
+                    help="with --worker-rows: only worker W's response lengths at the first step")
     args = ap.parse_args()
     baseline = load_baseline(args.workload)
+    if args.worker_rows is not None:
+        print_worker_rows(ap, baseline, args)
+        return
     workers = baseline.hardware.world_size
     layouts = ReplayLayouts.of(baseline)
     per = layouts.gpus_per_share

@@ -3,6 +3,7 @@ how much a replay on fewer GPUs flatters its per-GPU throughput."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -15,8 +16,11 @@ from pytest_rlbench.records.replay_draws import (
     decode_bound_s,
     flattery,
     group_targets,
+    replay_worker_rows,
 )
 from pytest_rlbench.records.workload import decode_weight_bytes
+from trainer.config.schema import TargetLengthsConfig
+from trainer.rollout.replay_shares import share_targets, slowest_shares
 from trainer.rollout.requests import rollout_seed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,3 +86,20 @@ def test_the_measured_four_gpu_throughput_is_what_the_draws_predict() -> None:
     shares = ReplayLayouts.of(verl).shares(verl.model, rollout_seed(1, 0))  # those runs drew shares 0 .. N-1
     f1, f4 = (flattery(shares[:n], shares) for n in (1, 4))
     assert measured == pytest.approx(f4 / f1, rel=0.03), (measured, f4 / f1)
+
+
+def test_each_replay_workers_rows_are_its_half_of_one_of_the_slowest_shares() -> None:
+    """verl-7b on 4 GPUs: the 2 slowest of VERL's 32 decode replicas' shares, each split over 2 workers;
+    together the 1,488,269 response tokens the 4-H200 replay's report recorded at step 0."""
+    baseline = load_baseline("verl-7b")
+    seed = rollout_seed(1, 0)
+    workers = replay_worker_rows(baseline, 4, seed)
+    assert [len(rows) for rows in workers] == [32] * 4
+    report = ROOT / "docs/benchmarks/2026-11-28/replay7b_4gpu_tp2_percall_h200/replay7b-step-tp2.json.gz"
+    recorded = json.loads(gzip.open(report, "rt").read())["phases"]["gen"]["figures"]["tokens_per_s_per_gpu"]["basis"]
+    assert recorded.startswith(f"{sum(map(sum, workers))} response tokens"), recorded
+    # independently: the trainer's choice of shares, each share's rows in halves
+    spec = TargetLengthsConfig("lognormal", 10425.773048, 0.5, slowest_of=32, gpus_per_share=2)
+    shares = slowest_shares(baseline.model, spec, 16, 4, 2, 150, seed, 27648)
+    halves = [t[h * 32 : (h + 1) * 32] for s in shares for t in [share_targets(spec, 16, s * 4, 4, seed, 27648)] for h in (0, 1)]
+    assert workers == halves, (shares, [sum(r) for r in workers], [sum(r) for r in halves])

@@ -39,8 +39,9 @@ from pytest_rlbench.records.workload_replay import (
     workload_overrides,
 )
 from trainer.config.schema import TargetLengthsConfig, TrainerSection
+from trainer.driver.sharding import even_split
 from trainer.models.flops import decode_values_read
-from trainer.rollout.replay_shares import heaviest, share_targets
+from trainer.rollout.replay_shares import heaviest, share_targets, step_uids
 from trainer.rollout.requests import rollout_seed
 
 STEPS = range(10)  # the steps a note's factor is averaged over: a session's first rounds
@@ -117,6 +118,27 @@ class ReplayLayouts:
         """Every baseline replica's share at the step of ``seed`` (a replay generates the slowest), its
         bound as one GPU's reads of the whole share (a group of t GPUs reads 1/t of it each)."""
         return draws(self.spec, arch, self.prompts_per_share, self.replicas, seed, bandwidth)
+
+
+def replay_worker_rows(baseline: RunRecord, gpus: int, seed: int) -> list[list[int]]:
+    """Each worker's rows' target lengths at the step of ``seed`` in a replay of ``baseline`` on ``gpus``
+    GPUs (--rl-workload): the prompts trainer.rollout.replay_shares.step_uids gives the step, split
+    over the workers as the driver splits a step's prompts (trainer.driver.sharding.even_split), n rows
+    each. What a profile of one worker's training phases needs (benchmarks/replay_draws.py --worker-rows)."""
+    spec = {s.key: s.value for s in workload_overrides(baseline, gpus)}
+    if spec.get(f"{TARGET_LENGTHS}.distribution", "none") == "none":
+        raise ValueError(f"{baseline.name}: its responses have no drawn target lengths")
+    shares, per = expected_shares(baseline, gpus)
+    targets = TargetLengthsConfig(
+        spec[f"{TARGET_LENGTHS}.distribution"], spec[f"{TARGET_LENGTHS}.mean"], spec.get(f"{TARGET_LENGTHS}.sigma", 0.0),
+        slowest_of=shares, gpus_per_share=per,
+    )
+    n, prompts, cap = spec["actor_rollout_ref.rollout.n"], spec["data.train_batch_size"], spec["data.max_response_length"]
+    uids = step_uids(baseline.model, targets, n, prompts, gpus, spec["data.synthetic_prompt_length"], seed, cap)
+    return [
+        [length for i in rows for length in share_targets(targets, n, uids[i], 1, seed, cap)]
+        for rows in even_split(len(uids), gpus)
+    ]
 
 
 def slowest_tokens_over_steps(baseline: RunRecord, local_gpus: int, trainer_seed: int, steps: Iterable[int] = STEPS) -> list[float]:
