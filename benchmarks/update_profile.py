@@ -301,22 +301,22 @@ def spawn_workers(world: int) -> int:
         time.sleep(1.0)
 
 
-def profiled_call(call, trace: Path) -> tuple[dict[str, Any], float]:
+def profiled_call(call, trace: Path) -> tuple[dict[str, Any], float, Any]:
     """Run ``call`` once under torch's profiler; its trace written gzipped at ``trace`` + .gz, and (its
-    summary, the call's seconds)."""
+    summary, the call's seconds, what the call returned)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
         start = time.perf_counter()
-        call()
+        returned = call()
         sync()
         seconds = time.perf_counter() - start
     prof.export_chrome_trace(str(trace))
     with open(trace, "rb") as src, gzip.open(str(trace) + ".gz", "wb") as dst:
         dst.write(src.read())
     trace.unlink()
-    return read_trace(Path(str(trace) + ".gz")), seconds
+    return read_trace(Path(str(trace) + ".gz")), seconds, returned
 
 
 def host_pinning() -> tuple[int, float]:
@@ -403,9 +403,7 @@ def main() -> None:
     def first_call(phase: str, call):
         pinned_before, start, summary = host_pinning(), time.perf_counter(), None
         if args.profile_first:
-            holder = {}
-            summary, _ = profiled_call(lambda: holder.setdefault("out", call()), out / f"trace_{phase}_first{suffix}.json")
-            result = holder["out"]
+            summary, _, result = profiled_call(call, out / f"trace_{phase}_first{suffix}.json")
         else:
             result = call()
             sync()
@@ -472,7 +470,7 @@ def main() -> None:
         if first_calls[phase]["trace"] is not None:
             row["trace_first_call"] = first_calls[phase]["trace"]
         elif not args.no_profile:
-            row["trace"], row["profiled_s"] = profiled_call(call, out / f"trace_{phase}{suffix}.json")
+            row["trace"], row["profiled_s"], _ = profiled_call(call, out / f"trace_{phase}{suffix}.json")
         result["phases"][phase] = row
         print(json.dumps({phase: row}, indent=1), flush=True)
     watch.stop()
