@@ -7,6 +7,8 @@ keys each response's sampling noise by its row, so both layouts sample the same 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 import ray
 import torch
@@ -14,6 +16,7 @@ from adam_steps import assert_same_adam_steps, moments_from_state_dict
 
 from trainer.build import build_trainer
 from trainer.config import build_config
+from trainer.driver.sharding import mini_batch_shards
 from trainer.models.presets import build_model
 from trainer.workers.fsdp import PolicyModel
 
@@ -30,9 +33,16 @@ COMMON = [
 ]
 
 
-def one_step(overrides: list[str], workdir) -> tuple[dict, dict, torch.Tensor, list[str]]:
-    """Metrics, updated state (model and optimizer), sampled responses of one training step, and the
-    Ray node each worker ran on."""
+class Step(NamedTuple):
+    metrics: dict
+    state: dict  # updated model and optimizer
+    responses: torch.Tensor
+    nodes: list[str]  # the Ray node each worker ran on
+    old_log_probs: torch.Tensor
+    shards: list[list[int]]  # each worker's rows in the training phases
+
+
+def one_step(overrides: list[str], workdir) -> Step:
     cfg = build_config(COMMON + overrides)
     trainer = build_trainer(cfg, workdir)
     try:
@@ -44,7 +54,8 @@ def one_step(overrides: list[str], workdir) -> tuple[dict, dict, torch.Tensor, l
                 for w in trainer.workers.workers
             ]
         )
-        return result.metrics, state, trainer.last_batch.response_ids, nodes
+        batch = trainer.last_batch
+        return Step(result.metrics, state, batch.response_ids, nodes, batch.old_log_probs, trainer.training_shards(batch))
     finally:
         trainer.shutdown()
 
@@ -53,9 +64,9 @@ def one_step(overrides: list[str], workdir) -> tuple[dict, dict, torch.Tensor, l
 def step_of(two_node_cluster, tmp_path_factory: pytest.TempPathFactory):
     """``step_of(nodes, agg)``: one_step of ``nodes`` workers (one per node) with that loss_agg_mode, each
     run once for the module: a trainer's start costs seconds on a small machine."""
-    done: dict[tuple[int, str], tuple[dict, dict, torch.Tensor, list[str]]] = {}
+    done: dict[tuple[int, str], Step] = {}
 
-    def step(nodes: int, agg: str) -> tuple[dict, dict, torch.Tensor, list[str]]:
+    def step(nodes: int, agg: str) -> Step:
         if (nodes, agg) not in done:
             overrides = [
                 f"trainer.nnodes={nodes}",
@@ -70,9 +81,13 @@ def step_of(two_node_cluster, tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_two_workers_take_the_same_step_as_one(step_of, agg):
-    m1, s1, r1, _ = step_of(1, agg)
-    m2, s2, r2, _ = step_of(2, agg)
+    m1, s1, r1, _, logp1, _ = step_of(1, agg)
+    m2, s2, r2, _, logp2, shards = step_of(2, agg)
     assert torch.equal(r1, r2), "the two layouts sampled different responses"
+    # trainer.balance_batch (on by default) dealt the rows out by length, not in contiguous blocks, so
+    # the comparison covers putting each worker's log-probs back in the batch's row order
+    assert shards != mini_batch_shards(8 * 4, 4 * 4, 2), shards
+    assert torch.allclose(logp1, logp2, rtol=1e-5, atol=1e-6), (logp1 - logp2).abs().max()
     assert m1["actor/pg_loss"] == pytest.approx(m2["actor/pg_loss"], rel=1e-4, abs=1e-6)
     assert m1["actor/grad_norm"] == pytest.approx(m2["actor/grad_norm"], rel=1e-4)
     assert m1["actor/grad_norm"] > 0
@@ -95,5 +110,5 @@ def test_two_workers_take_the_same_step_as_one(step_of, agg):
 
 
 def test_workers_spread_over_both_nodes(step_of):
-    *_, node_ids = step_of(2, "token-mean")  # the default loss_agg_mode: the same run as the test above
+    node_ids = step_of(2, "token-mean").nodes  # the default loss_agg_mode: the same run as the test above
     assert len(node_ids) == 2 and len(set(node_ids)) == 2, node_ids

@@ -213,3 +213,26 @@ def test_property_restore_order_inverts_any_grouping(perm_seed: int, n: int, k: 
     x = torch.randn(n, 3, generator=g)
     micro = split_batch({"x": x}, groups)
     assert torch.equal(restore_order([m["x"] for m in micro], groups), x)
+
+
+def test_kk_equal_size_by_hand() -> None:
+    # 1..8 into two groups: plain KK may balance the sums with 3 rows against 5; equal_size keeps 4 and 4
+    lengths = [1, 2, 3, 4, 5, 6, 7, 8]
+    groups = karmarkar_karp(lengths, 2, equal_size=True)
+    assert sums(groups, lengths) == [18, 18], groups
+    assert [len(g) for g in groups] == [4, 4], groups
+
+
+@given(st.integers(1, 5), st.integers(1, 8), st.data())
+def test_kk_equal_size_deals_every_sample_once_in_equal_counts(k: int, per: int, data: st.DataObject) -> None:
+    lengths = data.draw(st.lists(st.integers(0, 30_000), min_size=k * per, max_size=k * per))
+    groups = karmarkar_karp(lengths, k, equal_size=True)
+    assert sorted(i for g in groups for i in g) == list(range(k * per))
+    assert [len(g) for g in groups] == [per] * k, groups
+    # never worse than the largest sample apart: each merge pairs a heavier set with a lighter one
+    assert max(sums(groups, lengths)) - min(sums(groups, lengths)) <= max(lengths), (groups, lengths)
+
+
+def test_kk_equal_size_refuses_counts_that_do_not_divide() -> None:
+    with pytest.raises(ValueError, match="7 samples do not split into 2 groups of equal size"):
+        karmarkar_karp([1] * 7, 2, equal_size=True)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainer.driver.sharding import even_split, mini_batch_shards
+from trainer.driver.sharding import balanced_mini_batch_shards, even_split, mini_batch_shards
 
 
 def test_even_split_by_hand():
@@ -41,3 +41,33 @@ def test_uneven_layouts_are_refused():
         mini_batch_shards(10, 4, 1)
     with pytest.raises(ValueError, match="does not split over 3 workers"):
         mini_batch_shards(8, 4, 3)
+
+
+def test_balanced_shards_keep_each_mini_batch_and_even_out_the_tokens():
+    # two mini-batches of 8 rows over 2 workers; contiguous blocks would give worker 0 the 4 long rows
+    lengths = [900, 800, 700, 600, 10, 20, 30, 40] * 2
+    shards = balanced_mini_batch_shards(lengths, 8, 2)
+    for k in range(2):
+        block = sorted(i for s in shards for i in s[k * 4 : (k + 1) * 4])
+        assert block == list(range(k * 8, (k + 1) * 8)), shards  # mini-batch k keeps exactly its rows
+    tokens = [sum(lengths[i] for i in s) for s in shards]
+    plain = [sum(lengths[i] for i in s) for s in mini_batch_shards(16, 8, 2)]
+    assert max(tokens) - min(tokens) <= 40, (tokens, shards)
+    assert max(plain) - min(plain) == 2 * 2900, plain  # what balancing removed
+    assert balanced_mini_batch_shards(lengths, 8, 1) == mini_batch_shards(16, 8, 1)
+
+
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4), st.data())
+def test_balanced_worker_blocks_form_each_global_mini_batch(n_mini, per_worker, world, data):
+    m = per_worker * world
+    lengths = data.draw(st.lists(st.integers(1, 30_000), min_size=n_mini * m, max_size=n_mini * m))
+    shards = balanced_mini_batch_shards(lengths, m, world)
+    assert [len(s) for s in shards] == [n_mini * per_worker] * world
+    for k in range(n_mini):
+        block = sorted(i for s in shards for i in s[k * per_worker : (k + 1) * per_worker])
+        assert block == list(range(k * m, (k + 1) * m))
+
+
+def test_balanced_shards_refuse_what_plain_shards_refuse():
+    with pytest.raises(ValueError, match="does not split over 3 workers"):
+        balanced_mini_batch_shards([1] * 8, 4, 3)

@@ -39,7 +39,7 @@ from pytest_rlbench.records.workload_replay import (
     workload_overrides,
 )
 from trainer.config.schema import TargetLengthsConfig, TrainerSection
-from trainer.driver.sharding import even_split
+from trainer.driver.sharding import balanced_mini_batch_shards, even_split
 from trainer.models.flops import decode_values_read
 from trainer.rollout.replay_shares import heaviest, share_targets, step_uids
 from trainer.rollout.requests import rollout_seed
@@ -121,10 +121,23 @@ class ReplayLayouts:
 
 
 def replay_worker_rows(baseline: RunRecord, gpus: int, seed: int) -> list[list[int]]:
-    """Each worker's rows' target lengths at the step of ``seed`` in a replay of ``baseline`` on ``gpus``
-    GPUs (--rl-workload): the prompts trainer.rollout.replay_shares.step_uids gives the step, split
-    over the workers as the driver splits a step's prompts (trainer.driver.sharding.even_split), n rows
-    each. What a profile of one worker's training phases needs (benchmarks/replay_draws.py --worker-rows)."""
+    """Each worker's training rows' target lengths at the step of ``seed`` in a replay of ``baseline`` on
+    ``gpus`` GPUs (--rl-workload): the rows it generated (``replay_generation_rows``) dealt out as the
+    driver deals them to old_log_prob, ref and update_actor (trainer.balance_batch, on by default:
+    trainer.driver.sharding.balanced_mini_batch_shards), its part of each mini-batch in mini-batch
+    order. What a profile of one worker's training phases needs (benchmarks/replay_draws.py --worker-rows)."""
+    spec = {s.key: s.value for s in workload_overrides(baseline, gpus)}
+    generated = [length for rows in replay_generation_rows(baseline, gpus, seed) for length in rows]
+    prompt = spec.get("data.synthetic_prompt_length", 0)  # a constant: it moves no row between workers
+    mini_rows = spec["actor_rollout_ref.actor.ppo_mini_batch_size"] * spec["actor_rollout_ref.rollout.n"]
+    shards = balanced_mini_batch_shards([prompt + length for length in generated], mini_rows, gpus)
+    return [[generated[i] for i in rows] for rows in shards]
+
+
+def replay_generation_rows(baseline: RunRecord, gpus: int, seed: int) -> list[list[int]]:
+    """Each worker's generated rows' target lengths at the step of ``seed`` in a replay of ``baseline``
+    on ``gpus`` GPUs: the prompts trainer.rollout.replay_shares.step_uids gives the step, split over the
+    workers as the driver splits a step's prompts (trainer.driver.sharding.even_split), n rows each."""
     spec = {s.key: s.value for s in workload_overrides(baseline, gpus)}
     if spec.get(f"{TARGET_LENGTHS}.distribution", "none") == "none":
         raise ValueError(f"{baseline.name}: its responses have no drawn target lengths")

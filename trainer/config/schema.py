@@ -209,6 +209,9 @@ class TrainerSection:
     resume_mode: str = "disable"  # disable | auto | resume_path
     resume_from_path: str | None = None
     seed: int = 1
+    # VERL's key: deal each mini-batch's rows out to the workers by length, so that no worker holds
+    # more tokens than it must (trainer/driver/sharding.py: balanced_mini_batch_shards)
+    balance_batch: bool = True
     log_dir: str = "runs"  # tensorboard event files go under log_dir/project/experiment
     phase_timeout_s: float = 1800.0  # longest wait for the workers in one phase (a hung worker fails the run)
 

@@ -32,7 +32,7 @@ from trainer.driver.checkpoint import (
 from trainer.driver.checkpoint_lock import CheckpointLock
 from trainer.driver.checkpoint_shards import load_shards, shard_files, write_shards
 from trainer.driver.reward import score_batch, scores_to_token_rewards
-from trainer.driver.sharding import even_split, mini_batch_shards
+from trainer.driver.sharding import balanced_mini_batch_shards, even_split, mini_batch_shards
 from trainer.driver.step_figures import BatchTokens, batch_metrics, batch_tokens
 from trainer.driver.tracking import Tracking
 from trainer.driver.worker_group import WorkerGroup
@@ -197,11 +197,25 @@ class GRPOTrainer:
         batch.token_level_scores = scores_to_token_rewards(scores, batch.response_mask)
         return batch
 
+    def training_shards(self, batch: Batch) -> list[list[int]]:
+        """Each worker's rows in update_actor, its part of every mini-batch in mini-batch order; with
+        trainer.balance_batch (VERL's key, on by default) the parts of each mini-batch hold near-equal
+        tokens, and the log-prob phases give every worker these same rows (trainer/driver/sharding.py)."""
+        mini_rows = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n
+        if not self.cfg.trainer.balance_batch:
+            return mini_batch_shards(batch.size, mini_rows, self.workers.world_size)
+        return balanced_mini_batch_shards(batch.sequence_lengths.tolist(), mini_rows, self.workers.world_size)
+
     def _log_probs(self, method: str, batch: Batch, phase: str) -> torch.Tensor:
-        parts = even_split(batch.size, self.workers.world_size)
+        if self.cfg.trainer.balance_batch:
+            parts = self.training_shards(batch)
+        else:
+            parts = even_split(batch.size, self.workers.world_size)
         outs = self.workers.each(method, [(batch.select(rows),) for rows in parts], phase=phase)
         width = batch.response_ids.shape[1]
-        return torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1])) for o in outs])
+        order = torch.tensor([row for rows in parts for row in rows])
+        padded = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1])) for o in outs])
+        return padded[torch.argsort(order)]  # back to the batch's row order
 
     def compute_old_log_prob(self, batch: Batch) -> torch.Tensor:
         return self._log_probs("compute_old_log_prob", batch, "old_log_prob")
@@ -234,9 +248,8 @@ class GRPOTrainer:
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """One PPO update; each worker gets its part of every mini-batch (see trainer/driver/sharding.py)."""
-        n = self.cfg.actor_rollout_ref.rollout.n
-        mini_rows = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
-        shards = mini_batch_shards(batch.size, mini_rows, self.workers.world_size)
+        mini_rows = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n
+        shards = self.training_shards(batch)
         metrics = self.workers.each("update_actor", [(batch.select(rows), batch.size // mini_rows) for rows in shards])
         # every worker reports the same global figures; its peak GPU memory is its own
         return {**metrics[0], **largest_worker(metrics)}

@@ -114,18 +114,30 @@ def _merge(a: _PartialPartition, b: _PartialPartition, k: int) -> tuple[list[lis
     return sets, sums
 
 
-def karmarkar_karp(lengths: Lengths, k: int) -> list[list[int]]:
+def karmarkar_karp(lengths: Lengths, k: int, equal_size: bool = False) -> list[list[int]]:
     """Split the sample indices into ``k`` groups of near-equal length sums (largest differencing).
 
     Start with one partial partition per sample (the sample alone in one of k sets); repeatedly take
     the two partial partitions with the largest spread (max set sum - min set sum) and merge them,
     pairing the largest set of one with the smallest of the other, so their differences cancel.
     Groups may be empty when k > number of samples. Indices within each group are ascending.
+
+    ``equal_size`` (VERL's get_seqlen_balanced_partitions(equal_size=True), for data-parallel ranks
+    that must hold as many rows each): the samples, sorted, start in runs of k, each run one partial
+    partition of k one-sample sets; a merge joins every set of one with one set of the other, so all k
+    groups keep the same count. Needs the count a multiple of k.
     """
     values = _as_int_list(lengths)
     if k < 1:
         raise ValueError(f"the number of groups k must be >= 1; got {k}")
-    heap = [_PartialPartition.make([[i]], [v], k, i) for i, v in enumerate(values)]
+    if equal_size:
+        if len(values) % k:
+            raise ValueError(f"{len(values)} samples do not split into {k} groups of equal size")
+        ranked = sorted(range(len(values)), key=lambda i: (values[i], i))
+        runs = [ranked[s : s + k] for s in range(0, len(ranked), k)]
+        heap = [_PartialPartition.make([[i] for i in run], [values[i] for i in run], k, t) for t, run in enumerate(runs)]
+    else:
+        heap = [_PartialPartition.make([[i]], [v], k, i) for i, v in enumerate(values)]
     if not heap:
         return [[] for _ in range(k)]
     heapq.heapify(heap)
