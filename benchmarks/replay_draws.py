@@ -3,7 +3,7 @@ baseline's phase time, and what a replay of the first shares would leave out (is
 
     python benchmarks/replay_draws.py [--workload verl-v0.5.0-1.5b] [--gpus 1 2 4] [--steps 0 1 2]
                                       [--gpu "H100 SXM"] [--seed 1] [--json OUT.json]
-    python benchmarks/replay_draws.py --workload verl-7b --worker-rows 4 [--steps 0] [--lengths-of 2]
+    python benchmarks/replay_draws.py --workload verl-7b --worker-rows 4 [--steps 0] [--lengths-of 2] [--generated]
 
 A baseline's generation on its M GPUs lasts as long as its slowest worker's, and its per-GPU
 throughput is all tokens / (M x that time). The rows' target lengths depend only on (the step's rollout
@@ -17,10 +17,12 @@ above 1 flatters the replay. ``--rl-workload`` instead generates the N slowest s
 (trainer/rollout/replay_shares.py), and the per-GPU gate compares seconds for those rows
 (pytest_rlbench/records/replay_draws.py).
 
-``--worker-rows N`` instead prints, for each step, what each worker of a replay on N GPUs trains on:
-its rows, tokens, longest row and the sum of squared sequence lengths (attention's share of the
-work grows with it); ``--lengths-of W`` prints only worker W's response lengths at the first step,
-space-separated, for ``benchmarks/update_profile.py --response-lengths``.
+``--worker-rows N`` instead prints, for each step, what each worker of a replay on N GPUs trains on
+(its part of each mini-batch, dealt out by trainer.balance_batch, in mini-batch order; ``--generated``:
+what it generated): its rows, tokens, longest row and the sum of squared sequence lengths
+(attention's share of the work grows with it); ``--lengths-of W`` prints only worker W's response
+lengths at the first step, space-separated, for ``benchmarks/update_profile.py --response-lengths``
+(whose ``--mini-batches M`` takes them as M equal runs, as they are laid out).
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pytest_rlbench.records.baselines import load_baseline
-from pytest_rlbench.records.replay_draws import ReplayLayouts, flattery, replay_worker_rows
+from pytest_rlbench.records.replay_draws import (
+    ReplayLayouts,
+    flattery,
+    replay_generation_rows,
+    replay_worker_rows,
+)
 from pytest_rlbench.verdict.peaks import peak_memory_bandwidth
 from trainer.config.schema import TrainerSection
 from trainer.rollout.requests import rollout_seed
@@ -46,7 +53,8 @@ def print_worker_rows(ap: argparse.ArgumentParser, baseline, args: argparse.Name
         ap.error(f"--lengths-of {args.lengths_of}: the workers are 0 .. {gpus - 1}")
     prompt = baseline.workload.prompt_length.mean.value if baseline.workload else 0
     try:
-        per_step = [(step, replay_worker_rows(baseline, gpus, rollout_seed(seed_base, step))) for step in args.steps]
+        rows_of = replay_generation_rows if args.generated else replay_worker_rows
+        per_step = [(step, rows_of(baseline, gpus, rollout_seed(seed_base, step))) for step in args.steps]
     except ValueError as exc:  # a WorkloadError too
         ap.error(f"--workload {args.workload}: {exc}")
     if args.lengths_of is not None:
@@ -76,6 +84,8 @@ def main() -> None:
                     help="each worker's rows in a replay on N GPUs, instead of the draws")
     ap.add_argument("--lengths-of", type=int, default=None, metavar="W",
                     help="with --worker-rows: only worker W's response lengths at the first step")
+    ap.add_argument("--generated", action="store_true",
+                    help="with --worker-rows: the rows each worker generated, not those it trains on")
     args = ap.parse_args()
     baseline = load_baseline(args.workload)
     if args.worker_rows is not None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import json
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,13 @@ def test_each_replay_worker_trains_on_its_balanced_part_of_every_mini_batch() ->
         assert sorted(length for rows in trained for length in rows[8 * k : 8 * (k + 1)]) == sorted(generated[k])
     spread = [max(map(sum, w)) / statistics.fmean(map(sum, w)) - 1 for w in (generated, trained)]
     assert spread[0] > 0.05 and spread[1] < 0.005, (spread, [sum(r) for r in trained])
+
+
+@pytest.mark.parametrize(("generated", "tokens"), [(True, 392_089), (False, 372_017)])
+def test_the_script_prints_one_workers_lengths_for_update_profile(generated: bool, tokens: int) -> None:
+    """benchmarks/replay_draws.py --worker-rows 4 --lengths-of 2 [--generated]: worker 2's 32 response
+    lengths, as it trains on them or (--generated) as it generated them (the stop-49 profile's rows)."""
+    command = [sys.executable, "benchmarks/replay_draws.py", "--workload", "verl-7b", "--worker-rows", "4", "--lengths-of", "2"]
+    out = subprocess.run(command + ["--generated"] * generated, cwd=ROOT, capture_output=True, text=True, check=True)
+    lengths = [int(x) for x in out.stdout.split()]
+    assert len(lengths) == 32 and sum(lengths) == tokens, (len(lengths), sum(lengths))

@@ -412,7 +412,7 @@ def first_call_note(why: str) -> str:
         "fast engine's) and the fast engine capturing its CUDA graphs: on an H100 at VERL's 1.5B replay shape a "
         "cold cache added about 2 s to old_log_prob and to update_actor; at the 7B's, on one H200, a first "
         "update_actor took 92 s against 50 s later, most of it pinning host memory for the optimizer's "
-        "moments, which set-up now does (docs/benchmarks.md)"
+        "moments; set-up now pins it, and the first call took 55 s (docs/benchmarks.md)"
     )
 
 
