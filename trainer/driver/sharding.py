@@ -48,7 +48,8 @@ def balanced_mini_batch_shards(lengths: Sequence[int], mini_batch_rows: int, wor
     whole mini-batch (trainer.workers.actor.loss_normaliser), wherever its rows are. Unlike VERL's,
     which reorders the whole step's rows and so regroups the mini-batches, this keeps them as they are.
     """
-    from trainer.workers.dynamic_batch import karmarkar_karp  # here: that module imports torch, this one does not
+    # imported here: dynamic_batch imports torch, and this module does not
+    from trainer.workers.dynamic_batch import karmarkar_karp
 
     n = len(lengths)
     plain = mini_batch_shards(n, mini_batch_rows, world_size)  # validates the sizes
