@@ -3,7 +3,7 @@
     python benchmarks/decode_profile.py OUT_DIR [--model r1-distill-qwen-1.5b] [--rows 64 16 4 1]
                                                 [--context 1024 8192 16384 27648] [--trace-rows 64 1]
                                                 [--attention split sdpa] [--fusion fused fused-rope-apart eager]
-                                                [--attention-alone]
+                                                [--attention-alone] [--tp 1] [--replayed-traces]
 
 For each (rows, context) it times the engine's captured decode step (CUDA graph replays, device
 synchronised, median of 20 after 5 warm-up) over a cache whose first ``context`` slots are visible,
@@ -40,9 +40,10 @@ from pathlib import Path
 
 import torch
 
-from trainer.models.presets import build_model, load_tokenizer
+from trainer.models.presets import build_model, load_tokenizer, preset_config
 from trainer.rollout import FastRolloutEngine, SamplingParams
 from trainer.rollout.decode_buffers import DecodeBuffers
+from trainer.rollout.lean_decoder import lean_shape
 
 HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}
 
@@ -80,6 +81,13 @@ def main() -> None:
     ap.add_argument("--ended", type=int, nargs="*", default=[],
                     help="for each rows count, also time the step with this many of its rows ended (between two "
                          "compactions), their K/V read and skipped (the engine's skip_ended_rows)")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="one GPU's part of a decode group of this size: the model's query and key/value heads and "
+                         "MLP width over T (LeanShape.sharded), the embedding and LM head whole, as each member "
+                         "holds them; the step then does a member's work without the group's sums")
+    ap.add_argument("--replayed-traces", action="store_true",
+                    help="with --trace-rows: also profile one captured step and write its kernels in order "
+                         "(OUT_DIR/replayed-VARIANT-ROWS.json.gz: name, start and duration in microseconds)")
     ap.add_argument("--attention-alone", action="store_true",
                     help="with --trace-rows: also profile the captured step, and time the attention kernel alone "
                          "over every layer on the engine's own cache and on a fresh one of the context's size")
@@ -89,7 +97,7 @@ def main() -> None:
     device = torch.device("cuda")
     gpu = torch.cuda.get_device_name()
     peak = next((v for k, v in HBM_BYTES_PER_S.items() if k in gpu), None)
-    model = build_model(args.model, seed=0).to(device, torch.bfloat16)
+    model = (build_model(args.model, seed=0) if args.tp == 1 else member_model(args.model, args.tp, device)).to(device, torch.bfloat16)
     tokenizer = load_tokenizer(args.model)
     sampling = SamplingParams(temperature=0.6)
     results, traces = [], {}
@@ -100,8 +108,32 @@ def main() -> None:
             profile_engine(engine, {"attention": attention, "fusion": fusion}, args, sampling, peak, results, traces)
             del engine
             torch.cuda.empty_cache()
-    (out / "decode_profile.json").write_text(json.dumps({"gpu": gpu, "model": args.model, "steps": results,
+    (out / "decode_profile.json").write_text(json.dumps({"gpu": gpu, "model": args.model, "tp": args.tp, "steps": results,
                                                           "traces": traces}, indent=1))
+
+
+def member_model(name: str, tp: int, device: torch.device) -> torch.nn.Module:
+    """A preset with one decode-group member's share of the heads and MLP width (random weights): its
+    decode step reads and computes what a member's does, without the all-reduces."""
+    from transformers import AutoModelForCausalLM
+
+    config = preset_config(name)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    shape = lean_shape(config).sharded(tp)  # ValueError where the model does not split over tp
+    config.head_dim = head_dim
+    config.num_attention_heads, config.num_key_value_heads = shape.num_heads, shape.num_kv_heads
+    config.intermediate_size = shape.intermediate
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+
+
+def kernel_sequence(prof) -> list[tuple[str, float, float]]:
+    """Every GPU kernel and memory operation of a profile in start order: (name, start us, duration us)."""
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    events.sort(key=lambda e: e.time_range.start)
+    t0 = events[0].time_range.start if events else 0
+    return [(e.name, e.time_range.start - t0, e.time_range.end - e.time_range.start) for e in events]
 
 
 def kernel_times(prof) -> dict:
@@ -241,6 +273,20 @@ def profile_engine(engine, labels, args, sampling, peak, results, traces) -> Non
                 torch.cuda.synchronize()
             traces[f"{variant}-{rows}"] = {"context": context, **kernel_times(prof)}
             print(json.dumps({"trace": f"{variant}-{rows}", **traces[f"{variant}-{rows}"]}), flush=True)
+            if args.replayed_traces:
+                import gzip
+
+                buf.write_slot.fill_(context - 1)
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:  # the captured step, as generation runs it
+                    engine._step(buf, attn_len, sampling)
+                    torch.cuda.synchronize()
+                sequence = kernel_sequence(prof)
+                with gzip.open(Path(args.out) / f"replayed-{variant}-{rows}.json.gz", "wt") as fh:
+                    json.dump({"rows": rows, "context": context, "kernels": sequence}, fh)
+                span = sequence[-1][1] + sequence[-1][2] if sequence else 0.0
+                busy = sum(d for _, _, d in sequence)
+                print(json.dumps({"replayed": f"{variant}-{rows}", "kernels": len(sequence), "span_us": span,
+                                  "busy_us": busy}), flush=True)
             if args.attention_alone and labels["attention"] == "split":
                 buf.write_slot.fill_(context - 1)
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:  # the captured step, as generation runs it

@@ -59,3 +59,20 @@ def tiny_record(name: str, hardware: dict[str, Any], phases: dict[str, Any], **s
         "phases": phases,
         **sections,
     }
+
+
+def step_recorder(name: str, directory: Any):
+    """A BenchRecorder of a one-worker CPU run of a 1-layer model, with five rounds of 1 s whole steps
+    recorded: the record that tests of the figures recorded beside the phases add to."""
+    from pytest_rlbench.records.record import Hardware, ModelArch, RunConfig, TokenCounts
+    from pytest_rlbench.session.recorder import BenchRecorder
+
+    recorder = BenchRecorder(name, directory)
+    recorder.context.hardware = Hardware("cpu", 1, 1, 0, cpu_model="x86", cpus_per_node=2)
+    recorder.context.model = ModelArch(
+        name="tiny", num_layers=1, hidden_size=2, intermediate_size=4, num_heads=1, num_kv_heads=1, head_dim=2, vocab_size=3
+    )
+    recorder.context.config = RunConfig(train_batch_size=1, rollout_n=2, max_prompt_length=4, max_response_length=4)
+    recorder.context.tokens = TokenCounts(prompt_lengths=[2, 2], response_lengths=[1, 3])
+    recorder.record("step", [1.0] * 5, "t::step")
+    return recorder

@@ -14,7 +14,8 @@ from transformers import LlamaConfig, Qwen3Config
 from trainer.config import RolloutConfig
 from trainer.models.presets import build_model
 from trainer.rollout import FastRolloutEngine, SamplingParams, make_engine
-from trainer.rollout.fast_engine import DecodeBuffers
+from trainer.rollout.decode_buffers import compacted_size
+from trainer.rollout.fast_engine import DecodeBuffers, warm_up_targets
 from trainer.rollout.lean_decoder import LeanWeights, lean_shape, prefill_logits
 from trainer.rollout.sampling import keyed_exponential, sample_keyed, token_log_probs
 
@@ -141,6 +142,36 @@ def test_free_cache_engine_releases_the_cache(model, tok, prompts):
     engine = make_engine("fast", model, tok, RolloutConfig(name="fast", free_cache_engine=True))
     engine.generate(prompts, list(range(8)), [], 1, 6, SamplingParams(), 0)
     assert engine._buffers is None
+
+
+def test_warm_up_targets_halve_the_running_rows_at_every_check():
+    assert warm_up_targets(4, 32) == [96, 64, 32, 32]
+    assert warm_up_targets(1, 8) == [8]
+    for rows in (2, 3, 5, 48, 64, 256):
+        targets = warm_up_targets(rows, 32)
+        levels = (rows - 1).bit_length()
+        running = [sum(t > 32 * check for t in targets) for check in range(1, levels + 2)]
+        # the upper half of 2**L rows ends first; one row is left at the last check, none after it
+        assert running == [min(rows, 1 << (levels - j)) for j in range(1, levels + 1)] + [0], (rows, running)
+        sizes, size = [rows], rows
+        for alive in running[:-1]:
+            size = min(size, compacted_size(alive, size))
+            sizes.append(size)
+        assert sizes[-1] == 1 and sizes == sorted(sizes, reverse=True), (rows, sizes)
+    with pytest.raises(ValueError, match="rows and check_every"):
+        warm_up_targets(0, 32)
+
+
+def test_warm_up_leaves_nothing_that_changes_a_generate(model, tok, prompts):
+    """A worker warms its engine at set-up; the step's generate must give what a cold engine gives."""
+    cfg = RolloutConfig(name="fast", free_cache_engine=True)
+    cold = make_engine("fast", model, tok, cfg).generate(prompts, list(range(8)), [], 2, 20, SamplingParams(), 5)
+    engine = make_engine("fast", model, tok, cfg)
+    seconds = engine.warm_up(4, 2, 12, 20, SamplingParams())
+    assert seconds > 0 and engine._buffers is None and not engine._graphs
+    warm = engine.generate(prompts, list(range(8)), [], 2, 20, SamplingParams(), 5)
+    assert torch.equal(warm.response_ids, cold.response_ids)
+    assert torch.equal(warm.rollout_log_probs, cold.rollout_log_probs)
 
 
 def test_attention_buckets_cover_every_written_slot(model):

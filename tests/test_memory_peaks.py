@@ -8,19 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_parts import step_recorder
 
 from pytest_rlbench.records.metrics import step_memory_unit
-from pytest_rlbench.records.record import Hardware, ModelArch, RunConfig, TokenCounts
 from pytest_rlbench.reports.answer import memory_line
-from pytest_rlbench.session.recorder import BenchRecorder
 from pytest_rlbench.verdict.compare import compare
 from trainer.workers.memory_peaks import GIB, PhasePeaks, largest_worker, worker_figures
 
 pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
 
-TINY = ModelArch(
-    name="tiny", num_layers=1, hidden_size=2, intermediate_size=4, num_heads=1, num_kv_heads=1, head_dim=2, vocab_size=3
-)
 
 
 def test_a_phase_figure_is_the_worker_that_held_the_most_in_gib() -> None:
@@ -44,12 +40,7 @@ def test_the_plugin_records_the_trainers_figures_and_no_verdict_judges_them(tmp_
     assert step_memory_unit("gpu/power_w/update_actor") is None  # NVML's figures are recorded elsewhere
 
     def record(name: str, scale: float):
-        recorder = BenchRecorder(name, tmp_path / name)
-        recorder.context.hardware = Hardware("cpu", 1, 1, 0, cpu_model="x86", cpus_per_node=2)
-        recorder.context.model = TINY
-        recorder.context.config = RunConfig(train_batch_size=1, rollout_n=2, max_prompt_length=4, max_response_length=4)
-        recorder.context.tokens = TokenCounts(prompt_lengths=[2, 2], response_lengths=[1, 3])
-        recorder.record("step", [1.0] * 5, "t::step")
+        recorder = step_recorder(name, tmp_path / name)
         rounds = [{**{k: v * scale * (1 + i / 10) for k, v in figures.items()}, "critic/score/mean": 0.5} for i in range(5)]
         recorder.add_step_metrics(rounds)
         return recorder.build_record()

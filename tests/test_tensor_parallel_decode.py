@@ -147,6 +147,9 @@ def _rank_main(rank: int, out_dir: str) -> None:
     results = {}
     for rollout, config in ROLLOUTS.items():
         engine = make_engine("fast", model, load_tokenizer("tiny"), config, tensor_parallel=group)
+        # as a GPU worker's set-up does: the group's warm-up call together (its collectives in step), which
+        # must leave nothing that changes the rows compared with one process's below
+        assert engine.warm_up(4, N, 8, MAX_NEW, SamplingParams()) > 0
         for name, sampling in SAMPLINGS.items():
             results[(rollout, name)] = _decode(engine, mine, first_uid, sampling)
     held = engine.weights.qkv.shape, engine.weights.down.shape, engine.weights.lm_head.shape

@@ -17,6 +17,7 @@ import pytest
 
 from pytest_rlbench.frameworks.phase_skips import absent_phases
 from pytest_rlbench.frameworks.protocol import OptionalTraits, TrainerUnderTest, missing_members
+from pytest_rlbench.records.metrics import setup_figures
 from pytest_rlbench.session.bench import describe_config, describe_hardware, describe_model, describe_workload
 from pytest_rlbench.session.fixtures import SessionUsageError, get_session
 from pytest_rlbench.session.recorder import RECORDERS_KEY
@@ -65,8 +66,11 @@ def rl_trainer(
             f"pytest_rlbench_make_trainer) lacks {', '.join(missing)}; a trainer offers every member of "
             "pytest_rlbench.frameworks.protocol.TrainerUnderTest"
         )
-    context = pytestconfig.stash[RECORDERS_KEY].activate(rl_framework).context
+    recorder = pytestconfig.stash[RECORDERS_KEY].activate(rl_framework)
+    context = recorder.context
     traits = OptionalTraits.of(trainer)
+    for metric, seconds in setup_figures(list(traits.workers)).items():  # outside every phase: evidence
+        recorder.add_metric(metric, [seconds], "s", higher_is_better=False)
     context.framework = traits.framework  # an adapter names its own
     context.differences = list(traits.differences)
     context.absent_phases = absent_phases(trainer)

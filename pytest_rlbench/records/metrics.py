@@ -120,6 +120,24 @@ def step_memory_unit(name: str) -> str | None:
     return None
 
 
+# What the slowest worker's set-up spent outside every phase, recorded as run metrics setup_s/<what>
+# (seconds) from the workers' set-up reports (trainer/workers/train_worker.py): the rollout engine's
+# warm-up (its kernels compiled before the first timed gen, as vLLM compiles and captures when its
+# engine starts) and the host memory pinned for offloaded optimizer state. Evidence, never judged.
+SETUP = "setup_s"
+SETUP_FIGURES: dict[str, str] = {"rollout_warm_up": "rollout_warm_up_s", "pinning": "pinning_s"}  # metric -> worker key
+
+
+def setup_figures(workers: list[dict]) -> dict[str, float]:
+    """The metric ids and seconds of SETUP_FIGURES that any worker reported above 0: the largest of them."""
+    out = {}
+    for name, key in SETUP_FIGURES.items():
+        seconds = [float(w[key]) for w in workers if w.get(key)]
+        if seconds:
+            out[f"{SETUP}/{name}"] = max(seconds)
+    return out
+
+
 # The rollout panel's figures (pytest_rlbench/session/rollout_panel.py): each --rl-rollout engine's
 # throughput and fidelity, recorded as run metrics rollout_panel/<engine>/<figure>, never over gen's.
 PANEL = "rollout_panel"

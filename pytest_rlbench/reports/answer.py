@@ -24,6 +24,7 @@ from pytest_rlbench.records.metrics import (
     MAX_ALLOCATED,
     MAX_RESERVED,
     MFU,
+    SETUP,
     TIMING,
     format_value,
     metric_label,
@@ -212,6 +213,19 @@ def memory_line(run: RunRecord) -> list[str]:
     return [f"peak GPU memory per GPU (largest round), GiB allocated/reserved: {', '.join(parts)}"] if parts else []
 
 
+def setup_line(run: RunRecord) -> list[str]:
+    """What the slowest worker's set-up spent outside every timed phase (SETUP_FIGURES); nothing where
+    it spent none (CPU workers, no offloaded optimizer state)."""
+    warm = run.metrics.get(f"{SETUP}/rollout_warm_up")
+    pinning = run.metrics.get(f"{SETUP}/pinning")
+    parts = []
+    if warm is not None:
+        parts.append(f"rollout warm-up {max(warm.value):.1f} s (its kernels compiled before the first gen, as vLLM's are when it starts)")
+    if pinning is not None:
+        parts.append(f"host memory pinned for the optimizer state in {max(pinning.value):.1f} s")
+    return [f"set-up, outside every timed phase: {'; '.join(parts)}"] if parts else []
+
+
 def answer_lines(
     outcomes: Sequence[tuple[RunRecord, Sequence[BaselineComparison]]],
     baselines: Sequence[RunRecord] = (),
@@ -231,4 +245,6 @@ def answer_lines(
     if not lines and outcomes and any(results for _, results in outcomes):
         run, results = outcomes[0]
         lines = advice_lines(run, baselines, results, invocation or Invocation())
-    return lines + [line for run, _ in outcomes for line in (*efficiency_line(run), *memory_line(run))]
+    return lines + [
+        line for run, _ in outcomes for line in (*efficiency_line(run), *memory_line(run), *setup_line(run))
+    ]

@@ -31,6 +31,7 @@ from pytest_rlbench.records.metrics import (
     METRIC_FAMILIES,
     REFERENCE_FAMILIES,
     RETIMED,
+    SETUP,
     SIDE_BY_SIDE,
     TIMING,
     WRITE_RATE,
@@ -203,9 +204,10 @@ def _beside_text(rows: list[Comparison]) -> dict[str | None, str]:
 
 def custom_metrics(run: RunRecord, baseline: RunRecord) -> set[str]:
     """The records' own metrics that are compared like figures (the machine's figures and re-timed
-    rounds are evidence for the verdicts of phase times, and a save's bytes the work behind its
-    figure: never judged themselves)."""
-    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in (MACHINE, RETIMED, SIDE_BY_SIDE, GPU, WORK, CHECKPOINT)}
+    rounds are evidence for the verdicts of phase times, a save's bytes the work behind its figure,
+    and the set-up's seconds outside every phase: never judged themselves)."""
+    evidence = (MACHINE, RETIMED, SIDE_BY_SIDE, GPU, WORK, CHECKPOINT, SETUP)
+    return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in evidence}
 
 
 def machines_text(run_machine: str | None, base_machine: str | None) -> str:

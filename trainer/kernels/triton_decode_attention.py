@@ -93,7 +93,12 @@ def _rope_step(qkv_row, h, g, d, cos_row, sin_row, k_slot, v_slot, writes,
     return q
 
 
-@triton.jit
+# Chunk sizes and counts are plain integers to Triton, not specialised on their values (a multiple of
+# 16, or 1): each new class of them compiled the kernel again in the middle of a generation (0.8 s at
+# a 7B decode-group member's step 14,848 on an H200), past what the engine's warm-up had met. attn_len
+# and shared_slots stay specialised (always multiples of 128 in the engine): unspecialised too, the
+# step at 64 rows x 27,648 slots took 35% longer on an H200 (docs/benchmarks.md).
+@triton.jit(do_not_specialize=["tiles_per_split"])
 def _partial_kernel(
     q_ptr, k_ptr, v_ptr, bias_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr, kv_rows_ptr, last_slot_ptr, cos_ptr, sin_ptr,
     skip_ptr, sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sbias_b, so_b, so_h, so_g, s_cos, s_sin,
@@ -166,7 +171,7 @@ def _partial_kernel(
         tl.store(sum_ptr + part * GROUP_PAD + g, running_sum)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits"])
 def _merge_kernel(
     acc_ptr, max_ptr, sum_ptr, out_ptr, so_b, so_h, so_g, splits,
     KV_HEADS: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT_BLOCK: tl.constexpr,

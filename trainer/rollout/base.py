@@ -98,6 +98,13 @@ class RolloutEngine(ABC):
             config.target_lengths if config is not None and config.target_lengths.distribution != NO_TARGETS else None
         )
 
+    def warm_up(self, prompts: int, n: int, prompt_len: int, max_new_tokens: int, sampling: SamplingParams) -> float:
+        """Compile and capture, before the first timed ``generate``, what a step of this shape will need
+        (``prompts`` per worker, ``n`` rows each, prompts up to ``prompt_len`` tokens, ``max_new_tokens``);
+        return the seconds it took. Nothing by default: only engines that compile kernels per shape
+        need it, as vLLM compiles and captures when its engine starts. Every worker calls it at set-up."""
+        return 0.0
+
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
         """The tokens that end a response: the EOS ids, or none with ignore_eos or target lengths."""

@@ -245,6 +245,35 @@ class FastRolloutEngine(RolloutEngine):
         return own_rows(group, row_starts([len(a[0]) for a in asked], n)[self.tp.rank], len(prompt_token_lists) * n)
 
     # ------------------------------------------------------------------ reshard
+    def warm_up(self, prompts: int, n: int, prompt_len: int, max_new_tokens: int, sampling: SamplingParams) -> float:
+        """RolloutEngine.warm_up: one short call of a step's shape (its decode group's rows and cache
+        slots) whose rows end a few at each host check (``warm_up_targets``), so that it passes every
+        compacted size and attention kernel variant the step will: their Triton kernels compile here, at
+        set-up, not in the first timed generate. On a 7B decode-group member's rows on one H200 the
+        first call took 10.3 s longer than the next (docs/benchmarks.md). Every member of a decode group
+        calls it together (the same rows on each). Workers call it on GPUs only (CPU has nothing to compile)."""
+        start = time.perf_counter()
+        members = self.tp.size if self.tp is not None else 1
+        rows = prompts * n * members
+        per_call = self.micro_batch_size or rows
+        targets = [min(t, max_new_tokens) for t in warm_up_targets(min(per_call, rows), self.check_every)]
+        width = round_up(max(1, prompt_len), PROMPT_ALIGN)
+        count = len(targets)
+        prompt_of = torch.arange(count, device=self.device) // n  # n rows a prompt, as in a step
+        # distinct prompts of any tokens: [count, width]
+        prompt_ids = (prompt_of[:, None] * 7919 + torch.arange(width, device=self.device)) % (self.shape.vocab - 1) + 1
+        request = RowsRequest(
+            prompt_ids=prompt_ids, prompt_mask=torch.ones_like(prompt_ids), row_keys=torch.arange(count, device=self.device),
+            max_new_tokens=max_new_tokens, sampling=sampling, seed=0, generator=None, micro_batch=0, row_offset=0, n=n,
+            targets=torch.tensor(targets, device=self.device), longest_target=max(targets),
+        )
+        with self._generation_mode():
+            self._generate_rows(request)
+        self.release()  # the step's own call builds its buffers and graphs anew, as every call with free_cache_engine
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # set-up's memory, and the reshard's peak after it, as without the call
+        return time.perf_counter() - start
+
     def sync_from(self, actor_model: nn.Module) -> int:
         """Copy the actor's current weights into the engine's buffers, on the device (see LeanWeights.load)."""
         return self.weights.load(actor_model)
@@ -480,6 +509,18 @@ class FastRolloutEngine(RolloutEngine):
             torch.cuda.synchronize(self.device)
         trace.finish(steps)
         write_trace(trace, directory)
+
+
+def warm_up_targets(rows: int, check_every: int) -> list[int]:
+    """Each row's target length in a warm-up call of ``rows`` rows: half the rows still running end
+    before each host check (every ``check_every`` steps), so the call compacts through every size down
+    to one row, and meets both one attention chunk per row (many rows) and several (few). Row i runs
+    check_every * (1 + L - B(i)) tokens, L = ceil(log2(rows)) and B(i) the bit length of i (0 for row 0,
+    L for the upper half of 2**L rows): at the j-th check 2**(L - j) rows of 2**L still run."""
+    if rows < 1 or check_every < 1:
+        raise ValueError(f"warm_up_targets: rows and check_every must be >= 1, got {rows} and {check_every}")
+    levels = (rows - 1).bit_length()
+    return [check_every * (1 + levels - i.bit_length()) for i in range(rows)]
 
 
 def _is_offloaded(param: torch.Tensor) -> bool:

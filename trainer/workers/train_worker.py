@@ -12,6 +12,7 @@ the CPU or disk.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import time
@@ -112,6 +113,8 @@ class TrainWorker:
         self.actor_dtype = dtype
         self.engine = self._make_engine(arr.rollout)
         self.panel_engines: dict[str, Any] = {}  # name -> engine of the rollout panel (generate_with)
+        # the engine's kernels compiled before the first timed gen, as vLLM's are when it starts (GPU only)
+        warm_up = self._warm_up(self.engine) if self.device.type == "cuda" else 0.0
         # Last: what pins host memory before this (an offloaded ref's shards, of the moments' very
         # sizes) would take the reserved blocks from the pool for good.
         pinning = time.perf_counter()
@@ -132,7 +135,17 @@ class TrainWorker:
             # optimizer_offload: host memory pinned at set-up for the moments' copies (fsdp.reserve_pinned_moments)
             "pinned_moment_bytes": pinned,
             "pinning_s": round(pinning, 3),
+            "rollout_warm_up_s": round(warm_up, 3),
         }
+
+    def _warm_up(self, engine: Any) -> float:
+        """engine.warm_up at a step's shape: this worker's share of the prompts, n rows each, the
+        prompt width and max_response_length."""
+        cfg = self.cfg
+        rollout = cfg.actor_rollout_ref.rollout
+        prompts = math.ceil(cfg.data.train_batch_size / self.world_size)  # the driver's even split, rounded up
+        prompt_len = cfg.data.synthetic_prompt_length or cfg.data.max_prompt_length
+        return engine.warm_up(prompts, rollout.n, prompt_len, cfg.data.max_response_length, SamplingParams.from_config(rollout))
 
     def _build_trained_model(self, path: str, dtype: torch.dtype) -> torch.nn.Module:
         """The actor's or ref's model: the session's seeded weights (every rank builds the same), with
