@@ -162,16 +162,22 @@ def test_warm_up_targets_halve_the_running_rows_at_every_check():
         warm_up_targets(0, 32)
 
 
-def test_warm_up_leaves_nothing_that_changes_a_generate(model, tok, prompts):
+@pytest.mark.parametrize("free_cache", [True, False])
+def test_warm_up_decodes_and_leaves_nothing_that_changes_a_generate(free_cache, model, tok, prompts, tmp_path, monkeypatch):
     """A worker warms its engine at set-up; the step's generate must give what a cold engine gives."""
-    cfg = RolloutConfig(name="fast", free_cache_engine=True)
+    cfg = RolloutConfig(name="fast", free_cache_engine=free_cache)
     cold = make_engine("fast", model, tok, cfg).generate(prompts, list(range(8)), [], 2, 20, SamplingParams(), 5)
+    monkeypatch.setenv("RLBENCH_DECODE_TRACE", str(tmp_path))  # a trace names the step's calls, not the warm-up's
     engine = make_engine("fast", model, tok, cfg)
     seconds = engine.warm_up(4, 2, 12, 20, SamplingParams())
-    assert seconds > 0 and engine._buffers is None and not engine._graphs
+    # 8 rows, the longest target 4 checks of 32 steps, cut to max_new_tokens: it decoded to the limit
+    assert engine.stats["warm_up_tokens"] == min(max(warm_up_targets(8, engine.check_every)), 20) == 20
+    assert seconds > 0 and engine._buffers is None and not engine._graphs and not engine._warmed
+    assert not list(tmp_path.iterdir())
     warm = engine.generate(prompts, list(range(8)), [], 2, 20, SamplingParams(), 5)
     assert torch.equal(warm.response_ids, cold.response_ids)
     assert torch.equal(warm.rollout_log_probs, cold.rollout_log_probs)
+    assert len([line for f in tmp_path.iterdir() for line in f.read_text().splitlines()]) == 1
 
 
 def test_attention_buckets_cover_every_written_slot(model):

@@ -11,6 +11,7 @@ from shared_parts import step_recorder
 
 from pytest_rlbench.records.metrics import setup_figures
 from pytest_rlbench.reports.answer import setup_line
+from pytest_rlbench.session.recorder import BenchRecorder
 from pytest_rlbench.verdict.compare import compare
 
 pytestmark = pytest.mark.usefixtures("plugin_deps_loaded")  # see tests/conftest.py
@@ -44,3 +45,14 @@ def test_set_up_seconds_are_shown_and_never_judged(tmp_path: Path) -> None:
         "as vLLM's are when it starts); host memory pinned for the optimizer state in 37.8 s"
     ]
     assert setup_line(dataclasses.replace(run, metrics={})) == []
+
+
+def test_set_up_seconds_alone_are_not_a_measurement(tmp_path: Path) -> None:
+    """A session that built a GPU trainer but timed nothing writes no report (nor a baseline of nothing)."""
+    recorder = BenchRecorder("run", tmp_path)
+    recorder.add_setup_figures([{"rollout_warm_up_s": 3.6, "pinning_s": 37.8}, {"rollout_warm_up_s": 3.1}])
+    assert recorder.metrics["setup_s/rollout_warm_up"].value == [3.6]
+    assert recorder.metrics["setup_s/pinning"].value == [37.8]
+    assert not recorder.measured_anything
+    recorder.record("step", [1.0] * 5, "t::step")
+    assert recorder.measured_anything

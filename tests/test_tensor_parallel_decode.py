@@ -20,6 +20,7 @@ from trainer.config import Config, ConfigError, RolloutConfig, build_config
 from trainer.config.schema import TargetLengthsConfig
 from trainer.models.presets import build_model, load_tokenizer
 from trainer.rollout import SamplingParams, make_engine
+from trainer.rollout.fast_engine import warm_up_targets
 from trainer.rollout.lean_decoder import lean_shape
 from trainer.rollout.tensor_parallel import (
     REDUCE_ENV,
@@ -150,6 +151,7 @@ def _rank_main(rank: int, out_dir: str) -> None:
         # as a GPU worker's set-up does: the group's warm-up call together (its collectives in step), which
         # must leave nothing that changes the rows compared with one process's below
         assert engine.warm_up(4, N, 8, MAX_NEW, SamplingParams()) > 0
+        assert engine.stats["warm_up_tokens"] == min(max(warm_up_targets(2 * 4 * N, engine.check_every)), MAX_NEW)
         for name, sampling in SAMPLINGS.items():
             results[(rollout, name)] = _decode(engine, mine, first_uid, sampling)
     held = engine.weights.qkv.shape, engine.weights.down.shape, engine.weights.lm_head.shape

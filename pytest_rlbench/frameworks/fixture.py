@@ -17,7 +17,6 @@ import pytest
 
 from pytest_rlbench.frameworks.phase_skips import absent_phases
 from pytest_rlbench.frameworks.protocol import OptionalTraits, TrainerUnderTest, missing_members
-from pytest_rlbench.records.metrics import setup_figures
 from pytest_rlbench.session.bench import describe_config, describe_hardware, describe_model, describe_workload
 from pytest_rlbench.session.fixtures import SessionUsageError, get_session
 from pytest_rlbench.session.recorder import RECORDERS_KEY
@@ -69,8 +68,7 @@ def rl_trainer(
     recorder = pytestconfig.stash[RECORDERS_KEY].activate(rl_framework)
     context = recorder.context
     traits = OptionalTraits.of(trainer)
-    for metric, seconds in setup_figures(list(traits.workers)).items():  # outside every phase: evidence
-        recorder.add_metric(metric, [seconds], "s", higher_is_better=False)
+    recorder.add_setup_figures(list(traits.workers))  # outside every phase: evidence
     context.framework = traits.framework  # an adapter names its own
     context.differences = list(traits.differences)
     context.absent_phases = absent_phases(trainer)

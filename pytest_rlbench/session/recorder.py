@@ -26,7 +26,14 @@ from pytest_rlbench import __version__
 from pytest_rlbench.frameworks import OURS_LABEL
 from pytest_rlbench.markers import phase_key_problem
 from pytest_rlbench.records.files import dumps_report, failure_line, write_atomic, write_text_atomic
-from pytest_rlbench.records.metrics import ROLLOUT_FIDELITY, STEP_METRICS, step_memory_unit
+from pytest_rlbench.records.metrics import (
+    ROLLOUT_FIDELITY,
+    SETUP,
+    STEP_METRICS,
+    family_of,
+    setup_figures,
+    step_memory_unit,
+)
 from pytest_rlbench.records.record import (
     BaselineError,
     Hardware,
@@ -215,10 +222,16 @@ class BenchRecorder:
         if sizes:
             self.add_metric(CHECKPOINT_BYTES, sizes, "B", higher_is_better=False)
 
+    def add_setup_figures(self, workers: list[dict[str, Any]]) -> None:
+        """What the slowest worker's set-up spent outside every phase (``setup_figures``), as evidence."""
+        for metric, seconds in setup_figures(workers).items():
+            self.add_metric(metric, [seconds], "s", higher_is_better=False)
+
     @property
     def measured_anything(self) -> bool:
-        """A phase timed or a metric recorded (a session of the rollout panel alone records metrics only)."""
-        return bool(self.phases or self.metrics)
+        """A phase timed or a metric recorded (a session of the rollout panel alone records metrics
+        only); the set-up's seconds, recorded once the trainer is built, measure nothing of its own."""
+        return bool(self.phases or any(family_of(m) != SETUP for m in self.metrics))
 
     @property
     def described(self) -> bool:

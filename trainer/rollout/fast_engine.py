@@ -261,14 +261,15 @@ class FastRolloutEngine(RolloutEngine):
         count = len(targets)
         prompt_of = torch.arange(count, device=self.device) // n  # n rows a prompt, as in a step
         # distinct prompts of any tokens: [count, width]
-        prompt_ids = (prompt_of[:, None] * 7919 + torch.arange(width, device=self.device)) % (self.shape.vocab - 1) + 1
+        prompt_ids = (prompt_of[:, None] * 7919 + torch.arange(width, device=self.device)) % max(1, self.shape.vocab - 1) + 1
         request = RowsRequest(
             prompt_ids=prompt_ids, prompt_mask=torch.ones_like(prompt_ids), row_keys=torch.arange(count, device=self.device),
             max_new_tokens=max_new_tokens, sampling=sampling, seed=0, generator=None, micro_batch=0, row_offset=0, n=n,
             targets=torch.tensor(targets, device=self.device), longest_target=max(targets),
         )
         with self._generation_mode():
-            self._generate_rows(request)
+            decoded = self._generate_rows(request, traced=False)
+        self.stats["warm_up_tokens"] = float(decoded.tokens.shape[1])  # what it decoded: the longest target
         self.release()  # the step's own call builds its buffers and graphs anew, as every call with free_cache_engine
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # set-up's memory, and the reshard's peak after it, as without the call
@@ -450,7 +451,7 @@ class FastRolloutEngine(RolloutEngine):
         self._warmed.clear()
         self._buffers, self._buffers_key = None, None
 
-    def _generate_rows(self, request: RowsRequest) -> GeneratedRows:
+    def _generate_rows(self, request: RowsRequest, traced: bool = True) -> GeneratedRows:
         prompt_ids, prompt_mask, sampling = request.prompt_ids, request.prompt_mask, request.sampling
         b, width = prompt_ids.shape
         padded = round_up(width, PROMPT_ALIGN)
@@ -466,7 +467,7 @@ class FastRolloutEngine(RolloutEngine):
         bucket = self._bucket(buf.slots)
         view = buf  # the slots decoded now: all, then the running rows' after each compaction
         running_rows = buf.batch  # rows running at the last check (the attention's chunks are sized for them)
-        traces = trace_dir()  # RLBENCH_DECODE_TRACE, read once a call
+        traces = trace_dir() if traced else None  # RLBENCH_DECODE_TRACE, read once a call (not for a warm-up)
         trace = self._start_trace(buf, request) if traces is not None else None
 
         def step(decode_index: int) -> None:

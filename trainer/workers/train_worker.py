@@ -143,9 +143,12 @@ class TrainWorker:
         prompt width and max_response_length."""
         cfg = self.cfg
         rollout = cfg.actor_rollout_ref.rollout
-        prompts = math.ceil(cfg.data.train_batch_size / self.world_size)  # the driver's even split, rounded up
-        prompt_len = cfg.data.synthetic_prompt_length or cfg.data.max_prompt_length
-        return engine.warm_up(prompts, rollout.n, prompt_len, cfg.data.max_response_length, SamplingParams.from_config(rollout))
+        prompts = math.ceil(cfg.data.train_batch_size / self.world_size)  # the driver's even split: its largest share
+        data = cfg.data
+        # synthetic prompts are padded to this length (only without train_files); a prompt is never longer than the cap
+        synthetic = data.synthetic_prompt_length if not data.train_files else 0
+        prompt_len = min(synthetic or data.max_prompt_length, data.max_prompt_length)
+        return engine.warm_up(prompts, rollout.n, prompt_len, data.max_response_length, SamplingParams.from_config(rollout))
 
     def _build_trained_model(self, path: str, dtype: torch.dtype) -> torch.nn.Module:
         """The actor's or ref's model: the session's seeded weights (every rank builds the same), with
