@@ -244,7 +244,7 @@ class FastRolloutEngine(RolloutEngine):
         )
         return own_rows(group, row_starts([len(a[0]) for a in asked], n)[self.tp.rank], len(prompt_token_lists) * n)
 
-    # ------------------------------------------------------------------ reshard
+    # ------------------------------------------------------------------ set-up
     def warm_up(self, prompts: int, n: int, prompt_len: int, max_new_tokens: int, sampling: SamplingParams) -> float:
         """RolloutEngine.warm_up: one short call of a step's shape (its decode group's rows and cache
         slots) whose rows end a few at each host check (``warm_up_targets``), so that it passes every
@@ -275,6 +275,7 @@ class FastRolloutEngine(RolloutEngine):
             torch.cuda.empty_cache()  # set-up's memory, and the reshard's peak after it, as without the call
         return time.perf_counter() - start
 
+    # ------------------------------------------------------------------ reshard
     def sync_from(self, actor_model: nn.Module) -> int:
         """Copy the actor's current weights into the engine's buffers, on the device (see LeanWeights.load)."""
         return self.weights.load(actor_model)

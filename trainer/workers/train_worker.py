@@ -141,10 +141,8 @@ class TrainWorker:
     def _warm_up(self, engine: Any) -> float:
         """engine.warm_up at a step's shape: this worker's share of the prompts, n rows each, the
         prompt width and max_response_length."""
-        cfg = self.cfg
-        rollout = cfg.actor_rollout_ref.rollout
-        prompts = math.ceil(cfg.data.train_batch_size / self.world_size)  # the driver's even split: its largest share
-        data = cfg.data
+        data, rollout = self.cfg.data, self.cfg.actor_rollout_ref.rollout
+        prompts = math.ceil(data.train_batch_size / self.world_size)  # the driver's even split: its largest share
         # synthetic prompts are padded to this length (only without train_files); a prompt is never longer than the cap
         synthetic = data.synthetic_prompt_length if not data.train_files else 0
         prompt_len = min(synthetic or data.max_prompt_length, data.max_prompt_length)
@@ -219,9 +217,7 @@ class TrainWorker:
         self, engine: Any, prompts: list[list[int]], uids: list[int], ground_truths: list[str], seed: int
     ) -> Batch:
         rollout = self.cfg.actor_rollout_ref.rollout
-        sampling = SamplingParams(
-            temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p, do_sample=rollout.do_sample
-        )
+        sampling = SamplingParams.from_config(rollout)
         batch = engine.generate(prompts, uids, ground_truths, rollout.n, self.cfg.data.max_response_length, sampling, seed)
         return batch.to("cpu")
 
