@@ -1,5 +1,6 @@
-"""The split-K decode matmul that benchmarks/decode_kernels_tune.py times against cuBLAS
-(benchmarks/split_matmul.py), against F.linear.
+"""The Triton decode matmuls that benchmarks time against cuBLAS, against the float64 product and
+F.linear: the split-K kernel (benchmarks/split_matmul.py, timed by decode_kernels_tune.py) and the
+chain kernel launched with and without PDL (benchmarks/pdl_matmul_chain.py).
 
 The kernel tests run on a GPU with Triton, or on a CPU in Triton's interpreter (Triton 3.6 needs
 numpy < 2.3 there), and are skipped otherwise:
@@ -65,14 +66,18 @@ def test_split_matmul_matches_the_product(dtype, rows, n, k, split, bias, layout
     w = transposed(n, k, dtype) if layout == "transposed" else torch.randn(n, k, dtype=dtype, device=DEVICE)
     b = torch.randn(n, dtype=dtype, device=DEVICE) if bias else None
     plan = SplitPlan(block_m=32, block_n=32, block_k=32, split=split)
-    out = split_matmul(x, w, b, plan)
+    assert_near_the_product(split_matmul(x, w, b, plan), x, w, b)
+
+
+def assert_near_the_product(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
     want = reference(x, w, b)
-    assert out.shape == (rows, n) and out.dtype == dtype
+    assert out.shape == want.shape and out.dtype == x.dtype
     # one rounding to dtype (two in the interpreter, which truncates to bf16 instead of rounding),
     # after float32 sums whose error grows with the terms' magnitudes, in another order than F.linear's
     magnitude = (x.double().abs() @ w.double().abs().T).max().item()
-    allowed = 2 * one_step(dtype) * want.float().abs().max().item() + 16 * one_step(torch.float32) * magnitude
-    assert (out.float() - want.float()).abs().max().item() <= allowed
+    allowed = 2 * one_step(x.dtype) * want.float().abs().max().item() + 16 * one_step(torch.float32) * magnitude
+    worst = (out.float() - want.float()).abs().max().item()
+    assert worst <= allowed, f"largest difference from the float64 product {worst:.3g} > allowed {allowed:.3g}"
     assert (out.float() - F.linear(x, w, b).float()).abs().max().item() <= allowed
 
 
@@ -98,3 +103,37 @@ def test_split_matmul_names_bad_shapes():
         split_matmul(torch.zeros(4, 8, device=DEVICE), torch.zeros(16, 9, device=DEVICE), None, plan)
     with pytest.raises(ValueError, match="bias"):
         split_matmul(torch.zeros(4, 8, device=DEVICE), torch.zeros(16, 8, device=DEVICE), torch.zeros(3, device=DEVICE), plan)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "rows,n,k,tile,bias",
+    [
+        (4, 96, 160, (16, 32, 4, 4), True),  # K over five tiles, the first loaded before the loop
+        (3, 40, 70, (32, 128, 4, 4), False),  # K within the first tile: no loop; N not a multiple of the tile
+        (17, 64, 200, (16, 64, 4, 4), True),  # rows past 16: a 32-row tile
+    ],
+)
+def test_chain_matmul_matches_the_product(dtype, rows, n, k, tile, bias):
+    from pdl_matmul_chain import chain_matmul
+
+    torch.manual_seed(rows * 1000 + n + k)
+    x = torch.randn(rows, k + 8, dtype=dtype, device=DEVICE)[:, :k]  # a view, as the chain's q part is
+    w = torch.randn(n, k, dtype=dtype, device=DEVICE)
+    b = torch.randn(n, dtype=dtype, device=DEVICE) if bias else None
+    out = chain_matmul(x, w, b, tile, interpreted=INTERPRETED)
+    assert_near_the_product(out, x, w, b)
+
+
+@needs_triton
+def test_chain_matmul_names_what_it_cannot_take():
+    from pdl_matmul_chain import chain_matmul
+
+    x, w = torch.zeros(4, 8, device=DEVICE), torch.zeros(16, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="trigger 'soon'; valid: early, late, exit"):
+        chain_matmul(x, w, None, (16, 32, 4, 4), trigger="soon")
+    with pytest.raises(ValueError, match="rows <= 128 and unit strides along K"):
+        chain_matmul(torch.zeros(129, 8, device=DEVICE), w, None, (16, 32, 4, 4))
+    with pytest.raises(ValueError, match="unit strides along K"):
+        chain_matmul(torch.zeros(8, 4, device=DEVICE).T, w, None, (16, 32, 4, 4))
