@@ -250,21 +250,14 @@ def read_trace(path: Path) -> dict[str, Any]:
 def fabricated_batch(lengths: list[int], prompt_length: int, n: int, vocab: int, gen: torch.Generator):
     """Rows of the given response lengths, random ids, full prompts: the training phases' work for
     rows a run generated (their values do not change a phase's work), without decoding them."""
-    from trainer.batch import Batch
+    from trainer.workers.training_warm_up import rows_of_lengths
 
-    rows, width = len(lengths), max(lengths)
+    rows = len(lengths)
     if rows % n:
         raise SystemExit(f"--response-lengths: {rows} rows do not make whole groups of rollout.n={n}")
     if min(lengths) < 1:
         raise SystemExit(f"--response-lengths: a row of {min(lengths)} tokens; each needs at least 1")
-    response_mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
-    return Batch(
-        prompt_ids=torch.randint(0, vocab, (rows, prompt_length), generator=gen),
-        prompt_mask=torch.ones(rows, prompt_length, dtype=torch.long),
-        response_ids=torch.randint(0, vocab, (rows, width), generator=gen) * response_mask,
-        response_mask=response_mask,
-        uids=torch.arange(rows) // n,
-    )
+    return rows_of_lengths(lengths, prompt_length, vocab, gen, uids=torch.arange(rows) // n)
 
 
 def spawn_workers(world: int) -> int:

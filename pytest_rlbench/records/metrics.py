@@ -123,9 +123,14 @@ def step_memory_unit(name: str) -> str | None:
 # What the slowest worker's set-up spent outside every phase, recorded as run metrics setup_s/<what>
 # (seconds) from the workers' set-up reports (trainer/workers/train_worker.py): the rollout engine's
 # warm-up (its kernels compiled before the first timed gen, as vLLM compiles and captures when its
-# engine starts) and the host memory pinned for offloaded optimizer state. Evidence, never judged.
+# engine starts), the training phases' warm-up (their kernels compiled before their first timed call)
+# and the host memory pinned for offloaded optimizer state. Evidence, never judged.
 SETUP = "setup_s"
-SETUP_FIGURES: dict[str, str] = {"rollout_warm_up": "rollout_warm_up_s", "pinning": "pinning_s"}  # metric -> worker key
+SETUP_FIGURES: dict[str, str] = {  # metric -> worker key
+    "rollout_warm_up": "rollout_warm_up_s",
+    "training_warm_up": "training_warm_up_s",
+    "pinning": "pinning_s",
+}
 
 
 def setup_figures(workers: list[dict]) -> dict[str, float]:

@@ -217,10 +217,14 @@ def setup_line(run: RunRecord) -> list[str]:
     """What the slowest worker's set-up spent outside every timed phase (SETUP_FIGURES); nothing where
     it spent none (CPU workers, no offloaded optimizer state)."""
     warm = run.metrics.get(f"{SETUP}/rollout_warm_up")
+    training = run.metrics.get(f"{SETUP}/training_warm_up")
     pinning = run.metrics.get(f"{SETUP}/pinning")
     parts = []
     if warm is not None:
         parts.append(f"rollout warm-up {max(warm.value):.1f} s (its kernels compiled before the first gen, as vLLM's are when it starts)")
+    if training is not None:
+        parts.append(f"training warm-up {max(training.value):.1f} s (old_log_prob's, ref's and update_actor's kernels "
+                     "compiled before their first call)")
     if pinning is not None:
         parts.append(f"host memory pinned for the optimizer state in {max(pinning.value):.1f} s")
     return [f"set-up, outside every timed phase: {'; '.join(parts)}"] if parts else []

@@ -405,14 +405,13 @@ class RLBenchSession:
 
 def first_call_note(why: str) -> str:
     """What a session without warm-up rounds times (``why``: the option that says so): each phase's
-    first call, one-time costs and all."""
+    first call, with what one-time costs the workers' set-up does not take."""
     return (
-        f"{why}: each phase's timed rounds start with its first call in this session, which includes "
-        "one-time costs; on GPU, Triton compiling the kernels its cache (~/.triton) lacks (liger-kernel's, the "
-        "fast engine's) and the fast engine capturing its CUDA graphs: on an H100 at VERL's 1.5B replay shape a "
-        "cold cache added about 2 s to old_log_prob and to update_actor; at the 7B's, on one H200, a first "
-        "update_actor took 92 s against 50 s later, most of it pinning host memory for the optimizer's "
-        "moments; set-up now pins it, and the first call took 55 s (docs/benchmarks.md)"
+        f"{why}: each phase's timed rounds start with its first call in this session. On GPU each worker's "
+        "set-up, outside every phase, compiles the fast engine's and the training phases' kernels and pins host "
+        "memory for offloaded optimizer state (the set-up line); what a first call still meets stays in its "
+        "phase, such as AdamW creating its moments at the first optimizer step and a Triton kernel compiled "
+        "for a shape the warm-ups did not meet (docs/benchmarks.md)"
     )
 
 

@@ -298,8 +298,18 @@ def update_mini_batch(
     metrics: UpdateMetrics,
 ) -> None:
     """One optimizer step on this worker's slice of a global mini-batch."""
-    global_norm = dp.all_reduce_sum(loss_normaliser(cfg.loss_agg_mode, mini.response_mask))
     optimizer.zero_grad(set_to_none=True)
+    mini_batch_gradients(model, mini, cfg, settings, dp, metrics)
+    grad_norm, stepped = optimizer_step(model, optimizer, cfg, dp)
+    metrics.end_mini_batch(grad_norm, stepped, dp)
+
+
+def mini_batch_gradients(
+    model: torch.nn.Module, mini: Batch, cfg: ActorConfig, settings: UpdateSettings, dp: DataParallel,
+    metrics: UpdateMetrics,
+) -> None:
+    """The gradients of the global mini-batch's loss from this worker's slice, micro-batch by micro-batch."""
+    global_norm = dp.all_reduce_sum(loss_normaliser(cfg.loss_agg_mode, mini.response_mask))
     groups = micro_batch_groups(
         mini, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, dp,
         needs_lockstep(model, dp),
@@ -310,8 +320,6 @@ def update_mini_batch(
             # same number of groups under lockstep, so they agree on which one is last).
             accumulate_gradients(model, last_micro_batch=index == len(groups) - 1)
             backward_micro_batch(model, mini, rows, cfg, settings, global_norm, metrics)
-    grad_norm, stepped = optimizer_step(model, optimizer, cfg, dp)
-    metrics.end_mini_batch(grad_norm, stepped, dp)
 
 
 def update_policy(

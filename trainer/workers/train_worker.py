@@ -49,6 +49,7 @@ from trainer.workers.fsdp import (
 )
 from trainer.workers.memory_peaks import PhasePeaks, worker_figures
 from trainer.workers.shard_state import ShardSources, load_shards, save_shard
+from trainer.workers.training_warm_up import rows_of_lengths, warm_up_response_lengths, warm_up_training
 
 
 class TrainWorker:
@@ -113,8 +114,11 @@ class TrainWorker:
         self.actor_dtype = dtype
         self.engine = self._make_engine(arr.rollout)
         self.panel_engines: dict[str, Any] = {}  # name -> engine of the rollout panel (generate_with)
-        # the engine's kernels compiled before the first timed gen, as vLLM's are when it starts (GPU only)
-        warm_up = self._warm_up(self.engine) if self.device.type == "cuda" else 0.0
+        # the engine's kernels compiled before the first timed gen, as vLLM's are when it starts, and
+        # the training phases' before their first timed call (GPU only: on CPU nothing compiles)
+        on_gpu = self.device.type == "cuda"
+        warm_up = self._warm_up(self.engine) if on_gpu else 0.0
+        training_warm_up = self._warm_up_training() if on_gpu else 0.0
         # Last: what pins host memory before this (an offloaded ref's shards, of the moments' very
         # sizes) would take the reserved blocks from the pool for good.
         pinning = time.perf_counter()
@@ -136,6 +140,7 @@ class TrainWorker:
             "pinned_moment_bytes": pinned,
             "pinning_s": round(pinning, 3),
             "rollout_warm_up_s": round(warm_up, 3),
+            "training_warm_up_s": round(training_warm_up, 3),
         }
 
     def _warm_up(self, engine: Any) -> float:
@@ -143,10 +148,34 @@ class TrainWorker:
         prompt width and max_response_length."""
         data, rollout = self.cfg.data, self.cfg.actor_rollout_ref.rollout
         prompts = math.ceil(data.train_batch_size / self.world_size)  # the driver's even split: its largest share
-        # synthetic prompts are padded to this length (only without train_files); a prompt is never longer than the cap
+        return engine.warm_up(
+            prompts, rollout.n, self._prompt_width(), data.max_response_length, SamplingParams.from_config(rollout)
+        )
+
+    def _warm_up_training(self) -> float:
+        """warm_up_training (trainer/workers/training_warm_up.py) on two short rows of the step's
+        prompt width; its seconds, the device synchronised."""
+        start = time.perf_counter()
+        data, arr = self.cfg.data, self.cfg.actor_rollout_ref
+        prompt_len = self._prompt_width()
+        lengths = warm_up_response_lengths(prompt_len, data.max_response_length)
+        rows = rows_of_lengths(lengths, prompt_len, len(self.tokenizer), torch.Generator().manual_seed(0))
+        settings = UpdateSettings(
+            temperature=arr.rollout.temperature, max_response_length=data.max_response_length,
+            n_mini_batches=1, device=self.device,
+        )
+        warm_up_training(self.actor, self.ref, self.optimizer, rows, arr.actor, settings, self.dp)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # the first timed phase starts from the allocator it would have met
+        return time.perf_counter() - start
+
+    def _prompt_width(self) -> int:
+        """A step's prompt columns: synthetic prompts are padded to synthetic_prompt_length (only
+        without train_files); a prompt is never longer than max_prompt_length."""
+        data = self.cfg.data
         synthetic = data.synthetic_prompt_length if not data.train_files else 0
-        prompt_len = min(synthetic or data.max_prompt_length, data.max_prompt_length)
-        return engine.warm_up(prompts, rollout.n, prompt_len, data.max_response_length, SamplingParams.from_config(rollout))
+        return min(synthetic or data.max_prompt_length, data.max_prompt_length)
 
     def _build_trained_model(self, path: str, dtype: torch.dtype) -> torch.nn.Module:
         """The actor's or ref's model: the session's seeded weights (every rank builds the same), with
