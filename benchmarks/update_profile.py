@@ -8,7 +8,9 @@ a group of one; with ``--world N``, N workers, one a GPU, each in its own proces
 batch of the shape, FSDP2 over all of them, each writing its own results) at step16x8's shape by default (16 prompts x 8, prompt 256 + response 1024, the 1.5B
 preset, use_liger, the KL loss; ``--config`` adds or replaces keys). It generates one batch with its
 own rollout engine (or, with ``--response-lengths``, makes rows of those lengths without decoding), then
-records each phase's first call (cold caches) and times each phase ``--rounds`` times on that batch (as the suites time them,
+records each phase's first call (after the worker's set-up, which on GPU warms the training phases'
+kernels since 2026-11-29: trainer/workers/training_warm_up.py; earlier first-call figures in
+docs/benchmarks.md predate it) and times each phase ``--rounds`` times on that batch (as the suites time them,
 the device synchronised at the end), with NVML sampling the GPU: SM clock, power and how often the
 power cap held the clock back. Then it runs each phase once more under torch's profiler and reads
 the trace: how long the GPU ran kernels (the union of their intervals) against the call's wall time,
@@ -18,7 +20,7 @@ the GPU (a sync drains the queue, and the GPU idles until the host launches agai
 slows the host, so the profiled call's gaps bound the timed calls' from above. The trace's summary
 also splits the GPU's busy time by kernel family (matmul, attention, NCCL, the foreach kernels of AdamW
 and of gradient clipping, copies, the rest) and names the kernels that took longest; each phase's row has its peak memory, from the timed
-rounds. ``--profile-first`` profiles each phase's first call instead (what a cold step pays).
+rounds. ``--profile-first`` profiles each phase's first call instead (what a session's first step still pays).
 
 Results: OUT_DIR/update_profile.json (``_rankR`` before the suffix with ``--world``); the profiled traces (chrome format, gzip) beside it, which
 ``python benchmarks/update_profile.py --read TRACE.json.gz`` summarises again. Runs on a CPU too (with
@@ -340,7 +342,7 @@ def main() -> None:
     ap.add_argument("--config", nargs="*", default=[], help="KEY=VALUE overrides after step16x8's")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--profile-first", action="store_true",
-                    help="profile each phase's first call (cold caches) instead of one after the timed rounds")
+                    help="profile each phase's first call (after set-up's warm-ups) instead of one after the timed rounds")
     ap.add_argument("--read", nargs="+", default=None, metavar="TRACE", help="only summarise these traces")
     ap.add_argument("--response-lengths", type=int, nargs="+", default=None, metavar="N",
                     help="skip generation: rows of these response lengths (random ids; GRPO groups of rollout.n in order)")
@@ -389,7 +391,7 @@ def main() -> None:
     last = batch.response_mask.sum(1).clamp(min=1) - 1
     batch.token_level_scores[torch.arange(batch.size), last] = torch.randint(0, 2, (batch.size,), generator=gen).float()
     batch.token_level_rewards = batch.token_level_scores
-    # each phase's first call: cold caches (Triton, cuDNN plans, the host allocator's pinned pool), as in
+    # each phase's first call: what set-up's warm-ups left cold (the host allocator's pinned pool, AdamW's state), as in
     # a step that is the process's first; old_log_prob's and ref's are the calls that fill the batch
     first_calls: dict[str, dict[str, Any]] = {}
 

@@ -2,7 +2,8 @@
 ref's and update_actor's code, and leaves nothing that changes what a step then computes.
 
 A GPU worker runs it in its set-up; on the CPU (no kernels to compile) the tests call it themselves,
-on one worker with each strategy (dp, and FSDP2 over a gloo group of one)."""
+on one worker with each strategy (dp, and FSDP2 over a gloo group of one, where FSDP2 keeps CPU
+shards and its gather and gradient-sync switches do nothing: the calls that set them are checked)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 import torch
 
 from trainer.config import build_config
+from trainer.workers import actor as actor_module
 from trainer.workers import training_warm_up
+from trainer.workers.fsdp import PolicyModel
 from trainer.workers.train_worker import TrainWorker
 from trainer.workers.training_warm_up import rows_of_lengths, warm_up_response_lengths
 
@@ -18,19 +21,21 @@ from trainer.workers.training_warm_up import rows_of_lengths, warm_up_response_l
 @pytest.mark.parametrize(
     "prompt,max_response,expected",
     [
-        (148, 27648, [1900, 1883]),  # VERL's 1.5B replay: rows of 2,048 and 2,031 tokens
-        (256, 1024, [1024, 1007]),  # step16x8: 1,280 and 1,263
-        (8, 16, [8]),  # 24 tokens at most: 16 fits, 16 - 17 does not
-        (15, 1, [1]),  # 16 tokens: one row of the one multiple of 16
-        (20, 3, [3]),  # 23 tokens at most and no multiple of 16 past the prompt: the longest row
+        (148, 27648, [1900, 1899, 949]),  # VERL's 1.5B replay: a lone row of 2,048 tokens, a pair of 2,047 + 1,097
+        (256, 1024, [1024, 1023, 511]),  # step16x8
+        (2048, 1024, [32, 31, 15]),  # a prompt past the budget still leaves 32 response tokens
+        (8, 16, [8, 16, 8]),
+        (15, 1, [1]),  # one response token: a row of 16, no row of the other class
+        (20, 3, [3]),  # no multiple of 16 within reach: the longest row alone
     ],
 )
-def test_the_rows_are_one_multiple_of_16_tokens_and_one_not(prompt, max_response, expected):
+def test_a_lone_row_of_a_multiple_of_16_tokens_and_a_pair_that_is_not(prompt, max_response, expected):
     lengths = warm_up_response_lengths(prompt, max_response)
     assert lengths == expected
     assert all(1 <= n <= max_response for n in lengths)
-    if len(lengths) == 2:  # Triton specialises an integer on being a multiple of 16: both classes met
-        assert [(prompt + n) % 16 == 0 for n in lengths] == [True, False]
+    if len(lengths) == 3:  # Triton specialises an integer on being a multiple of 16: both classes met
+        lone, *pair = lengths
+        assert (prompt + lone) % 16 == 0 and (2 * prompt + sum(pair)) % 16 != 0
 
 
 def test_rows_of_lengths_hold_exactly_those_response_tokens():
@@ -78,22 +83,35 @@ def test_a_warmed_worker_computes_the_step_of_a_cold_one(strategy, monkeypatch):
         cold.shutdown()
 
     forwards = {"actor": 0, "ref": 0}
-    had_gradients = []
+    had_gradients, packed, syncs = [], [], []
     gradients = training_warm_up.mini_batch_gradients
+    packed_hidden = PolicyModel._packed_hidden
+    accumulate = actor_module.accumulate_gradients
 
     def watched(model, *args):
         gradients(model, *args)
         had_gradients.append(any(p.grad is not None and bool(p.grad.abs().sum()) for p in model.parameters()))
 
+    def watched_packing(self, *args):
+        packed.append(args[-1])  # the packed rows' lengths
+        return packed_hidden(self, *args)
+
     monkeypatch.setattr(training_warm_up, "mini_batch_gradients", watched)
+    monkeypatch.setattr(PolicyModel, "_packed_hidden", watched_packing)
+    monkeypatch.setattr(actor_module, "accumulate_gradients", lambda m, last_micro_batch: (
+        syncs.append(last_micro_batch), accumulate(m, last_micro_batch=last_micro_batch)))
     warm = _worker(strategy)
     try:
         warm.actor.register_forward_pre_hook(lambda *_: forwards.__setitem__("actor", forwards["actor"] + 1))
         warm.ref.register_forward_pre_hook(lambda *_: forwards.__setitem__("ref", forwards["ref"] + 1))
-        before = _weights(warm)
+        before, rng = _weights(warm), torch.get_rng_state()
         assert warm._warm_up_training() > 0
-        # two rows, one micro-batch each: log-probs by both models, then the actor's loss and backward
-        assert forwards == {"actor": 4, "ref": 2} and had_gradients == [True]
+        # two micro-batches (the pair, packed, and the lone row): log-probs by both models, then the
+        # actor's loss and backward on each as its own mini-batch, its gradients synchronised at once
+        assert forwards == {"actor": 4, "ref": 2} and had_gradients == [True, True]
+        assert len(packed) == 3 and all(len(lengths) == 2 for lengths in packed), packed  # actor, ref, update
+        assert syncs == [True, True], "a warm-up backward left FSDP's gradient sync off"
+        assert torch.equal(torch.get_rng_state(), rng), "the warm-up moved the CPU generator"
         assert all(p.grad is None for p in warm.actor.parameters()), "the warm-up's gradients were kept"
         assert not warm.optimizer.state, "the warm-up stepped the optimizer"
         after = _weights(warm)

@@ -407,9 +407,10 @@ def first_call_note(why: str) -> str:
     """What a session without warm-up rounds times (``why``: the option that says so): each phase's
     first call, with what one-time costs the workers' set-up does not take."""
     return (
-        f"{why}: each phase's timed rounds start with its first call in this session. On GPU each worker's "
-        "set-up, outside every phase, compiles the fast engine's and the training phases' kernels and pins host "
-        "memory for offloaded optimizer state (the set-up line); what a first call still meets stays in its "
+        f"{why}: each phase's timed rounds start with its first call in this session. On GPU each of the "
+        "bundled trainer's workers, at set-up and outside every phase, compiles the fast engine's and the training "
+        "phases' kernels and pins host memory for offloaded optimizer state (the set-up line; other frameworks' "
+        "trainers do as they do); what a first call still meets stays in its "
         "phase, such as AdamW creating its moments at the first optimizer step and a Triton kernel compiled "
         "for a shape the warm-ups did not meet (docs/benchmarks.md)"
     )

@@ -153,13 +153,15 @@ class TrainWorker:
         )
 
     def _warm_up_training(self) -> float:
-        """warm_up_training (trainer/workers/training_warm_up.py) on two short rows of the step's
+        """warm_up_training (trainer/workers/training_warm_up.py) on three short rows of the step's
         prompt width; its seconds, the device synchronised."""
         start = time.perf_counter()
         data, arr = self.cfg.data, self.cfg.actor_rollout_ref
         prompt_len = self._prompt_width()
         lengths = warm_up_response_lengths(prompt_len, data.max_response_length)
-        rows = rows_of_lengths(lengths, prompt_len, len(self.tokenizer), torch.Generator().manual_seed(0))
+        # ids the model embeds: a tokenizer may name tokens past the embedding's rows
+        vocab = min(len(self.tokenizer), self.actor.lm.get_input_embeddings().num_embeddings)
+        rows = rows_of_lengths(lengths, prompt_len, vocab, torch.Generator().manual_seed(0))
         settings = UpdateSettings(
             temperature=arr.rollout.temperature, max_response_length=data.max_response_length,
             n_mini_batches=1, device=self.device,

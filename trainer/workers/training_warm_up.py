@@ -6,14 +6,18 @@ published step times come from a run of many steps, where these costs are long p
 replay (``--rl-warmup-rounds 0``) would time them inside its only step: on VERL's 1.5B replay on one
 H200 with a cold cache, old_log_prob took 13.6 s and update_actor 40.0 s without this warm-up, 10.4
 and 35.8 s with it, which took 9.2 s of set-up (docs/benchmarks.md). So each GPU worker runs, at set-up and outside every timed phase, the
-three training phases' code on two short rows, each its own micro-batch, and throws the results away:
+three training phases' code on three short rows and throws the results away:
 
-- log-probs by the actor and by the ref (the code of old_log_prob and ref);
-- the actor's loss and backward over both rows (update_actor's code), then the gradients dropped.
-  No optimizer step: the weights, the optimizer's state and its step count stay as they were.
+- log-probs by the actor and by the ref (the code of old_log_prob and ref), in two micro-batches:
+  one row alone, and two rows of unequal lengths, which with ``use_remove_padding`` are packed where
+  packing pays (trainer.batch.packing_pays; a step meets both: a long row alone, rows packed together);
+- the actor's loss and backward on the same two micro-batches, each its own mini-batch (so each
+  backward reduce-scatters at once and no unsharded gradient is held across them), the gradients
+  dropped after each. No optimizer step: the weights, the optimizer's state and its step count stay
+  as they were; the random number generators' states are restored.
 
-Triton specialises a kernel's integer arguments on whether they are a multiple of 16, so one row's
-token count is a multiple of 16 and the other's is not. The rows' values do not matter (random ids).
+Triton specialises a kernel's integer arguments on whether they are a multiple of 16, so the lone
+row's token count is a multiple of 16 and the pair's is not. The rows' values do not matter.
 """
 
 from __future__ import annotations
@@ -27,19 +31,25 @@ from trainer.config import ActorConfig
 from trainer.workers.actor import UpdateMetrics, UpdateSettings, compute_log_probs, mini_batch_gradients
 from trainer.workers.distributed import DataParallel
 
-TOKEN_BUDGET = 2048  # tokens of the longer warm-up row: enough for every kernel, short enough to cost ~1 s
+RESPONSE_BUDGET = 2048  # response tokens of the longest warm-up row (fewer after a long prompt, at least 32)
 
 
-def warm_up_response_lengths(prompt_length: int, max_response_length: int, budget: int = TOKEN_BUDGET) -> list[int]:
-    """Response lengths of the warm-up's rows after prompts of ``prompt_length``: one whose row (prompt
-    and response) is a multiple of 16 tokens and one that is not, each at most ``max_response_length``;
-    fewer where the limits leave no room (a row needs at least one response token)."""
-    longest = min(budget, prompt_length + max_response_length)
-    aligned = longest // 16 * 16  # a multiple of 16 tokens
-    lengths = [aligned - prompt_length, aligned - 17 - prompt_length]  # the second: 15 mod 16
-    if aligned - prompt_length < 1:  # no multiple of 16 fits: the longest row, whatever its class
-        lengths = [longest - prompt_length]
-    return [n for n in lengths if n >= 1]
+def warm_up_response_lengths(prompt_length: int, max_response_length: int, budget: int = RESPONSE_BUDGET) -> list[int]:
+    """Response lengths of the warm-up's rows after prompts of ``prompt_length``: first the lone row,
+    whose row (prompt and response) is a multiple of 16 tokens, then the packed pair, a row as long
+    and one about half as long, together not a multiple of 16. At most ``max_response_length`` each;
+    fewer rows where the limits leave no room for a class."""
+    cap = min(max_response_length, max(budget - prompt_length, 32))
+
+    def longest(aligned: bool) -> int | None:  # the longest response up to cap whose row is (not) aligned
+        return next((r for r in range(cap, max(cap - 16, 0), -1) if ((prompt_length + r) % 16 == 0) == aligned), None)
+
+    lone, other = longest(True), longest(False)
+    if lone is None or other is None:  # too short for both classes: the longest row alone
+        return [cap]
+    half = max(1, other // 2)
+    pair = [other, half] if (2 * prompt_length + other + half) % 16 else [other, max(1, half - 1)]
+    return [lone, *pair] if pair[0] != pair[1] else [lone, other]
 
 
 def rows_of_lengths(
@@ -68,18 +78,28 @@ def warm_up_training(
     settings: UpdateSettings,
     dp: DataParallel,
 ) -> None:
-    """old_log_prob's, ref's and update_actor's code on ``rows``, one row a micro-batch; nothing kept.
+    """old_log_prob's, ref's and update_actor's code on ``rows`` (warm_up_response_lengths' order: the
+    lone row, then the pair), in two micro-batches; nothing kept.
 
-    Every worker of an FSDP group must call it with as many rows (its forwards are collectives)."""
+    Every worker of an FSDP group must call it with the same rows (its forwards are collectives)."""
     device = settings.device
-    old = compute_log_probs(actor, rows, settings.temperature, 1, False, 0, dp, device)  # [B, R]
-    ref_lp = compute_log_probs(ref, rows, settings.temperature, 1, False, 0, dp, device) if ref is not None else old
-    work = dataclasses.replace(rows, old_log_probs=old, ref_log_probs=ref_lp, advantages=torch.ones_like(old))
-    one_row_each = dataclasses.replace(actor_cfg, ppo_micro_batch_size_per_gpu=1, use_dynamic_bsz=False)
-    was_training = actor.training
-    actor.train()
-    try:
-        mini_batch_gradients(actor, work, one_row_each, settings, dp, UpdateMetrics())
-    finally:
-        optimizer.zero_grad(set_to_none=True)  # the update's gradients start from none, as before
-        actor.train(was_training)
+    micro_batches = [[1, 2], [0]] if rows.size == 3 else [[i] for i in range(rows.size)]
+    ordered = rows.select([i for group in micro_batches for i in group])
+    size = len(micro_batches[0])  # fixed-size groups of consecutive rows: exactly micro_batches
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        old = compute_log_probs(actor, ordered, settings.temperature, size, False, 0, dp, device)  # [B, R]
+        ref_lp = compute_log_probs(ref, ordered, settings.temperature, size, False, 0, dp, device) if ref is not None else old
+        work = dataclasses.replace(ordered, old_log_probs=old, ref_log_probs=ref_lp, advantages=torch.ones_like(old))
+        whole = dataclasses.replace(actor_cfg, ppo_micro_batch_size_per_gpu=len(ordered.uids), use_dynamic_bsz=False)
+        was_training = actor.training
+        actor.train()
+        try:
+            start = 0
+            for group in micro_batches:  # each its own mini-batch: its gradients reduced and dropped at once
+                mini = work.select(list(range(start, start + len(group))))
+                start += len(group)
+                mini_batch_gradients(actor, mini, whole, settings, dp, UpdateMetrics())
+                optimizer.zero_grad(set_to_none=True)
+        finally:
+            optimizer.zero_grad(set_to_none=True)  # the update's gradients start from none, as before
+            actor.train(was_training)
