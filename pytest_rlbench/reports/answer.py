@@ -25,6 +25,7 @@ from pytest_rlbench.records.metrics import (
     MAX_RESERVED,
     MFU,
     SETUP,
+    SETUP_FIGURES,
     TIMING,
     format_value,
     metric_label,
@@ -213,20 +214,20 @@ def memory_line(run: RunRecord) -> list[str]:
     return [f"peak GPU memory per GPU (largest round), GiB allocated/reserved: {', '.join(parts)}"] if parts else []
 
 
+# Each SETUP_FIGURES metric in the summary's words, {s} its seconds.
+SETUP_WORDS = {
+    "rollout_warm_up": "rollout warm-up {s:.1f} s (its kernels compiled before the first gen, as vLLM's are when it starts)",
+    "training_warm_up": "training warm-up {s:.1f} s (old_log_prob's, ref's and update_actor's kernels compiled "
+    "before their first call)",
+    "pinning": "host memory pinned for the optimizer state in {s:.1f} s",
+}
+
+
 def setup_line(run: RunRecord) -> list[str]:
     """What the slowest worker's set-up spent outside every timed phase (SETUP_FIGURES); nothing where
     it spent none (CPU workers, no offloaded optimizer state)."""
-    warm = run.metrics.get(f"{SETUP}/rollout_warm_up")
-    training = run.metrics.get(f"{SETUP}/training_warm_up")
-    pinning = run.metrics.get(f"{SETUP}/pinning")
-    parts = []
-    if warm is not None:
-        parts.append(f"rollout warm-up {max(warm.value):.1f} s (its kernels compiled before the first gen, as vLLM's are when it starts)")
-    if training is not None:
-        parts.append(f"training warm-up {max(training.value):.1f} s (old_log_prob's, ref's and update_actor's kernels "
-                     "compiled before their first call)")
-    if pinning is not None:
-        parts.append(f"host memory pinned for the optimizer state in {max(pinning.value):.1f} s")
+    figures = {name: run.metrics.get(f"{SETUP}/{name}") for name in SETUP_FIGURES}
+    parts = [SETUP_WORDS[name].format(s=max(m.value)) for name, m in figures.items() if m is not None]
     return [f"set-up, outside every timed phase: {'; '.join(parts)}"] if parts else []
 
 

@@ -28,7 +28,13 @@ import torch
 
 from trainer.batch import Batch
 from trainer.config import ActorConfig
-from trainer.workers.actor import UpdateMetrics, UpdateSettings, compute_log_probs, mini_batch_gradients
+from trainer.workers.actor import (
+    UpdateMetrics,
+    UpdateSettings,
+    compute_log_probs,
+    micro_batch_groups,
+    mini_batch_gradients,
+)
 from trainer.workers.distributed import DataParallel
 
 RESPONSE_BUDGET = 2048  # response tokens of the longest warm-up row (fewer after a long prompt, at least 32)
@@ -83,22 +89,19 @@ def warm_up_training(
 
     Every worker of an FSDP group must call it with the same rows (its forwards are collectives)."""
     device = settings.device
-    micro_batches = [[1, 2], [0]] if rows.size == 3 else [[i] for i in range(rows.size)]
-    ordered = rows.select([i for group in micro_batches for i in group])
-    size = len(micro_batches[0])  # fixed-size groups of consecutive rows: exactly micro_batches
+    ordered = rows.select([1, 2, 0]) if rows.size == 3 else rows  # the pair first: micro-batches are consecutive rows
+    size = 2 if rows.size == 3 else 1  # the pair, then the lone row; else a row each
+    one_micro_batch = dataclasses.replace(actor_cfg, ppo_micro_batch_size_per_gpu=size, use_dynamic_bsz=False)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         old = compute_log_probs(actor, ordered, settings.temperature, size, False, 0, dp, device)  # [B, R]
         ref_lp = compute_log_probs(ref, ordered, settings.temperature, size, False, 0, dp, device) if ref is not None else old
         work = dataclasses.replace(ordered, old_log_probs=old, ref_log_probs=ref_lp, advantages=torch.ones_like(old))
-        whole = dataclasses.replace(actor_cfg, ppo_micro_batch_size_per_gpu=len(ordered.uids), use_dynamic_bsz=False)
         was_training = actor.training
         actor.train()
         try:
-            start = 0
-            for group in micro_batches:  # each its own mini-batch: its gradients reduced and dropped at once
-                mini = work.select(list(range(start, start + len(group))))
-                start += len(group)
-                mini_batch_gradients(actor, mini, whole, settings, dp, UpdateMetrics())
+            # each of the log-prob passes' micro-batches is a mini-batch here: its gradients reduced and dropped at once
+            for group in micro_batch_groups(ordered, size, False, 0, dp):
+                mini_batch_gradients(actor, work.select(group), one_micro_batch, settings, dp, UpdateMetrics())
                 optimizer.zero_grad(set_to_none=True)
         finally:
             optimizer.zero_grad(set_to_none=True)  # the update's gradients start from none, as before
