@@ -1,6 +1,7 @@
 """What a training phase's first call pays that later calls do not: attention's per-shape set-up (issue 31).
 
     python benchmarks/first_call_probe.py OUT.json [--model r1-distill-qwen-7b] [--tokens 30000] [--shapes 4]
+                                                   [--padded cudnn flash efficient]
 
 A step's micro-batches pack rows of new lengths each step, so a cost paid once per new shape recurs in
 every step of a run, while one paid once per process (a kernel's compilation) does not. For ``--shapes``
@@ -8,7 +9,11 @@ draws of packed rows (lognormal lengths, mean 10,426 tokens, cut to ``--tokens``
 replay's micro-batches), this times one layer's packed causal attention (trainer/models/packed_attention.py,
 the model's heads) forward and forward + backward, twice on each shape: the first call on a shape
 against the second. Then the same for liger-kernel's RMSNorm and SwiGLU, which the actor runs with
-``use_liger``. GPU only; bf16.
+``use_liger``. With ``--padded``, the same for the padded rows' attention (the actor's path where
+packing does not pay, or without ``use_remove_padding``): F.scaled_dot_product_attention, causal, no
+mask, grouped-query (as transformers' sdpa attention calls it), under each backend named, on one or
+two rows padded to a drawn length: cuDNN's attention builds an execution plan for each new shape.
+GPU only; bf16.
 """
 
 from __future__ import annotations
@@ -44,6 +49,15 @@ def attention(q, k, v, cu, max_len: int, backward: bool) -> None:
         out.sum().backward()
 
 
+def padded_attention(q, k, v, backend, backward: bool) -> None:
+    from torch.nn.attention import sdpa_kernel
+
+    with torch.set_grad_enabled(backward), sdpa_kernel([backend]):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    if backward:
+        out.sum().backward()
+
+
 def liger_pair(fn, *inputs) -> None:
     fn(*inputs).sum().backward()
 
@@ -57,12 +71,40 @@ def packed_lengths(tokens: int, gen: torch.Generator) -> list[int]:
     return out
 
 
+def padded_rows(args, heads: int, kv: int, d: int, dev: torch.device, dt: torch.dtype) -> list[dict]:
+    """For each drawn shape (1 or 2 rows of one drawn length), each backend's first and second call."""
+    from torch.nn.attention import SDPBackend
+
+    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+    gen = torch.Generator().manual_seed(1)
+    rows_out = []
+    for shape in range(args.shapes):
+        length = packed_lengths(27_798, gen)[0]  # one draw of the length law, at most 27,798 tokens
+        rows = 1 + shape % 2
+        q = torch.randn(rows, heads, length, d, device=dev, dtype=dt, requires_grad=True)
+        k = torch.randn(rows, kv, length, d, device=dev, dtype=dt, requires_grad=True)
+        v = torch.randn(rows, kv, length, d, device=dev, dtype=dt, requires_grad=True)
+        for name in args.padded:
+            row: dict = {"shape": shape, "rows": rows, "length": length, "backend": name}
+            try:
+                row["forward_s"] = twice(functools.partial(padded_attention, q, k, v, backends[name], False))
+                row["forward_backward_s"] = twice(functools.partial(padded_attention, q, k, v, backends[name], True))
+            except RuntimeError as exc:  # a backend that cannot take this call says so
+                row["error"] = str(exc).splitlines()[0][:200]
+            rows_out.append(row)
+            print(json.dumps(row), flush=True)
+    return rows_out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--model", default="r1-distill-qwen-7b")
     ap.add_argument("--tokens", type=int, default=30_000)
     ap.add_argument("--shapes", type=int, default=4)
+    ap.add_argument("--padded", nargs="*", default=[], choices=["cudnn", "flash", "efficient", "math"],
+                    help="also time the padded rows' attention under these SDPA backends")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("first_call_probe.py needs a CUDA GPU")
@@ -86,6 +128,7 @@ def main() -> None:
                "forward_backward_s": twice(functools.partial(attention, q, k, v, cu, max(lengths), True))}
         result["attention"].append(row)
         print(json.dumps(row), flush=True)
+    result["padded"] = padded_rows(args, heads, kv, d, dev, dt) if args.padded else []
     try:
         from liger_kernel.transformers.functional import liger_rms_norm, liger_swiglu
     except ImportError as exc:

@@ -10,32 +10,70 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trainer.batch import packing_pays
 from trainer.config import build_config
 from trainer.workers import actor as actor_module
 from trainer.workers import training_warm_up
 from trainer.workers.fsdp import PolicyModel
 from trainer.workers.train_worker import TrainWorker
-from trainer.workers.training_warm_up import rows_of_lengths, warm_up_response_lengths
+from trainer.workers.training_warm_up import rows_of_lengths, warm_up_mini_batches, warm_up_plan
 
 
 @pytest.mark.parametrize(
     "prompt,max_response,expected",
     [
-        (148, 27648, [1900, 1899, 949]),  # VERL's 1.5B replay: a lone row of 2,048 tokens, a pair of 2,047 + 1,097
-        (256, 1024, [1024, 1023, 511]),  # step16x8
-        (2048, 1024, [32, 31, 15]),  # a prompt past the budget still leaves 32 response tokens
-        (8, 16, [8, 16, 8]),
-        (15, 1, [1]),  # one response token: a row of 16, no row of the other class
-        (20, 3, [3]),  # no multiple of 16 within reach: the longest row alone
+        # VERL's 1.5B replay: lone rows of 2,036 and 2,048 tokens, equal pairs of them, packed pairs of
+        # 2,208 and 2,200 tokens
+        (148, 27648, [[[1888], [1900]], [[1888, 1888], [1900, 1900]], [[1900, 12], [1900, 4]]]),
+        (256, 1024, [[[1024], [1023]], [[1024, 1024], [1023, 1023]], [[1024, 16], [1024, 15]]]),  # step16x8
+        (2048, 1024, [[[32], [31]], [[32, 32], [31, 31]], [[32, 16], [32, 15]]]),  # past the budget: 32 tokens
+        (8, 16, [[[16], [8]], [[16, 16], [8, 8]], [[16, 15]]]),  # no short row of the other pair's class fits
+        (15, 1, [[[1]], [[1, 1]]]),  # one response token: no pair to pack
+        (20, 3, [[[3]], [[3, 3]]]),  # neither class of lone row within reach: the longest row alone
     ],
 )
-def test_a_lone_row_of_a_multiple_of_16_tokens_and_a_pair_that_is_not(prompt, max_response, expected):
-    lengths = warm_up_response_lengths(prompt, max_response)
-    assert lengths == expected
-    assert all(1 <= n <= max_response for n in lengths)
-    if len(lengths) == 3:  # Triton specialises an integer on being a multiple of 16: both classes met
-        lone, *pair = lengths
-        assert (prompt + lone) % 16 == 0 and (2 * prompt + sum(pair)) % 16 != 0
+def test_the_plan(prompt, max_response, expected):
+    assert warm_up_plan(prompt, max_response) == expected
+
+
+@pytest.mark.parametrize("prompt", [148, 149, 256, 1000, 1024])
+def test_the_plan_meets_both_classes_of_each_count_in_each_path(prompt):
+    """Triton compiles a kernel for each class of its integer arguments (a multiple of 16 or not): the
+    lone rows and the packed pairs meet both classes of their token counts, rows with prompts and
+    responses alone, and the pairs pack."""
+    lone, equal, packed = warm_up_plan(prompt, 27648)
+    responses = [micro[0] for micro in lone]
+    assert equal == [[r, r] for r in responses]
+    for counts in ([r % 16 == 0 for r in responses], [(prompt + r) % 16 == 0 for r in responses],
+                   [sum(p) % 16 == 0 for p in packed], [(2 * prompt + sum(p)) % 16 == 0 for p in packed]):
+        assert sorted(counts) == [False, True], (prompt, lone, packed)
+    for pair in packed:
+        assert packing_pays([prompt + r for r in pair]), pair
+        assert all(1 <= r <= 27648 for r in pair)
+    assert max(prompt + r for mini in (lone, packed) for micro in mini for r in micro) <= 2048
+
+
+def test_mini_batches_are_the_plans_rows_in_order():
+    got = warm_up_mini_batches([[[5], [3]], [[2, 4], [1, 6]]], 4, 50, torch.Generator().manual_seed(0))
+    assert [(rows.response_lengths.tolist(), size) for rows, size in got] == [([5, 3], 1), ([2, 4, 1, 6], 2)]
+    with pytest.raises(ValueError, match="micro-batches differ in size"):
+        warm_up_mini_batches([[[5], [3, 2]]], 4, 50, torch.Generator().manual_seed(0))
+
+
+def test_the_throwaway_step_leaves_the_optimizer_as_it_was():
+    model = torch.nn.Linear(3, 2).to(torch.float64)
+    real = torch.optim.AdamW([*model.parameters(), torch.nn.Parameter(torch.ones(2))], lr=0.5, betas=(0.8, 0.9),
+                             weight_decay=0.3, foreach=True)
+    before = [p.detach().clone() for group in real.param_groups for p in group["params"]]
+    twin = training_warm_up.throwaway_step(real)
+    assert not real.state, "the real optimizer created state"
+    after = [p for group in real.param_groups for p in group["params"]]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    # its own kind and settings, one small tensor per dtype of the real parameters, stepped once
+    assert type(twin) is torch.optim.AdamW and twin.defaults == real.defaults
+    stepped = [p for group in twin.param_groups for p in group["params"]]
+    assert sorted(str(p.dtype) for p in stepped) == ["torch.float32", "torch.float64"]
+    assert all(float(twin.state[p]["step"]) == 1 for p in stepped)
 
 
 def test_rows_of_lengths_hold_exactly_those_response_tokens():
@@ -106,11 +144,12 @@ def test_a_warmed_worker_computes_the_step_of_a_cold_one(strategy, monkeypatch):
         warm.ref.register_forward_pre_hook(lambda *_: forwards.__setitem__("ref", forwards["ref"] + 1))
         before, rng = _weights(warm), torch.get_rng_state()
         assert warm._warm_up_training() > 0
-        # two micro-batches (the pair, packed, and the lone row): log-probs by both models, then the
-        # actor's loss and backward on each as its own mini-batch, its gradients synchronised at once
-        assert forwards == {"actor": 4, "ref": 2} and had_gradients == [True, True]
-        assert len(packed) == 3 and all(len(lengths) == 2 for lengths in packed), packed  # actor, ref, update
-        assert syncs == [True, True], "a warm-up backward left FSDP's gradient sync off"
+        # three mini-batches of two micro-batches (lone rows, equal pairs, packed pairs): log-probs by
+        # both models, then the actor's loss and backward, the gradients synchronised after the second
+        assert forwards == {"actor": 12, "ref": 6} and had_gradients == [True, True, True]
+        # the packed pairs (8 + 24 and 8 + 7 response tokens after prompts of 8) by the actor, the ref, the update
+        assert sorted(map(tuple, packed)) == [(32, 15)] * 3 + [(32, 16)] * 3, packed
+        assert syncs == [False, True] * 3, "the warm-up's gradient sync differs from update_actor's"
         assert torch.equal(torch.get_rng_state(), rng), "the warm-up moved the CPU generator"
         assert all(p.grad is None for p in warm.actor.parameters()), "the warm-up's gradients were kept"
         assert not warm.optimizer.state, "the warm-up stepped the optimizer"

@@ -411,8 +411,8 @@ def first_call_note(why: str) -> str:
         "bundled trainer's workers, at set-up and outside every phase, compiles the fast engine's and the training "
         "phases' kernels and pins host memory for offloaded optimizer state (the set-up line; other frameworks' "
         "trainers do as they do); what a first call still meets stays in its "
-        "phase, such as AdamW creating its moments at the first optimizer step and a Triton kernel compiled "
-        "for a shape the warm-ups did not meet (docs/benchmarks.md)"
+        "phase, such as AdamW creating its moments at the first optimizer step, and so does what every step "
+        "pays for new row lengths, such as cuDNN's attention planning each new shape (docs/benchmarks.md)"
     )
 
 

@@ -274,13 +274,18 @@ def backward_micro_batch(
     metrics.add_micro_batch(out.loss.detach() * weight, out.token_sums(tokens), int(tokens))
 
 
+def reduce_and_clip_gradients(model: torch.nn.Module, max_norm: float, dp: DataParallel) -> float:
+    """The gradients summed over the workers and clipped to ``max_norm``; their norm before the clip."""
+    if not is_fsdp(model):  # FSDP reduce-scatters in the backward pass itself
+        dp.all_reduce_grads(model)
+    return clip_grad_norm([p for p in model.parameters() if p.requires_grad], max_norm)
+
+
 def optimizer_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: ActorConfig, dp: DataParallel
 ) -> tuple[float, bool]:
     """Reduce the gradients, clip them, step: (grad norm, whether the step was taken)."""
-    if not is_fsdp(model):  # FSDP reduce-scatters in the backward pass itself
-        dp.all_reduce_grads(model)
-    grad_norm = clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.grad_clip)
+    grad_norm = reduce_and_clip_gradients(model, cfg.grad_clip, dp)
     stepped = math.isfinite(grad_norm)  # a non-finite gradient would poison the weights: skip it
     if stepped:
         optimizer.step()

@@ -49,7 +49,7 @@ from trainer.workers.fsdp import (
 )
 from trainer.workers.memory_peaks import PhasePeaks, worker_figures
 from trainer.workers.shard_state import ShardSources, load_shards, save_shard
-from trainer.workers.training_warm_up import rows_of_lengths, warm_up_response_lengths, warm_up_training
+from trainer.workers.training_warm_up import warm_up_mini_batches, warm_up_plan, warm_up_training
 
 
 class TrainWorker:
@@ -153,20 +153,20 @@ class TrainWorker:
         )
 
     def _warm_up_training(self) -> float:
-        """warm_up_training (trainer/workers/training_warm_up.py) on three short rows of the step's
-        prompt width; its seconds, the device synchronised."""
+        """warm_up_training (trainer/workers/training_warm_up.py) on warm_up_plan's short rows after
+        the step's prompt width; its seconds, the device synchronised."""
         start = time.perf_counter()
         data, arr = self.cfg.data, self.cfg.actor_rollout_ref
         prompt_len = self._prompt_width()
-        lengths = warm_up_response_lengths(prompt_len, data.max_response_length)
+        plan = warm_up_plan(prompt_len, data.max_response_length)
         # ids the model embeds: a tokenizer may name tokens past the embedding's rows
         vocab = min(len(self.tokenizer), self.actor.lm.get_input_embeddings().num_embeddings)
-        rows = rows_of_lengths(lengths, prompt_len, vocab, torch.Generator().manual_seed(0))
+        mini_batches = warm_up_mini_batches(plan, prompt_len, vocab, torch.Generator().manual_seed(0))
         settings = UpdateSettings(
             temperature=arr.rollout.temperature, max_response_length=data.max_response_length,
             n_mini_batches=1, device=self.device,
         )
-        warm_up_training(self.actor, self.ref, self.optimizer, rows, arr.actor, settings, self.dp)
+        warm_up_training(self.actor, self.ref, self.optimizer, mini_batches, arr.actor, settings, self.dp)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()  # the first timed phase starts from the allocator it would have met
