@@ -1,7 +1,7 @@
 """The training phases' first-call costs paid at set-up: a short old_log_prob, ref and backward.
 
 Why: a process's first forward and backward compile Triton kernels that ~/.triton lacks (liger-kernel's
-RMSNorm, SwiGLU and RoPE, the LM head's log-prob kernels) and set up cuDNN's attention plans. VERL's
+RMSNorm, SwiGLU and RoPE, the LM head's log-prob kernels) and load cuDNN's attention (0.9 s). VERL's
 published step times come from a run of many steps, where these costs are long paid; a one-step
 replay (``--rl-warmup-rounds 0``) would time them inside its only step: on VERL's 1.5B replay on one
 H200 with a cold cache, old_log_prob took 13.6 s and update_actor 40.0 s without this warm-up
@@ -15,7 +15,7 @@ warm-up's micro-batches do too (``warm_up_plan``). On 16 rows of VERL's 1.5B rep
 warm-up of a lone row and a packed pair, one mini-batch each, left old_log_prob's first call 1.21 s
 and update_actor's 5.09 s longer than a later call; this one leaves 0.53 and 2.33 s
 (docs/benchmarks.md). What is left is mostly cuDNN's attention building an execution plan for each
-new shape of padded rows (40-130 ms each), which every step of a run pays again, its lengths being
+new shape of padded rows (40-140 ms each), which every step of a run pays again, its lengths being
 new: that stays in the phases.
 
 For each of its three mini-batches (lone rows, equal pairs, packed pairs), two micro-batches each:
