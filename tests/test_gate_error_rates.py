@@ -73,9 +73,17 @@ def test_the_settle_finds_a_process_that_carries_an_earlier_sessions_mark() -> N
 
     from gate_error_rates import RUN_MARK, marked_processes
 
+    def found() -> bool:
+        return any(line.split()[0] == str(child.pid) for line in marked_processes())
+
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env={**os.environ, RUN_MARK: "x-1"})
     try:
-        assert any(line.split()[0] == str(child.pid) for line in marked_processes())
+        # Popen returns once the child's exec is under way; the kernel shows its new environment in
+        # /proc a moment later (empty until then), so look again for a while
+        deadline = time.monotonic() + 10
+        while not found() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert found(), f"process {child.pid}, started with {RUN_MARK} set, is not among {marked_processes()}"
     finally:
         child.kill()
         child.wait()
