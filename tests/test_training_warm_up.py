@@ -14,7 +14,7 @@ from trainer.batch import packing_pays
 from trainer.config import build_config
 from trainer.workers import actor as actor_module
 from trainer.workers import training_warm_up
-from trainer.workers.fsdp import PolicyModel
+from trainer.workers.fsdp import PolicyModel, local_tensor
 from trainer.workers.train_worker import TrainWorker
 from trainer.workers.training_warm_up import rows_of_lengths, warm_up_mini_batches, warm_up_plan
 
@@ -109,7 +109,7 @@ def _step(worker: TrainWorker) -> tuple[torch.Tensor, torch.Tensor, dict, dict]:
 def _weights(worker: TrainWorker) -> dict[str, torch.Tensor]:
     """The actor's parameters as this worker holds them (its shards under FSDP2), copied. Not
     worker.state(): its optimizer state dict creates AdamW's state where none is yet."""
-    return {name: getattr(p, "_local_tensor", p).detach().clone() for name, p in worker.actor.named_parameters()}
+    return {name: local_tensor(p).detach().clone() for name, p in worker.actor.named_parameters()}
 
 
 @pytest.mark.parametrize("strategy", ["dp", "fsdp2"])

@@ -234,6 +234,11 @@ def _is_dtensor(t: Any) -> bool:
     return isinstance(t, DTensor)
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of ``t``: a DTensor's shard, or a plain tensor itself."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
 def full_tensor(t: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
     """The whole tensor behind a (possibly sharded) parameter, on ``device`` (a collective for a
     DTensor over several ranks: every rank must call it in the same order). Shards offloaded to the
@@ -362,7 +367,7 @@ def reserve_pinned_moments(optimizer: torch.optim.Optimizer) -> int:
         for group in optimizer.param_groups
         for param in group["params"]
         if param.requires_grad  # AdamW keeps no state for a frozen parameter
-        for local in [param.to_local() if _is_dtensor(param) else param] * 2  # exp_avg, exp_avg_sq
+        for local in [local_tensor(param)] * 2  # exp_avg, exp_avg_sq
     ]
     asked = sum(b.numel() * b.element_size() for b in blocks)  # what torch without host statistics reports
     grown = stats().get("allocated_bytes.current", 0) - before if stats else asked

@@ -47,6 +47,7 @@ from trainer.workers.actor import (
     reduce_and_clip_gradients,
 )
 from trainer.workers.distributed import DataParallel
+from trainer.workers.fsdp import local_tensor
 
 RESPONSE_BUDGET = 2048  # tokens of the warm-up's longest row (more after a long prompt: at least 32 response tokens)
 ALIGN = 16  # Triton's divisibility class of an integer argument
@@ -129,8 +130,8 @@ def throwaway_step(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     kernels nothing before it has (AdamW's foreach updates). They are the same kernels for any
     tensor sizes, so the real optimizer's first step finds them loaded; its moments it still creates
     itself, as torch's optimizers do at their first step."""
-    kinds = {(getattr(p, "_local_tensor", p).dtype, getattr(p, "_local_tensor", p).device)
-             for group in optimizer.param_groups for p in group["params"]}
+    kinds = {(local.dtype, local.device)
+             for group in optimizer.param_groups for local in map(local_tensor, group["params"])}
     params = [torch.zeros(8, dtype=dtype, device=device, requires_grad=True) for dtype, device in sorted(kinds, key=str)]
     for p in params:
         p.grad = torch.ones_like(p)
