@@ -1,9 +1,12 @@
 """The Triton decode matmuls that benchmarks time against cuBLAS, against the float64 product and
-F.linear: the split-K kernel (benchmarks/split_matmul.py, timed by decode_kernels_tune.py) and the
-chain kernel launched with and without PDL (benchmarks/pdl_matmul_chain.py).
+F.linear: the split-K kernel (benchmarks/split_matmul.py, timed by decode_kernels_tune.py), the
+chain kernel launched with and without PDL (benchmarks/pdl_matmul_chain.py), and the fused decode MLP
+kernels (benchmarks/decode_mlp.py, timed by decode_mlp_probe.py) against the float64 MLP rounded where
+the engine rounds.
 
 The kernel tests run on a GPU with Triton, or on a CPU in Triton's interpreter (Triton 3.6 needs
-numpy < 2.3 there), and are skipped otherwise:
+numpy < 2.3 there), and are skipped otherwise (the MLP's barrier kernel only on a GPU: the interpreter
+runs one program at a time, so a barrier across programs would wait forever):
     TRITON_INTERPRET=1 python -m pytest tests/test_split_matmul.py -p no:cacheprovider
 """
 
@@ -137,3 +140,78 @@ def test_chain_matmul_names_what_it_cannot_take():
         chain_matmul(torch.zeros(129, 8, device=DEVICE), w, None, (16, 32, 4, 4))
     with pytest.raises(ValueError, match="unit strides along K"):
         chain_matmul(torch.zeros(8, 4, device=DEVICE).T, w, None, (16, 32, 4, 4))
+
+
+# The interpreter converts float32 to bfloat16 by truncation (triton/runtime/interpreter.py), so there
+# the kernels run in float32; bfloat16's roundings are checked on a GPU
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+
+
+def weights(rows: int, hidden: int, inter: int, seed: int = 0):
+    """x [rows, hidden]; gate/up [2 I, hidden] and down [hidden, I], stored transposed as the engine stores them."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, hidden, generator=gen).to(DTYPE).to(DEVICE)
+    gate_up = (torch.randn(hidden, 2 * inter, generator=gen) * hidden**-0.5).to(DTYPE).to(DEVICE).T
+    down = (torch.randn(inter, hidden, generator=gen) * inter**-0.5).to(DTYPE).to(DEVICE).T
+    return x, gate_up, down
+
+
+def assert_near(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Within two of the dtype's steps at the output's scale (float32 sums in another order, then one
+    rounding; a rounded intermediate may flip too) and, in bfloat16, most values equal."""
+    scale = want.float().abs().max().item()
+    worst = (got.float() - want.float()).abs().max().item() / scale
+    steps = 2 if want.dtype == torch.bfloat16 else 64  # float32: the sums' order moves the last bits
+    assert worst <= steps * torch.finfo(want.dtype).eps, f"{what}: max |diff| / scale {worst:.3g}"
+    if want.dtype == torch.bfloat16:
+        same = (got == want).float().mean().item()
+        assert same >= 0.9, f"{what}: only {same:.3f} of the values equal the reference's"
+
+
+@needs_triton
+@pytest.mark.parametrize("rows,hidden,inter,block_c,block_k", [
+    (5, 96, 80, 32, 32),  # I not a multiple of the chunk, hidden not of the K tile
+    (16, 64, 64, 64, 64),  # one chunk, one K tile
+    (20, 128, 160, 32, 64),  # rows over one m tile of 16
+])
+def test_gate_up_silu_and_down_tiles_match_the_rounded_float64_mlp(rows, hidden, inter, block_c, block_k):
+    import decode_mlp
+
+    x, gate_up, down = weights(rows, hidden, inter)
+    inter_out = decode_mlp.gate_up_silu(x, gate_up, block_c, block_k, interpreted=INTERPRETED)
+    gu = (x.double() @ gate_up.double().T).to(DTYPE)
+    act = torch.nn.functional.silu(gu[:, :inter].double()).to(DTYPE)
+    want_inter = (act.double() * gu[:, inter:].double()).to(DTYPE)
+    assert_near(inter_out, want_inter, "gate_up_silu")
+    out = decode_mlp.down_tiles(want_inter, down, 16, 32, interpreted=INTERPRETED)
+    assert_near(out, (want_inter.double() @ down.double().T).to(DTYPE), "down_tiles")
+    assert_near(decode_mlp.down_tiles(inter_out, down, 16, 32, interpreted=INTERPRETED),
+                decode_mlp.reference_mlp(x, gate_up, down), "both")
+
+
+@needs_triton
+def test_mlp_atomic_matches_and_leaves_its_buffer_zero():
+    import decode_mlp
+
+    rows, hidden, inter = 6, 96, 112
+    x, gate_up, down = weights(rows, hidden, inter, seed=1)
+    acc = torch.zeros(rows * hidden, dtype=torch.float32, device=DEVICE)
+    out = decode_mlp.mlp_atomic(x, gate_up, down, acc, block_c=32, block_k=32, block_n=64, interpreted=INTERPRETED)
+    assert_near(out, decode_mlp.reference_mlp(x, gate_up, down), "mlp_atomic")
+    assert int(torch.count_nonzero(acc)) == 0, "the float32 buffer must be zero again for the next call"
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not HAS_TRITON, reason="the barrier kernel needs every program resident: a GPU")
+def test_mlp_barrier_matches_repeats_and_resets_its_counters():
+    import decode_mlp
+
+    rows, hidden, inter = 16, 1536, 8960
+    x, gate_up, down = weights(rows, hidden, inter, seed=2)
+    scratch = torch.empty(rows, inter, dtype=DTYPE, device=DEVICE)
+    sync = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
+    first = decode_mlp.mlp_barrier(x, gate_up, down, scratch, sync, programs)
+    assert_near(first, decode_mlp.reference_mlp(x, gate_up, down), "mlp_barrier")
+    for _ in range(20):
+        assert torch.equal(decode_mlp.mlp_barrier(x, gate_up, down, scratch, sync, programs), first)
+    assert sync.tolist() == [0, 0]
