@@ -3,10 +3,12 @@ tile and launch, and the layer matmuls' cuBLAS back end and weight layout (issue
 
     python benchmarks/decode_kernels_tune.py OUT.json [--model r1-distill-qwen-1.5b]
         [--shapes 128x768 128x1280 64x8192 16x27648 1x27648] [--matmul-rows 128 64]
-        [--split-matmul-rows 128 64] [--tp 1]
+        [--split-matmul-rows 128 64] [--tp 1] [--split-sweep 4x27648 16x27648 ...]
 
 Attention is timed at the kernel's own split count (``"splits": "rule"``; ``rule_splits`` says how
-many that was) and at 1, 2 and 4 chunks a row. Each figure is one CUDA graph of the op over every layer (as a decode step runs it: each layer's own
+many that was) and at 1, 2 and 4 chunks a row; ``--split-sweep`` times the engine's launch at every chunk
+count of SWEEP_SPLITS for each ROWSxCONTEXT and prints its rule's time against the best count's.
+Each figure is one CUDA graph of the op over every layer (as a decode step runs it: each layer's own
 weights or cache, so nothing is served from L2), replayed 20 times after 3 warm-ups, median, with the
 bytes it must read at least (a layer's weights; the rows' K and V over the visible slots) over the
 time. Random values in bf16 at the model's shapes (with ``--tp T``, one GPU's part of a decode group of
@@ -79,6 +81,44 @@ def attention_rows(shape, rows: int, context: int) -> list[dict]:
                         "gb_per_s": kv_bytes / ms / 1e6})
             print(json.dumps(out[-1]), flush=True)
     del q, k, v, body
+    torch.cuda.empty_cache()
+    return out
+
+
+SWEEP_SPLITS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 18, 20, 22, 24, 28, 32, 36, 40, 48, 56, 64]
+
+
+def split_sweep(shape, shapes: list[tuple[int, int]]) -> list[dict]:
+    """The engine's attention launch (its tiles) at every chunk count of SWEEP_SPLITS that keeps the grid
+    under 8 programs an SM and a chunk at least one tile of 128 slots, for each (rows, context): where the
+    kernel's own rule (split_count) stands against the best count. One cache of the largest shape,
+    sliced for each (the engine's own layout: a prefix of the slots, all rows' strides)."""
+    from trainer.kernels import sm_count
+
+    layers, kv, group, d = shape.num_layers, shape.num_kv_heads, shape.group, shape.head_dim
+    most_rows, most_slots = max(r for r, _ in shapes), max(c for _, c in shapes)
+    k = torch.randn(layers, most_rows, kv, most_slots, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.randn(layers, most_rows, kv, group, d, device="cuda", dtype=torch.bfloat16)
+    bias = torch.zeros(most_rows, most_slots, device="cuda", dtype=torch.bfloat16)
+    sms = sm_count(torch.device("cuda"))
+    out = []
+    for rows, context in shapes:
+        kv_bytes = 2 * layers * rows * kv * context * d * k.element_size()
+        rule = split_count(rows, kv, context, default_programs(q.device))
+        counts = sorted({rule, *(s for s in SWEEP_SPLITS if rows * kv * s <= 8 * sms and context // s >= 128)})
+        for splits in counts:
+            body = functools.partial(_attention_layers, q[:, :rows], k[:, :rows], v[:, :rows], bias[:rows], context,
+                                     dict(splits=splits))
+            ms = graph_ms(body)
+            out.append({"rows": rows, "context": context, "splits": splits, "rule": splits == rule,
+                        "programs": rows * kv * splits, "ms": ms, "gb_per_s": kv_bytes / ms / 1e6})
+        best = min((e for e in out if e["rows"] == rows and e["context"] == context), key=lambda e: e["ms"])
+        ruled = next(e for e in out if e["rows"] == rows and e["context"] == context and e["rule"])
+        print(json.dumps({"rows": rows, "context": context, "rule_splits": rule, "rule_ms": ruled["ms"],
+                          "best_splits": best["splits"], "best_ms": best["ms"],
+                          "rule_over_best": ruled["ms"] / best["ms"]}), flush=True)
+    del q, k, v
     torch.cuda.empty_cache()
     return out
 
@@ -194,12 +234,14 @@ def main() -> None:
                     help="time the split-K Triton matmul against cuBLAS at these row counts")
     ap.add_argument("--tp", type=int, default=1,
                     help="one GPU's part of a decode group of this size (LeanShape.sharded; the LM head stays whole, as the engine holds it)")
+    ap.add_argument("--split-sweep", nargs="*", default=[], metavar="ROWSxCONTEXT",
+                    help="time the attention kernel at every chunk count for these shapes (see split_sweep)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_kernels_tune.py needs a CUDA GPU")
     shape = lean_shape(preset_config(args.model)).sharded(args.tp)
     results = {"gpu": torch.cuda.get_device_name(), "model": args.model, "tp": args.tp, "attention": [], "matmul": [],
-               "split_matmul": []}
+               "split_matmul": [], "split_sweep": []}
     for spec in args.shapes:
         rows, context = (int(x) for x in spec.split("x"))
         results["attention"] += attention_rows(shape, rows, context)
@@ -207,6 +249,8 @@ def main() -> None:
         results["matmul"] += matmul_rows(shape, rows)
     for rows in args.split_matmul_rows:
         results["split_matmul"] += split_matmul_rows(shape, rows)
+    if args.split_sweep:
+        results["split_sweep"] = split_sweep(shape, [tuple(int(x) for x in spec.split("x")) for spec in args.split_sweep])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
 

@@ -135,7 +135,11 @@ def test_attention_chunks_are_chosen_for_the_rows_still_running(tok, prompts, li
     model = liven(build_model("tiny", seed=0)).to("cuda", torch.bfloat16)
     config = RolloutConfig(name="fast", target_lengths=TargetLengthsConfig(distribution="lognormal", mean=300.0, sigma=1.0))
     engine = FastRolloutEngine(model, tok, config, check_every=8)
-    n = 8  # 64 rows: enough that every row running takes one chunk a row
+    # 192 programs: 64 slots take one chunk a row, 33-48 rows running take two. (The GPU's own target,
+    # three programs an SM, already splits 64 rows in three, and these short caches cap every row at
+    # one chunk per 256 slots, so at the default the two counts would mostly meet.)
+    engine._attention_programs = 192
+    n = 8  # 64 rows
     engine.generate(prompts, list(range(len(prompts))), [], n, 1500, SamplingParams(), SEED)
     programs, kv_heads = engine._attention_programs, engine.shape.num_kv_heads
     by_slots = {key: split_count(key[0], kv_heads, key[1], programs) for key in engine._graphs}

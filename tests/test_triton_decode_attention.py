@@ -45,10 +45,14 @@ def reference(q, k, v, bias, attn_len):
 def check(device: str, dtype, programs=None) -> None:
     from trainer.kernels.triton_decode_attention import decode_attention, split_count
 
-    assert split_count(rows=1, kv_heads=2, attn_len=27648, programs=264) == 108
-    assert split_count(rows=16, kv_heads=2, attn_len=27648, programs=264) == 9
-    assert split_count(rows=64, kv_heads=2, attn_len=27648, programs=264) == 1  # rows enough: unsplit
-    assert split_count(rows=64, kv_heads=2, attn_len=128, programs=264) == 1
+    # 132 SMs x 3: the chunks fit the programs rounded down, capped by the slots and MAX_SPLITS
+    assert split_count(rows=1, kv_heads=2, attn_len=27648, programs=396) == 108  # 256 slots a chunk at least
+    assert split_count(rows=1, kv_heads=2, attn_len=65536, programs=396) == 128  # MAX_SPLITS
+    assert split_count(rows=16, kv_heads=2, attn_len=27648, programs=396) == 12  # 384 programs, not 2 x 198
+    assert split_count(rows=56, kv_heads=2, attn_len=27648, programs=396) == 3  # 336: 448 would pass 396
+    assert split_count(rows=64, kv_heads=2, attn_len=27648, programs=396) == 3
+    assert split_count(rows=64, kv_heads=2, attn_len=512, programs=396) == 2  # slots cap it
+    assert split_count(rows=128, kv_heads=2, attn_len=27648, programs=396) == 1  # rows enough: unsplit
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     for rows, kv_heads, group, d, slots, attn_len in [
         (1, 2, 6, 64, 1024, 700),   # one row: many chunks

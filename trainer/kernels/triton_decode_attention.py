@@ -202,20 +202,24 @@ def _merge_kernel(
 
 
 def default_programs(device: torch.device) -> int:
-    """How many programs ``decode_attention`` aims for unless told: twice the SMs."""
-    return 2 * sm_count(device)
+    """How many programs ``decode_attention`` aims for unless told: three for each SM."""
+    return 3 * sm_count(device)
 
 
 def split_count(rows: int, kv_heads: int, attn_len: int, programs: int) -> int:
-    """Chunks per (row, KV head): one where rows x KV heads already give nearly half of ``programs``
-    (about one per SM at the default of twice the SMs: the merge and its writes then cost more than
-    extra programs gain; unsplit ran 20% faster at 128 rows x 768 slots and 4% at 64 rows x 8,192 on
-    an H100, with 2 KV heads; fewer rows were not measured unsplit except 16 and 1, far slower), else
-    enough for ``programs`` programs in all, none shorter than MIN_SLOTS_PER_SPLIT slots, at most
-    MAX_SPLITS."""
-    if 100 * rows * kv_heads >= 48 * programs:
-        return 1
-    wanted = math.ceil(programs / max(1, rows * kv_heads))
+    """Chunks per (row, KV head): as many as fit ``programs`` programs in all (rounded down, so that a
+    grid is never a few programs past a whole number of them an SM), none shorter than
+    MIN_SLOTS_PER_SPLIT slots, at most MAX_SPLITS; one (nothing to merge) where rows x KV heads are
+    already half of ``programs`` or more.
+
+    Why three programs an SM, rounded down: swept over every chunk count at 4-62 rows and 4,096-27,648
+    slots on an H200 (benchmarks/decode_kernels_tune.py --split-sweep; docs/benchmarks.md), this rule
+    came within 1% of the best count on average (4% at worst), where the earlier one (twice the SMs,
+    rounded up: e.g. 9 chunks at 16 rows, 288 programs on 132 SMs, some SMs running two and others
+    three) took 5% longer on average and up to 14%. 64 rows split in three ran 10% faster than unsplit
+    at 27,648 slots. Not yet swept on an H100."""
+    pairs = max(1, rows * kv_heads)
+    wanted = programs // pairs
     return max(1, min(wanted, math.ceil(attn_len / MIN_SLOTS_PER_SPLIT), MAX_SPLITS))
 
 
@@ -227,7 +231,7 @@ def decode_attention(
 ) -> torch.Tensor:
     """q [b, KV heads, group, d]; k, v [b, KV heads, slots, d] (d contiguous); bias [b, slots] (0 on
     visible slots, -inf elsewhere; slots contiguous) -> [b, KV heads, group, d] in q's dtype, over
-    slots [0, attn_len). ``programs``: how many programs to aim for (default: twice the SMs); see
+    slots [0, attn_len). ``programs``: how many programs to aim for (default: three for each SM); see
     split_count for when each (row, KV head) is one program and nothing is merged. ``block_n``
     (default BLOCK_N_WHOLE or BLOCK_N_SPLIT), ``num_warps``, ``num_stages``: the partial kernel's tile
     and launch (benchmarks/decode_kernels_tune.py times the choices). ``kv_rows`` ([b] integers) and
