@@ -1,4 +1,4 @@
-"""The decode step's MLP (gate/up, SiLU times up, down) in fewer launches than cuBLAS's three: the
+"""The decode step's MLP (gate/up, SiLU times up, down) in fewer launches than the engine's four: the
 kernels that benchmarks/decode_mlp_probe.py times against the engine's path.
 
 Why (issue 31): at 4-64 rows the 1.5B's MLP takes about 31 microseconds a layer on an H200 in four
@@ -71,7 +71,9 @@ def _gate_up_chunk(x_ptr, wgu_ptr, chunk, M, H, INTER, s_xm, s_wk, s_wn,
         w_in = k_in[:, None] & col_in[None, :]
         gate = tl.load(w_at, mask=w_in, other=0.0)
         up = tl.load(w_at + INTER * s_wn, mask=w_in, other=0.0)
-        if UPCAST:  # Triton's interpreter multiplies bf16 tiles wrongly; their float32 products are exact
+        # UPCAST: float32 products in IEEE, for Triton's interpreter (it multiplies bf16 tiles wrongly; their
+        # float32 products are exact) and for float32 inputs (tl.dot would round them to TF32)
+        if UPCAST:
             x, gate, up = x.to(tl.float32), gate.to(tl.float32), up.to(tl.float32)
             acc_gate += tl.dot(x, gate, input_precision="ieee")
             acc_up += tl.dot(x, up, input_precision="ieee")
@@ -164,12 +166,12 @@ def _round_and_zero_kernel(acc_ptr, out_ptr, n, BLOCK: tl.constexpr):
 def _mlp_barrier_kernel(x_ptr, wgu_ptr, wd_ptr, inter_ptr, out_ptr, sync_ptr, M, H, INTER, s_xm, s_gk, s_gn, s_dk, s_dn,
                         s_im, s_om, chunks, tiles,
                         BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_KD: tl.constexpr):
+                        BLOCK_KD: tl.constexpr, UPCAST: tl.constexpr):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     rows = tl.arange(0, BLOCK_M)
     for chunk in range(pid, chunks, programs):
-        inter = _gate_up_chunk(x_ptr, wgu_ptr, chunk, M, H, INTER, s_xm, s_gk, s_gn, BLOCK_M, BLOCK_C, BLOCK_K, False)
+        inter = _gate_up_chunk(x_ptr, wgu_ptr, chunk, M, H, INTER, s_xm, s_gk, s_gn, BLOCK_M, BLOCK_C, BLOCK_K, UPCAST)
         cols = chunk * BLOCK_C + tl.arange(0, BLOCK_C)
         tl.store(inter_ptr + rows[:, None] * s_im + cols[None, :], inter.to(inter_ptr.dtype.element_ty),
                  mask=(rows[:, None] < M) & (cols[None, :] < INTER))
@@ -182,7 +184,7 @@ def _mlp_barrier_kernel(x_ptr, wgu_ptr, wd_ptr, inter_ptr, out_ptr, sync_ptr, M,
     tl.debug_barrier()
     for tile in range(pid, tiles, programs):
         _down_tile(inter_ptr, wd_ptr, out_ptr, tile, M, H, INTER, s_im, s_dk, s_dn, s_om, BLOCK_M, BLOCK_N, BLOCK_KD,
-                   False, True)
+                   UPCAST, True)
     # the last program past the barrier resets the counters for the next launch
     left = tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel")
     if left == programs - 1:
@@ -196,16 +198,29 @@ def _rows_block(rows: int) -> int:
     return max(16, triton.next_power_of_2(rows))
 
 
+def _rows_input(name: str, t: torch.Tensor) -> None:
+    """The kernels read rows' columns at unit stride."""
+    if t.dim() != 2 or t.stride(1) != 1:
+        raise ValueError(f"decode_mlp: {name} must be [rows, features] with unit stride along features; "
+                         f"got {tuple(t.shape)} strides {t.stride()}")
+
+
+def _upcast(t: torch.Tensor, interpreted: bool) -> bool:
+    """Whether the kernels multiply in float32 IEEE (see _gate_up_chunk): interpreted bf16, or float32."""
+    return t.dtype == torch.float32 or interpreted
+
+
 def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, block_c: int = 64, block_k: int = 128, num_warps: int = 4,
                  num_stages: int = 3, interpreted: bool = False) -> torch.Tensor:
     """x [rows, hidden], gate_up [2 I, hidden] (any strides) -> SiLU(gate) * up [rows, I] in x's dtype."""
+    _rows_input("x", x)
     rows, hidden = x.shape
     inter = gate_up.shape[0] // 2
     out = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     options = {} if interpreted else dict(num_warps=num_warps, num_stages=num_stages)
     _gate_up_silu_kernel[(triton.cdiv(inter, block_c),)](
         x, gate_up, out, rows, hidden, inter, x.stride(0), gate_up.stride(1), gate_up.stride(0), out.stride(0),
-        BLOCK_M=_rows_block(rows), BLOCK_C=block_c, BLOCK_K=block_k, UPCAST=interpreted and x.dtype != torch.float32,
+        BLOCK_M=_rows_block(rows), BLOCK_C=block_c, BLOCK_K=block_k, UPCAST=_upcast(x, interpreted),
         **options,
     )
     return out
@@ -214,13 +229,14 @@ def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, block_c: int = 64, bloc
 def down_tiles(inter: torch.Tensor, down: torch.Tensor, block_n: int = 32, block_k: int = 256, num_warps: int = 4,
                num_stages: int = 3, interpreted: bool = False) -> torch.Tensor:
     """inter [rows, I], down [hidden, I] (any strides) -> inter @ down^T [rows, hidden]."""
+    _rows_input("inter", inter)
     rows, inter_size = inter.shape
     hidden = down.shape[0]
     out = torch.empty((rows, hidden), dtype=inter.dtype, device=inter.device)
     options = {} if interpreted else dict(num_warps=num_warps, num_stages=num_stages)
     _down_tiles_kernel[(triton.cdiv(hidden, block_n),)](
         inter, down, out, rows, hidden, inter_size, inter.stride(0), down.stride(1), down.stride(0), out.stride(0),
-        BLOCK_M=_rows_block(rows), BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=interpreted and inter.dtype != torch.float32,
+        BLOCK_M=_rows_block(rows), BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_upcast(inter, interpreted),
         **options,
     )
     return out
@@ -231,6 +247,7 @@ def mlp_atomic(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, acc: 
                interpreted: bool = False) -> torch.Tensor:
     """The MLP [rows, hidden] -> [rows, hidden] through float32 atomics into ``acc`` ([rows * hidden]
     float32, zero on entry and on return)."""
+    _rows_input("x", x)
     rows, hidden = x.shape
     inter = gate_up.shape[0] // 2
     options = {} if interpreted else dict(num_warps=num_warps, num_stages=num_stages)
@@ -238,7 +255,7 @@ def mlp_atomic(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, acc: 
         x, gate_up, down, acc, rows, hidden, inter, x.stride(0), gate_up.stride(1), gate_up.stride(0),
         down.stride(1), down.stride(0),
         BLOCK_M=_rows_block(rows), BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_N=block_n,
-        UPCAST=interpreted and x.dtype != torch.float32, **options,
+        UPCAST=_upcast(x, interpreted), **options,
     )
     out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
     _round_and_zero_kernel[(triton.cdiv(rows * hidden, 1024),)](acc, out, rows * hidden, BLOCK=1024)
@@ -251,6 +268,13 @@ def mlp_barrier(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, inte
     """The MLP in one launch of ``programs`` programs (at most the SMs: all must be resident) with a
     barrier across them; ``inter`` [rows, I] scratch, ``sync`` two int32 counters, zero (and zero again
     on return). GPU only: Triton's interpreter runs programs one by one and would wait forever."""
+    from trainer.kernels import sm_count
+
+    _rows_input("x", x)
+    _rows_input("inter", inter)
+    if not 1 <= programs <= sm_count(x.device):
+        raise ValueError(f"mlp_barrier: {programs} programs; between 1 and the GPU's {sm_count(x.device)} SMs, "
+                         "so that all are resident at once (more would wait at the barrier forever)")
     rows, hidden = x.shape
     inter_size = gate_up.shape[0] // 2
     out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
@@ -259,6 +283,6 @@ def mlp_barrier(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, inte
         gate_up.stride(0), down.stride(1), down.stride(0), inter.stride(0), out.stride(0),
         triton.cdiv(inter_size, block_c), triton.cdiv(hidden, block_n),
         BLOCK_M=_rows_block(rows), BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_N=block_n, BLOCK_KD=block_kd,
-        num_warps=num_warps, num_stages=num_stages,
+        UPCAST=_upcast(x, False), num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -26,18 +26,15 @@ import argparse
 import functools
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from trainer.models.presets import preset_config
-from trainer.rollout.lean_decoder import lean_shape
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode_mlp  # noqa: E402
 from decode_kernels_tune import graph_ms  # noqa: E402
+from pdl_matmul_chain import add_decode_shape_options, decode_shape, timed_log  # noqa: E402
 
 VARIANTS = ("engine", "gate_up_silu+cublas", "gate_up_silu+down_tiles", "atomic", "barrier")
 GATE_UP_TILES = [  # (block_c, block_k, num_warps, num_stages)
@@ -164,22 +161,11 @@ def probe_rows(weights: MlpWeights, rows: int, variants: list[str], log) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("out", type=Path, help="write the figures here (JSON)")
-    ap.add_argument("--model", default="r1-distill-qwen-1.5b", help="a trainer preset (trainer/models/presets.py)")
-    ap.add_argument("--tp", type=int, default=1, help="one GPU's shapes in a decode group of this many")
-    ap.add_argument("--rows", type=int, nargs="+", default=[4, 16, 64], help="rows decoding (at most 128)")
+    add_decode_shape_options(ap, rows=[4, 16, 64])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("decode_mlp_probe.py needs a CUDA GPU")
-    if max(args.rows) > 128 or min(args.rows) < 1:
-        raise SystemExit(f"--rows {args.rows}: each must be 1-128")
-    shape = lean_shape(preset_config(args.model)).sharded(args.tp)
-    weights = MlpWeights(shape)
-    started = time.time()
-
-    def log(record: dict) -> None:
-        print(f"[{time.time() - started:6.1f} s] {json.dumps(record)}", flush=True)
+    weights = MlpWeights(decode_shape(args, "decode_mlp_probe.py"))
+    log = timed_log()
 
     report = {"model": args.model, "tp": args.tp, "gpu": torch.cuda.get_device_name(), "weight_bytes": weights.bytes(),
               "layers": weights.layers, "torch": torch.__version__, "results": []}

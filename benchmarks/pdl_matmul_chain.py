@@ -234,23 +234,39 @@ def chain_rows(weights: LayerWeights, rows: int, log) -> dict:
     return result
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_decode_shape_options(ap: argparse.ArgumentParser, rows: list[int]) -> None:
+    """The options of a decode-step probe: OUT, --model, --tp, --rows (this script's and decode_mlp_probe.py's)."""
     ap.add_argument("out", type=Path, help="write the figures here (JSON)")
     ap.add_argument("--model", default="r1-distill-qwen-1.5b", help="a trainer preset (trainer/models/presets.py)")
     ap.add_argument("--tp", type=int, default=1, help="one GPU's shapes in a decode group of this many")
-    ap.add_argument("--rows", type=int, nargs="+", default=[4, 64], help="rows decoding (at most 128)")
-    args = ap.parse_args()
+    ap.add_argument("--rows", type=int, nargs="+", default=rows, help="rows decoding (at most 128)")
+
+
+def decode_shape(args: argparse.Namespace, script: str):
+    """The LeanShape the options name, once the GPU and the row counts are checked."""
     if not torch.cuda.is_available():
-        raise SystemExit("pdl_matmul_chain.py needs a CUDA GPU")
+        raise SystemExit(f"{script} needs a CUDA GPU")
     if max(args.rows) > 128 or min(args.rows) < 1:
         raise SystemExit(f"--rows {args.rows}: each must be 1-128")
-    shape = lean_shape(preset_config(args.model)).sharded(args.tp)
-    weights = LayerWeights(shape)
+    return lean_shape(preset_config(args.model)).sharded(args.tp)
+
+
+def timed_log():
+    """print(record) as JSON, with the seconds since this call."""
     started = time.time()
 
     def log(record: dict) -> None:
         print(f"[{time.time() - started:6.1f} s] {json.dumps(record)}", flush=True)
+
+    return log
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_decode_shape_options(ap, rows=[4, 64])
+    args = ap.parse_args()
+    weights = LayerWeights(decode_shape(args, "pdl_matmul_chain.py"))
+    log = timed_log()
 
     report = {"model": args.model, "tp": args.tp, "gpu": torch.cuda.get_device_name(),
               "capability": list(torch.cuda.get_device_capability()), "triton": triton.__version__,

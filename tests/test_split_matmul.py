@@ -143,26 +143,26 @@ def test_chain_matmul_names_what_it_cannot_take():
 
 
 # The interpreter converts float32 to bfloat16 by truncation (triton/runtime/interpreter.py), so there
-# the kernels run in float32; bfloat16's roundings are checked on a GPU
-DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+# the MLP kernels run in float32; bfloat16's roundings are checked on a GPU
+MLP_DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
 
 
-def weights(rows: int, hidden: int, inter: int, seed: int = 0):
+def mlp_weights(rows: int, hidden: int, inter: int, seed: int = 0):
     """x [rows, hidden]; gate/up [2 I, hidden] and down [hidden, I], stored transposed as the engine stores them."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, hidden, generator=gen).to(DTYPE).to(DEVICE)
-    gate_up = (torch.randn(hidden, 2 * inter, generator=gen) * hidden**-0.5).to(DTYPE).to(DEVICE).T
-    down = (torch.randn(inter, hidden, generator=gen) * inter**-0.5).to(DTYPE).to(DEVICE).T
+    x = torch.randn(rows, hidden, generator=gen).to(MLP_DTYPE).to(DEVICE)
+    gate_up = (torch.randn(hidden, 2 * inter, generator=gen) * hidden**-0.5).to(MLP_DTYPE).to(DEVICE).T
+    down = (torch.randn(inter, hidden, generator=gen) * inter**-0.5).to(MLP_DTYPE).to(DEVICE).T
     return x, gate_up, down
 
 
-def assert_near(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+def assert_near_the_rounded(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     """Within two of the dtype's steps at the output's scale (float32 sums in another order, then one
     rounding; a rounded intermediate may flip too) and, in bfloat16, most values equal."""
     scale = want.float().abs().max().item()
     worst = (got.float() - want.float()).abs().max().item() / scale
     steps = 2 if want.dtype == torch.bfloat16 else 64  # float32: the sums' order moves the last bits
-    assert worst <= steps * torch.finfo(want.dtype).eps, f"{what}: max |diff| / scale {worst:.3g}"
+    assert worst <= steps * one_step(want.dtype), f"{what}: max |diff| / scale {worst:.3g}"
     if want.dtype == torch.bfloat16:
         same = (got == want).float().mean().item()
         assert same >= 0.9, f"{what}: only {same:.3f} of the values equal the reference's"
@@ -170,23 +170,25 @@ def assert_near(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 @needs_triton
 @pytest.mark.parametrize("rows,hidden,inter,block_c,block_k", [
-    (5, 96, 80, 32, 32),  # I not a multiple of the chunk, hidden not of the K tile
+    (5, 80, 80, 32, 32),  # I not a multiple of the chunk, hidden not of the K tile
     (16, 64, 64, 64, 64),  # one chunk, one K tile
-    (20, 128, 160, 32, 64),  # rows over one m tile of 16
+    (20, 112, 160, 32, 64),  # rows over one m tile of 16; hidden not of the K tile
 ])
 def test_gate_up_silu_and_down_tiles_match_the_rounded_float64_mlp(rows, hidden, inter, block_c, block_k):
     import decode_mlp
 
-    x, gate_up, down = weights(rows, hidden, inter)
+    x, gate_up, down = mlp_weights(rows, hidden, inter)
     inter_out = decode_mlp.gate_up_silu(x, gate_up, block_c, block_k, interpreted=INTERPRETED)
-    gu = (x.double() @ gate_up.double().T).to(DTYPE)
-    act = torch.nn.functional.silu(gu[:, :inter].double()).to(DTYPE)
-    want_inter = (act.double() * gu[:, inter:].double()).to(DTYPE)
-    assert_near(inter_out, want_inter, "gate_up_silu")
-    out = decode_mlp.down_tiles(want_inter, down, 16, 32, interpreted=INTERPRETED)
-    assert_near(out, (want_inter.double() @ down.double().T).to(DTYPE), "down_tiles")
-    assert_near(decode_mlp.down_tiles(inter_out, down, 16, 32, interpreted=INTERPRETED),
-                decode_mlp.reference_mlp(x, gate_up, down), "both")
+    gu = (x.double() @ gate_up.double().T).to(MLP_DTYPE)
+    act = torch.nn.functional.silu(gu[:, :inter].double()).to(MLP_DTYPE)
+    want_inter = (act.double() * gu[:, inter:].double()).to(MLP_DTYPE)
+    assert_near_the_rounded(inter_out, want_inter, "gate_up_silu")
+    # output tiles of 32 and K tiles of 32: the last output tile part-filled where hidden is 80 or 112,
+    # the last K tile where I is 80
+    out = decode_mlp.down_tiles(want_inter, down, 32, 32, interpreted=INTERPRETED)
+    assert_near_the_rounded(out, (want_inter.double() @ down.double().T).to(MLP_DTYPE), "down_tiles")
+    assert_near_the_rounded(decode_mlp.down_tiles(inter_out, down, 32, 32, interpreted=INTERPRETED),
+                            decode_mlp.reference_mlp(x, gate_up, down), "both")
 
 
 @needs_triton
@@ -194,24 +196,43 @@ def test_mlp_atomic_matches_and_leaves_its_buffer_zero():
     import decode_mlp
 
     rows, hidden, inter = 6, 96, 112
-    x, gate_up, down = weights(rows, hidden, inter, seed=1)
+    x, gate_up, down = mlp_weights(rows, hidden, inter, seed=1)
     acc = torch.zeros(rows * hidden, dtype=torch.float32, device=DEVICE)
     out = decode_mlp.mlp_atomic(x, gate_up, down, acc, block_c=32, block_k=32, block_n=64, interpreted=INTERPRETED)
-    assert_near(out, decode_mlp.reference_mlp(x, gate_up, down), "mlp_atomic")
+    assert_near_the_rounded(out, decode_mlp.reference_mlp(x, gate_up, down), "mlp_atomic")
     assert int(torch.count_nonzero(acc)) == 0, "the float32 buffer must be zero again for the next call"
+
+
+@needs_triton
+def test_mlp_kernels_name_inputs_they_cannot_read():
+    import decode_mlp
+
+    x, gate_up, down = mlp_weights(4, 64, 64)
+    with pytest.raises(ValueError, match="x must be .rows, features. with unit stride"):
+        decode_mlp.gate_up_silu(x.T.contiguous().T, gate_up, interpreted=INTERPRETED)
+    with pytest.raises(ValueError, match="at most 128 rows"):
+        decode_mlp.gate_up_silu(torch.zeros(129, 64, dtype=x.dtype, device=DEVICE), gate_up, interpreted=INTERPRETED)
 
 
 @pytest.mark.skipif(DEVICE != "cuda" or not HAS_TRITON, reason="the barrier kernel needs every program resident: a GPU")
 def test_mlp_barrier_matches_repeats_and_resets_its_counters():
     import decode_mlp
 
-    rows, hidden, inter = 16, 1536, 8960
-    x, gate_up, down = weights(rows, hidden, inter, seed=2)
-    scratch = torch.empty(rows, inter, dtype=DTYPE, device=DEVICE)
+    rows, hidden, inter = 5, 1000, 4000  # fewer rows than the m tile; neither width a multiple of a tile
+    x, gate_up, down = mlp_weights(rows, hidden, inter, seed=2)
+    scratch = torch.empty(rows, inter, dtype=MLP_DTYPE, device=DEVICE)
     sync = torch.zeros(2, dtype=torch.int32, device=DEVICE)
     programs = torch.cuda.get_device_properties(0).multi_processor_count
-    first = decode_mlp.mlp_barrier(x, gate_up, down, scratch, sync, programs)
-    assert_near(first, decode_mlp.reference_mlp(x, gate_up, down), "mlp_barrier")
+    want = decode_mlp.reference_mlp(x, gate_up, down)
+    first = None
     for _ in range(20):
-        assert torch.equal(decode_mlp.mlp_barrier(x, gate_up, down, scratch, sync, programs), first)
+        scratch.fill_(float("nan"))  # a read of the intermediate before its writes would show as NaN
+        got = decode_mlp.mlp_barrier(x, gate_up, down, scratch, sync, programs)
+        assert not got.isnan().any(), "the barrier let a program read the intermediate before it was written"
+        if first is None:
+            first = got
+            assert_near_the_rounded(first, want, "mlp_barrier")
+        assert torch.equal(got, first)
     assert sync.tolist() == [0, 0]
+    with pytest.raises(ValueError, match="programs; between 1 and the GPU's"):
+        decode_mlp.mlp_barrier(x, gate_up, down, scratch, sync, programs + 1)

@@ -48,7 +48,7 @@ def check(device: str, dtype, programs=None) -> None:
     # 132 SMs x 3: the chunks fit the programs rounded down, capped by the slots and MAX_SPLITS
     assert split_count(rows=1, kv_heads=2, attn_len=27648, programs=396) == 108  # 256 slots a chunk at least
     assert split_count(rows=1, kv_heads=2, attn_len=65536, programs=396) == 128  # MAX_SPLITS
-    assert split_count(rows=16, kv_heads=2, attn_len=27648, programs=396) == 12  # 384 programs, not 2 x 198
+    assert split_count(rows=16, kv_heads=2, attn_len=27648, programs=396) == 12  # 384 programs; 13 would be 416, past 396
     assert split_count(rows=56, kv_heads=2, attn_len=27648, programs=396) == 3  # 336: 448 would pass 396
     assert split_count(rows=64, kv_heads=2, attn_len=27648, programs=396) == 3
     assert split_count(rows=64, kv_heads=2, attn_len=512, programs=396) == 2  # slots cap it

@@ -207,10 +207,10 @@ def default_programs(device: torch.device) -> int:
 
 
 def split_count(rows: int, kv_heads: int, attn_len: int, programs: int) -> int:
-    """Chunks per (row, KV head): as many as fit ``programs`` programs in all (rounded down, so that a
-    grid is never a few programs past a whole number of them an SM), none shorter than
-    MIN_SLOTS_PER_SPLIT slots, at most MAX_SPLITS; one (nothing to merge) where rows x KV heads are
-    already half of ``programs`` or more.
+    """Chunks per (row, KV head): as many as fit in ``programs`` programs in all (rounded down: the grid
+    never passes the target, so no SM starts a part-filled extra round of programs), at most one per
+    MIN_SLOTS_PER_SPLIT slots of ``attn_len`` and at most MAX_SPLITS; one (nothing to merge) where rows
+    x KV heads are more than half of ``programs``.
 
     Why three programs an SM, rounded down: swept over every chunk count at 4-62 rows and 4,096-27,648
     slots on an H200 (benchmarks/decode_kernels_tune.py --split-sweep; docs/benchmarks.md), this rule

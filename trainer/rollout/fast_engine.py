@@ -391,8 +391,8 @@ class FastRolloutEngine(RolloutEngine):
         the chunk counts it passes through.
         """
         # Chunks for the rows running, not the slots decoded: ended rows' programs read nothing
-        # (skip_rows), so 33 running rows of 64 slots would leave half the SMs idle if the chunks were
-        # counted for 64 rows
+        # (skip_rows), so 33 running rows of 64 slots would run half the programs the kernel aims for
+        # if the chunks were counted for 64 rows
         reading = running if running is not None and self.skip_ended_rows else view.batch
         splits = self._attention_splits(reading, attn_len)
         if not self.use_cuda_graphs:
@@ -516,7 +516,8 @@ class FastRolloutEngine(RolloutEngine):
 def warm_up_targets(rows: int, check_every: int) -> list[int]:
     """Each row's target length in a warm-up call of ``rows`` rows: half the rows still running end
     before each host check (every ``check_every`` steps), so the call compacts through every size down
-    to one row, and meets both one attention chunk per row (many rows) and several (few). Row i runs
+    to one row, and meets both one attention chunk per row (its first steps, while the attention spans
+    256 slots or fewer, or 100 rows and more with 2 KV heads) and several (later, fewer rows). Row i runs
     check_every * (1 + L - B(i)) tokens, L = ceil(log2(rows)) and B(i) the bit length of i (0 for row 0,
     L for the upper half of 2**L rows): at the j-th check 2**(L - j) rows of 2**L still run."""
     if rows < 1 or check_every < 1:
