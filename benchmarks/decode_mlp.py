@@ -36,14 +36,17 @@ import triton
 import triton.language as tl
 
 
-def reference_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """The MLP in float64, rounded to x's dtype where the engine rounds (gate, up, SiLU, the product, down)."""
+def reference_intermediate(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up in float64, rounded to x's dtype where the engine rounds (gate, up, SiLU, the product)."""
     dtype = x.dtype
-    gu = (x.double() @ gate_up.double().T).to(dtype)
-    gate, up = gu.chunk(2, dim=-1)
+    gate, up = (x.double() @ gate_up.double().T).to(dtype).chunk(2, dim=-1)
     act = F.silu(gate.double()).to(dtype)
-    inter = (act.double() * up.double()).to(dtype)
-    return (inter.double() @ down.double().T).to(dtype)
+    return (act.double() * up.double()).to(dtype)
+
+
+def reference_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """The MLP in float64, rounded to x's dtype where the engine rounds (reference_intermediate, then down)."""
+    return (reference_intermediate(x, gate_up).double() @ down.double().T).to(x.dtype)
 
 
 @triton.jit
