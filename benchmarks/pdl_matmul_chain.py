@@ -70,7 +70,7 @@ VARIANTS = ("cublas", "triton", "triton_pdl", "triton_pdl_late", "triton_pdl_exi
 def _chain_matmul_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, s_xm, s_wn, s_om,
     HAS_BIAS: tl.constexpr, USE_GDC: tl.constexpr, TRIGGER: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # one program: out[:, cols] = x @ W[cols, :]^T (+ b[cols]) over all of K; x [M, K], W [N, K], unit K strides
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
@@ -86,14 +86,14 @@ def _chain_matmul_kernel(
     x = tl.load(x_ptr + rows[:, None] * s_xm + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)  # [BM, BK]
     if UPCAST:  # Triton's interpreter multiplies bf16 tiles wrongly; their float32 products are exact
         x, w = x.to(tl.float32), w.to(tl.float32)
-    acc = tl.dot(x, w)  # [BM, BN] float32
+    acc = tl.dot(x, w, input_precision=PRECISION)  # [BM, BN] float32
     for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + ks
         w = tl.load(w_ptr + k[:, None] + cols[None, :] * s_wn, mask=(k[:, None] < K) & col_in[None, :], other=0.0)
         x = tl.load(x_ptr + rows[:, None] * s_xm + k[None, :], mask=(rows[:, None] < M) & (k[None, :] < K), other=0.0)
         if UPCAST:
             x, w = x.to(tl.float32), w.to(tl.float32)
-        acc += tl.dot(x, w)
+        acc += tl.dot(x, w, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + rows[:, None] * s_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
@@ -121,6 +121,7 @@ def chain_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     _chain_matmul_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else out, out, rows, n, k, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, USE_GDC=pdl, TRIGGER=trigger, UPCAST=interpreted and x.dtype != torch.float32,
+        PRECISION="ieee" if x.dtype == torch.float32 or interpreted else "tf32",  # float32 inputs: no TF32 rounding
         BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_K=block_k, **options,
     )
     return out
