@@ -6,13 +6,26 @@ SDPA's. On a GPU the same holds for the variable-length flash kernel in bf16."""
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
 
 import pytest
 import torch
 
 from trainer.batch import PACK_MIN_PADDING, left_pad, pack_rows, packing_pays, right_pad
 from trainer.models.checkpointing import enable_gradient_checkpointing
-from trainer.models.packed_attention import PACKED_ATTENTION
+from trainer.models.packed_attention import (
+    PACKED_ATTENTION,
+    ROW_BOUNDS,
+    ROW_BUCKET,
+    ROWS_ALONE_MIN,
+    _causal_per_row,
+    _rows_alone_causal,
+    bucketed_width,
+    build_row_plans,
+    packed_attention,
+    rows_attend_alone,
+)
 from trainer.models.presets import build_model
 from trainer.workers.fsdp import PolicyModel
 
@@ -124,6 +137,95 @@ def test_on_cuda_the_varlen_kernel_gives_the_padded_forwards_figures_in_bf16():
     logp_ref, entropy_ref, grads_ref = forward_and_grads(packed=False, dtype=torch.bfloat16, device="cuda")
     torch.testing.assert_close(logp, logp_ref, rtol=0.02, atol=0.05)
     torch.testing.assert_close(entropy, entropy_ref, rtol=0.02, atol=0.05)
+    for name, grad in grads.items():
+        scale = grads_ref[name].abs().max().clamp(min=1e-6)
+        assert (grad - grads_ref[name]).abs().max() / scale < 0.05, name
+
+
+def test_long_rows_attend_alone_only_on_a_gpu():
+    assert rows_attend_alone([ROWS_ALONE_MIN, 30000], on_cuda=True)
+    assert not rows_attend_alone([ROWS_ALONE_MIN - 1, 30000], on_cuda=True)  # one short row: one varlen call
+    assert not rows_attend_alone([30000], on_cuda=False)
+    assert not rows_attend_alone([], on_cuda=True)
+    assert [bucketed_width(n, 512) for n in (1, 512, 513, 27796)] == [512, 512, 1024, 28160]
+
+
+@pytest.mark.parametrize("bucket", [1, 16, 64])
+def test_a_row_padded_at_its_end_attends_as_the_row_alone(bucket):
+    """_rows_alone_causal pads each row to a multiple of ``bucket`` after its last token: its outputs
+    and the gradients of q, k and v are those of causal attention on the row alone (float64; grouped
+    K/V heads as the 1.5B's, 6 query heads to 2)."""
+    lengths = [37, 5, 64, 1]
+    bounds = [0, *itertools.accumulate(lengths)]
+    gen = torch.Generator().manual_seed(3)
+    qkv = [torch.randn(bounds[-1], h, 8, generator=gen, dtype=torch.float64) for h in (6, 2, 2)]
+    grad_out = torch.randn(bounds[-1], 6, 8, generator=gen, dtype=torch.float64)
+    results = []
+    for attend in (functools.partial(_rows_alone_causal, bucket=bucket), _causal_per_row):
+        leaves = [t.clone().requires_grad_() for t in qkv]
+        out = attend(*leaves, bounds, 0.3)
+        out.backward(grad_out)
+        results.append([out.detach(), *(t.grad for t in leaves)])
+    for name, got, want in zip(["output", "dq", "dk", "dv"], *results, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12, msg=name)
+
+
+def test_the_decoder_hands_the_host_bounds_to_the_attention():
+    """The packed forward passes the rows' bounds as a host list (no device read in each layer), and
+    they are cu_seqlens' values."""
+    from transformers import AttentionInterface
+
+    seen = []
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        seen.append((kwargs.get(ROW_BOUNDS), kwargs["cu_seq_lens_q"].tolist()))
+        return packed_attention(module, query, key, value, attention_mask, **kwargs)
+
+    lm = build_model("tiny", seed=0).eval()
+    policy = PolicyModel(lm, packed=True)
+    ids, mask, response, _ = ragged_batch()
+    AttentionInterface.register(PACKED_ATTENTION, spy)
+    try:
+        with torch.no_grad():
+            policy(ids, mask, response)
+    finally:
+        AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    assert len(seen) == lm.config.num_hidden_layers
+    assert all(host == device == [0, 7, 13, 20, 22] for host, device in seen)
+
+
+def test_row_plans_are_built_for_every_width_a_long_row_can_take():
+    """build_row_plans runs the lone-row attention at each multiple of ROW_BUCKET from ROWS_ALONE_MIN to
+    the longest row's width (on the CPU here: SDPA's own kernels, no plans; the widths are what count)."""
+    config = build_model("tiny", seed=0).config
+    longest = ROWS_ALONE_MIN + 3 * ROW_BUCKET + 1
+    assert build_row_plans(config, torch.device("cpu"), torch.float32, longest) == 5
+    assert build_row_plans(config, torch.device("cpu"), torch.float32, ROWS_ALONE_MIN) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="rows attend alone on CUDA only")
+def test_on_cuda_long_rows_attending_alone_give_the_padded_forwards_figures_in_bf16():
+    """Rows of 2,100 and 2,600 tokens take the lone-row path (widths 2,560 and 3,072): its log-probs and
+    gradients are the padded forward's, within bf16's rounding."""
+    gen = torch.Generator().manual_seed(5)
+    prompts = [[5, 6, 7], [8, 9]]
+    responses = [torch.randint(3, 60, (n,), generator=gen).tolist() for n in (2097, 2598)]
+
+    def run(packed: bool):
+        lm = build_model("tiny-hd64", torch.bfloat16, device="cuda", seed=0).train()
+        prompt_ids, prompt_mask = left_pad(prompts, 0)
+        response_ids, response_mask = right_pad(responses, 0)
+        ids = torch.cat([prompt_ids, response_ids], dim=1).cuda()
+        mask = torch.cat([prompt_mask, response_mask], dim=1).cuda()
+        assert rows_attend_alone(mask.sum(dim=1).tolist(), on_cuda=True)
+        logp, _ = PolicyModel(lm, packed=packed)(ids, mask, response_ids.cuda())
+        keep = response_mask.cuda().bool()
+        (logp * keep).sum().backward()
+        return logp[keep].detach().float(), {n: p.grad.float() for n, p in lm.named_parameters()}
+
+    logp, grads = run(packed=True)
+    logp_ref, grads_ref = run(packed=False)
+    torch.testing.assert_close(logp, logp_ref, rtol=0.02, atol=0.05)
     for name, grad in grads.items():
         scale = grads_ref[name].abs().max().clamp(min=1e-6)
         assert (grad - grads_ref[name]).abs().max() / scale < 0.05, name

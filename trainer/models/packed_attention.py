@@ -4,10 +4,23 @@ sequence, each row attending causally to its own tokens only, so no padding is c
 ``use_packed_attention(lm)`` switches a transformers model to the attention function registered here
 under ``PACKED_ATTENTION`` (transformers' AttentionInterface). A call given the rows' bounds as
 ``cu_seq_lens_q`` / ``max_length_q`` (transformers' names for flash attention's cumulative lengths,
-which its decoder layers pass through to the attention function) attends per row: on CUDA in one
-variable-length flash-attention kernel (``torch.nn.attention.varlen.varlen_attn``), on the CPU row by
-row through SDPA. Any other call is SDPA's, with SDPA's masks: the hf rollout engine generates with
-the actor's own module.
+which its decoder layers pass through to the attention function) attends per row:
+
+- on CUDA, rows of at least ``ROWS_ALONE_MIN`` tokens each (``rows_attend_alone``) one at a time
+  through SDPA (cuDNN's kernel on Hopper), each row's tail padded up to a multiple of ``ROW_BUCKET``
+  tokens so that rows of nearby lengths share one cuDNN execution plan (``_rows_alone_causal``):
+  causal attention never lets a real token read the padding after it, and the padding's outputs are
+  dropped. On an H200 cuDNN's kernel runs 8-28k-token rows' attention forward at 470-620 TFLOP/s,
+  against 290-330 for the variable-length flash kernel (benchmarks/packed_attention_probe.py,
+  docs/benchmarks.md);
+  cuDNN builds a plan for each new shape (40-140 ms), so ``build_row_plans`` builds every bucket's at
+  set-up;
+- on CUDA, other rows in one variable-length flash-attention kernel
+  (``torch.nn.attention.varlen.varlen_attn``, FlashAttention 2 in torch 2.11);
+- on the CPU, row by row through SDPA.
+
+Any other call is SDPA's, with SDPA's masks: the hf rollout engine generates with the actor's own
+module.
 
 ``trainer.workers.fsdp.PolicyModel(packed=True)`` makes the packed calls (trainer.batch.pack_rows).
 """
@@ -24,6 +37,19 @@ import torch.nn.functional as F
 from torch import nn
 
 PACKED_ATTENTION = "rlbench_packed"
+ROW_BOUNDS = "rlbench_row_bounds"  # packed_call_kwargs' host list of the rows' bounds (cu_seqlens)
+ROWS_ALONE_MIN = 2048  # tokens: at 2-4k-token rows a call each was no faster than the flash kernel (the probe)
+ROW_BUCKET = 512  # a lone row's width is a multiple of this: 3% more attention work on the 1.5B replay's rows
+
+
+def rows_attend_alone(lengths: list[int], on_cuda: bool) -> bool:
+    """Whether packed rows of these lengths attend one row at a time (``_rows_alone_causal``)."""
+    return on_cuda and bool(lengths) and min(lengths) >= ROWS_ALONE_MIN
+
+
+def bucketed_width(length: int, bucket: int = ROW_BUCKET) -> int:
+    """A lone row's width: its length rounded up to a multiple of ``bucket``."""
+    return -(-length // bucket) * bucket
 
 
 def packed_attention(
@@ -55,11 +81,50 @@ def packed_attention(
     q = query[0].transpose(0, 1).contiguous()  # [T, H, D]
     k = key[0].transpose(0, 1).contiguous()  # [T, KV, D]
     v = value[0].transpose(0, 1).contiguous()  # [T, KV, D]
-    if q.is_cuda:
+    bounds = kwargs.get(ROW_BOUNDS) or cu_seqlens.tolist()  # the host's copy (packed_call_kwargs): no device read
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+    if rows_attend_alone(lengths, q.is_cuda):
+        out = _rows_alone_causal(q, k, v, bounds, scale)
+    elif q.is_cuda:
         out = _varlen_causal(q, k, v, cu_seqlens, int(kwargs["max_length_q"]), scale)
     else:
-        out = _causal_per_row(q, k, v, cu_seqlens.tolist(), scale)
+        out = _causal_per_row(q, k, v, bounds, scale)
     return out.unsqueeze(0), None  # [1, T, H, D]
+
+
+def _rows_alone_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float, bucket: int = ROW_BUCKET
+) -> torch.Tensor:
+    """Causal SDPA on each row alone ([T, H, D] in and out), the row zero-padded at its end to
+    ``bucketed_width``: the padding comes after every real token, so no real token attends to it,
+    and its outputs (and, in the backward, its zero gradients) are dropped."""
+    out = []
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        pad = bucketed_width(end - start, bucket) - (end - start)
+        rows = [F.pad(t[start:end], (0, 0, 0, 0, 0, pad)).transpose(0, 1).unsqueeze(0) for t in (q, k, v)]  # [1, heads, W, D]
+        attended = F.scaled_dot_product_attention(*rows, is_causal=True, scale=scale, enable_gqa=True)  # [1, H, W, D]
+        out.append(attended[0, :, : end - start].transpose(0, 1))  # [n, H, D]
+    return torch.cat(out)
+
+
+def build_row_plans(config: Any, device: torch.device, dtype: torch.dtype, longest: int) -> int:
+    """Attention at every width a lone row of up to ``longest`` tokens can take (multiples of
+    ROW_BUCKET from ROWS_ALONE_MIN up), forward without gradients (old_log_prob's and ref's) and
+    forward + backward (update_actor's): cuDNN builds and caches its execution plans for those shapes
+    here, at set-up, not in the phases. The plans are cached per thread: call it on the thread the
+    phases run on. Returns how many widths were built."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    widths = range(bucketed_width(ROWS_ALONE_MIN), bucketed_width(longest) + 1, ROW_BUCKET)
+    for width in widths:
+        bounds = [0, width]
+        q, k, v = (torch.zeros(width, h, head_dim, device=device, dtype=dtype) for h in (heads, kv_heads, kv_heads))
+        with torch.no_grad():
+            _rows_alone_causal(q, k, v, bounds, head_dim ** -0.5)
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        _rows_alone_causal(*leaves, bounds, head_dim ** -0.5).sum().backward()
+    return len(widths)
 
 
 def _causal_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float) -> torch.Tensor:
@@ -151,11 +216,15 @@ def use_packed_attention(lm: nn.Module) -> None:
     lm.set_attn_implementation(PACKED_ATTENTION)
 
 
-def packed_call_kwargs(cu_seqlens: torch.Tensor, max_len: int, layer_types: list[str]) -> dict[str, Any]:
+def packed_call_kwargs(
+    cu_seqlens: torch.Tensor, max_len: int, layer_types: list[str], bounds: list[int] | None = None
+) -> dict[str, Any]:
     """What a decoder's forward is given for a packed call: the rows' bounds under transformers'
-    names, and a mask per layer type (config.layer_types) that is None: the bounds are the mask, and
-    a decoder handed a mapping builds none of its own (one [T, T] mask at 30k tokens is 0.9 GB)."""
+    names (and ``bounds``, the same on the host, which the decoder passes through to the attention
+    function), and a mask per layer type (config.layer_types) that is None: the bounds are the mask,
+    and a decoder handed a mapping builds none of its own (one [T, T] mask at 30k tokens is 0.9 GB)."""
     return {
+        **({ROW_BOUNDS: bounds} if bounds is not None else {}),
         "attention_mask": dict.fromkeys(layer_types, None),
         "cu_seq_lens_q": cu_seqlens,
         "cu_seq_lens_k": cu_seqlens,

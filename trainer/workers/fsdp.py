@@ -18,6 +18,7 @@ global mini-batch's loss (trainer/workers/actor.py), so FSDP must sum gradients,
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +29,7 @@ from torch import nn
 from trainer.algorithms.entropy import logprobs_from_hidden
 from trainer.batch import PACK_MIN_PADDING, left_justify, pack_rows, packing_pays
 from trainer.models.layers import decoder_layers
-from trainer.models.packed_attention import packed_call_kwargs, use_packed_attention
+from trainer.models.packed_attention import packed_call_kwargs, rows_attend_alone, use_packed_attention
 
 STRATEGIES: tuple[str, ...] = ("fsdp2", "dp")
 
@@ -55,7 +56,9 @@ class PolicyModel(nn.Module):
 
     ``packed`` (VERL's use_remove_padding): the forward runs a micro-batch's rows end to end with no
     padding (trainer/models/packed_attention.py) where padding would add enough work to pay for it
-    (trainer.batch.packing_pays); otherwise on the rows left-justified and padded.
+    (trainer.batch.packing_pays) or where the rows are long enough to attend one at a time on the GPU
+    (packed_attention.rows_attend_alone: no padding then costs nothing); otherwise on the rows
+    left-justified and padded.
     """
 
     def __init__(self, lm: nn.Module, packed: bool = False, pack_min_padding: float = PACK_MIN_PADDING) -> None:
@@ -95,8 +98,9 @@ class PolicyModel(nn.Module):
         """
         r = response_ids.shape[1]
         lengths = attention_mask.sum(dim=1).tolist()  # [B] real tokens per row: one host read
-        # both ways give the same log-probs; packed rows are faster only where padding adds enough
-        if self.packed and packing_pays(lengths, self.pack_min_padding):
+        # both ways give the same log-probs; packed rows are faster where padding adds enough, or
+        # where long rows attend one at a time (cuDNN's kernel, plans shared by rows of nearby lengths)
+        if self.packed and (packing_pays(lengths, self.pack_min_padding) or rows_attend_alone(lengths, input_ids.is_cuda)):
             hidden = self._packed_hidden(input_ids, attention_mask, r, lengths)  # [B, R, H]
         else:
             hidden = self._padded_hidden(input_ids, attention_mask, r, max(lengths, default=0))  # [B, R, H]
@@ -132,7 +136,8 @@ class PolicyModel(nn.Module):
         cu_seqlens[i]: the position that predicts response token t is that plus the row's prompt
         length - 1 + t."""
         rows = pack_rows(input_ids, attention_mask, lengths)
-        packed = packed_call_kwargs(rows.cu_seqlens, rows.max_len, self.lm.config.layer_types)
+        bounds = [0, *itertools.accumulate(lengths)]
+        packed = packed_call_kwargs(rows.cu_seqlens, rows.max_len, self.lm.config.layer_types, bounds)
         hidden = self.lm.get_decoder()(
             input_ids=rows.ids, position_ids=rows.positions, use_cache=False, **packed
         ).last_hidden_state[0]  # [T, H]

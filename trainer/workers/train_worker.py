@@ -27,6 +27,7 @@ from trainer.checkpoint_files import CheckpointError, check_file
 from trainer.config import Config, RolloutConfig
 from trainer.models.checkpointing import enable_gradient_checkpointing
 from trainer.models.liger import apply_liger
+from trainer.models.packed_attention import build_row_plans
 from trainer.models.presets import build_model, load_tokenizer, resolve_dtype
 from trainer.rollout import engine_class, make_engine
 from trainer.rollout.requests import SamplingParams
@@ -154,7 +155,8 @@ class TrainWorker:
 
     def _warm_up_training(self) -> float:
         """warm_up_training (trainer/workers/training_warm_up.py) on warm_up_plan's short rows after
-        the step's prompt width; its seconds, the device synchronised."""
+        the step's prompt width, and with packed rows on a GPU cuDNN's plans for every width a long
+        row can take (packed_attention.build_row_plans); its seconds, the device synchronised."""
         start = time.perf_counter()
         data, arr = self.cfg.data, self.cfg.actor_rollout_ref
         prompt_len = self._prompt_width()
@@ -167,6 +169,9 @@ class TrainWorker:
             n_mini_batches=1, device=self.device,
         )
         warm_up_training(self.actor, self.ref, self.optimizer, mini_batches, arr.actor, settings, self.dp)
+        if self.device.type == "cuda" and arr.model.use_remove_padding:  # long packed rows' plans, every width
+            build_row_plans(self.actor.lm.config, self.device, compute_dtype(self.actor_dtype, self.device.type),
+                            prompt_len + data.max_response_length)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()  # the first timed phase starts from the allocator it would have met

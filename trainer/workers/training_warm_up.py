@@ -14,9 +14,12 @@ padded, alone or several together; rows packed end to end with ``use_remove_padd
 warm-up's micro-batches do too (``warm_up_plan``). On 16 rows of VERL's 1.5B replay on one H200, a
 warm-up of a lone row and a packed pair, one mini-batch each, left old_log_prob's first call 1.21 s
 and update_actor's 5.09 s longer than a later call; this one leaves 0.53 and 2.33 s
-(docs/benchmarks.md). What is left is mostly cuDNN's attention building an execution plan for each
-new shape of padded rows (40-140 ms each), which every step of a run pays again, its lengths being
-new: that stays in the phases.
+(docs/benchmarks.md). What was left was mostly cuDNN's attention building an execution plan for each
+new shape of padded rows (40-140 ms each), which every step of a run paid again, its lengths being
+new. With packed rows (``use_remove_padding``) on a GPU, rows of 2,048 tokens or more now attend one
+at a time at widths rounded up to 512 tokens, whose plans the worker builds at set-up for every width
+(trainer/models/packed_attention.build_row_plans); shorter rows' padded shapes still pay theirs in
+the phases.
 
 For each of its three mini-batches (lone rows, equal pairs, packed pairs), two micro-batches each:
 log-probs by the actor and by the ref (the code of old_log_prob and ref), then the actor's loss and
