@@ -44,7 +44,8 @@ def test_set_up_seconds_are_shown_and_never_judged(tmp_path: Path) -> None:
     assert setup_line(run) == [
         "set-up, outside every timed phase: rollout warm-up 9.9 s (its kernels compiled before the first gen, "
         "as vLLM's are when it starts); training warm-up 4.2 s (old_log_prob's, ref's and update_actor's kernels "
-        "compiled before their first call); host memory pinned for the optimizer state in 37.8 s"
+        "compiled, and cuDNN's attention plans for long packed rows built, before their first call); host memory "
+        "pinned for the optimizer state in 37.8 s"
     ]
     assert setup_line(dataclasses.replace(run, metrics={})) == []
 

@@ -217,8 +217,8 @@ def memory_line(run: RunRecord) -> list[str]:
 # Each SETUP_FIGURES metric in the summary's words, {s} its seconds.
 SETUP_WORDS = {
     "rollout_warm_up": "rollout warm-up {s:.1f} s (its kernels compiled before the first gen, as vLLM's are when it starts)",
-    "training_warm_up": "training warm-up {s:.1f} s (old_log_prob's, ref's and update_actor's kernels compiled "
-    "before their first call)",
+    "training_warm_up": "training warm-up {s:.1f} s (old_log_prob's, ref's and update_actor's kernels compiled, "
+    "and cuDNN's attention plans for long packed rows built, before their first call)",
     "pinning": "host memory pinned for the optimizer state in {s:.1f} s",
 }
 
