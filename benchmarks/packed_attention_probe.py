@@ -11,7 +11,8 @@ torch's nested tensors use). For each shape (a micro-batch's row lengths, comma-
 
 - ``flash_varlen``: the trainer's packed call (``packed_attention._varlen_causal``);
 - ``cudnn_packed``: cuDNN over the same packed rows, K and V at their own head count (grouped-query),
-  and ``cudnn_packed_repeat`` with K and V repeated to the query heads, where the first is refused;
+  and ``cudnn_packed_repeat`` with K and V repeated to the query heads (in torch 2.11 on an H200 both
+  gave wrong gradients past the first row and faulted at 27,648 tokens: docs/benchmarks.md);
 - ``cudnn_padded``: SDPA's cuDNN kernel on the rows padded to the longest, as the trainer's padded
   layout runs them (the padding's work included, the copies to and from it not);
 - ``cudnn_rows``: SDPA's cuDNN kernel one row at a time, each row's tail padded to a multiple of
