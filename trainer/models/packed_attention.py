@@ -38,7 +38,8 @@ from torch import nn
 
 PACKED_ATTENTION = "rlbench_packed"
 ROW_BOUNDS = "rlbench_row_bounds"  # packed_call_kwargs' host list of the rows' bounds (cu_seqlens)
-ROWS_ALONE_MIN = 2048  # tokens: at 2-4k-token rows a call each was no faster than the flash kernel (the probe)
+# tokens: below 5-6k tokens a call a row was slower than the flash kernel at the 1.5B's heads (the probe)
+ROWS_ALONE_MIN = 6144
 ROW_BUCKET = 512  # a lone row's width is a multiple of this: 3% more attention work on the 1.5B replay's rows
 
 

@@ -16,7 +16,7 @@ warm-up of a lone row and a packed pair, one mini-batch each, left old_log_prob'
 and update_actor's 5.09 s longer than a later call; this one leaves 0.53 and 2.33 s
 (docs/benchmarks.md). What was left was mostly cuDNN's attention building an execution plan for each
 new shape of padded rows (40-140 ms each), which every step of a run paid again, its lengths being
-new. With packed rows (``use_remove_padding``) on a GPU, rows of 2,048 tokens or more now attend one
+new. With packed rows (``use_remove_padding``) on a GPU, rows of 6,144 tokens or more now attend one
 at a time at widths rounded up to 512 tokens, whose plans the worker builds at set-up for every width
 (trainer/models/packed_attention.build_row_plans); shorter rows' padded shapes still pay theirs in
 the phases.
