@@ -50,7 +50,7 @@ def test_pack_rows_lays_the_real_tokens_end_to_end():
     assert rows.ids.tolist() == [[t for p, r in zip(PROMPTS, RESPONSES, strict=True) for t in p + r]]
     assert rows.positions.tolist() == [[i for n in lengths for i in range(n)]]
     assert rows.cu_seqlens.dtype == torch.int32
-    assert rows.cu_seqlens.tolist() == [0, 7, 13, 20, 22]
+    assert rows.cu_seqlens.tolist() == rows.bounds == [0, 7, 13, 20, 22]
     assert rows.max_len == max(lengths)
 
 

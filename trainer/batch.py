@@ -153,13 +153,15 @@ class PackedRows:
 
     ids and positions are [1, T], T the real tokens of all rows; row i holds packed tokens
     cu_seqlens[i]:cu_seqlens[i + 1], at positions 0..n_i - 1. cu_seqlens is int32 [B + 1] on the ids'
-    device; max_len is the longest row, as variable-length attention kernels take it.
+    device, bounds the same values on the host; max_len is the longest row, as variable-length
+    attention kernels take it.
     """
 
     ids: torch.Tensor  # [1, T]
     positions: torch.Tensor  # [1, T]
     cu_seqlens: torch.Tensor  # [B + 1] int32
     max_len: int
+    bounds: list[int]  # [B + 1], cu_seqlens' values
 
 
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: Sequence[int]) -> PackedRows:
@@ -175,7 +177,7 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: Se
         cu[:-1].long(), torch.as_tensor(lengths, device=device), output_size=bounds[-1]
     )
     positions = (torch.arange(bounds[-1], device=device) - starts).unsqueeze(0)  # [1, T]
-    return PackedRows(ids, positions, cu, max(lengths, default=0))
+    return PackedRows(ids, positions, cu, max(lengths, default=0), bounds)
 
 
 def left_pad(sequences: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

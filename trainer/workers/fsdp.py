@@ -18,7 +18,6 @@ global mini-batch's loss (trainer/workers/actor.py), so FSDP must sum gradients,
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -136,8 +135,7 @@ class PolicyModel(nn.Module):
         cu_seqlens[i]: the position that predicts response token t is that plus the row's prompt
         length - 1 + t."""
         rows = pack_rows(input_ids, attention_mask, lengths)
-        bounds = [0, *itertools.accumulate(lengths)]
-        packed = packed_call_kwargs(rows.cu_seqlens, rows.max_len, self.lm.config.layer_types, bounds)
+        packed = packed_call_kwargs(rows.cu_seqlens, rows.max_len, self.lm.config.layer_types, rows.bounds)
         hidden = self.lm.get_decoder()(
             input_ids=rows.ids, position_ids=rows.positions, use_cache=False, **packed
         ).last_hidden_state[0]  # [T, H]
