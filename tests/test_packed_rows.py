@@ -201,6 +201,7 @@ def test_row_plans_are_built_for_every_width_a_long_row_can_take():
     longest = ROWS_ALONE_MIN + ROW_BUCKET + 1
     assert build_row_plans(config, torch.device("cpu"), torch.float32, longest) == 3
     assert build_row_plans(config, torch.device("cpu"), torch.float32, ROWS_ALONE_MIN) == 1
+    assert build_row_plans(config, torch.device("cpu"), torch.float32, ROWS_ALONE_MIN - 1) == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="rows attend alone on CUDA only")

@@ -117,7 +117,9 @@ def build_row_plans(config: Any, device: torch.device, dtype: torch.dtype, longe
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    widths = range(bucketed_width(ROWS_ALONE_MIN), bucketed_width(longest) + 1, ROW_BUCKET)
+    # none where no row can be long enough to attend alone
+    widths = range(bucketed_width(ROWS_ALONE_MIN), bucketed_width(longest) + 1 if longest >= ROWS_ALONE_MIN else 0,
+                   ROW_BUCKET)
     for width in widths:
         bounds = [0, width]
         q, k, v = (torch.zeros(width, h, head_dim, device=device, dtype=dtype) for h in (heads, kv_heads, kv_heads))
