@@ -48,6 +48,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import first_call_probe  # noqa: E402  (benchmarks/, this script's folder)
+from pdl_matmul_chain import timed_log  # noqa: E402
+
 from trainer.models.packed_attention import _varlen_causal  # noqa: E402
 
 DEFAULT_SHAPES = ["15000,14000", "27648", "27000,2500", "10000,10000,9000", "16000,8000", "4000,3000,3000,2000"]
@@ -69,11 +72,11 @@ def flash_varlen(q, k, v, lengths, scale):
     return _varlen_causal(q, k, v, cu_seqlens(lengths, torch.int32), max(lengths), scale)
 
 
-def cudnn_packed(q, k, v, lengths, scale, repeat: bool = False, cu_dtype=torch.int32):
+def cudnn_packed(q, k, v, lengths, scale, repeat: bool = False):
     if repeat and k.shape[1] != q.shape[1]:
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    cu = cu_seqlens(lengths, cu_dtype)
+    cu = cu_seqlens(lengths, torch.int32)
     out = torch.ops.aten._cudnn_attention_forward(
         q, k, v, None, cu, cu, max(lengths), max(lengths), True, 0.0, True, False, scale=scale)
     return out[0]  # [T, H, D]
@@ -117,7 +120,7 @@ def cudnn_rows(q, k, v, lengths, scale, bucket: int = 256):
 
 
 def padded_attention_only(q, k, v, lengths, scale):
-    """(callable timing SDPA alone on already padded tensors, its inputs) for cudnn_padded's timing."""
+    """A callable running SDPA alone on already padded tensors, for cudnn_padded's timing."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     width, rows = max(lengths), len(lengths)
@@ -131,7 +134,7 @@ def padded_attention_only(q, k, v, lengths, scale):
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             return F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
 
-    return call, (qp, kp, vp)
+    return call
 
 
 def timed(fn, calls: int) -> list[float]:
@@ -144,14 +147,6 @@ def timed(fn, calls: int) -> list[float]:
         torch.cuda.synchronize()
         out.append(start.elapsed_time(end) / 1e3)
     return out
-
-
-def first_call_s(fn) -> float:
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - started
 
 
 def inputs(lengths, heads, kv_heads, head_dim, seed=0, grad=False):
@@ -201,9 +196,9 @@ def time_backend(name, fn, q, k, v, lengths, scale, grad_out, calls) -> tuple[di
         return fn(q, k, v, lengths, scale)
 
     with torch.no_grad():
-        result["first_forward_s"] = first_call_s(forward)
+        result["first_forward_s"] = first_call_probe.timed(forward)  # wall seconds, the device synchronised
         if name == "cudnn_padded":  # the padded layout's own kernel time, without the copies
-            call, _ = padded_attention_only(q.detach(), k.detach(), v.detach(), lengths, scale)
+            call = padded_attention_only(q.detach(), k.detach(), v.detach(), lengths, scale)
             fwd = timed(call, calls)
         else:
             fwd = timed(forward, calls)
@@ -215,7 +210,7 @@ def time_backend(name, fn, q, k, v, lengths, scale, grad_out, calls) -> tuple[di
     forward().backward(grad_out)
     grads = [t.grad.clone() for t in (q, k, v)]
     if name == "cudnn_padded":
-        call, _ = padded_attention_only(q.detach().requires_grad_(), k.detach().requires_grad_(),
+        call = padded_attention_only(q.detach().requires_grad_(), k.detach().requires_grad_(),
                                         v.detach().requires_grad_(), lengths, scale)
         padded_grad = torch.randn_like(call())
 
@@ -334,11 +329,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("packed_attention_probe.py: needs a CUDA GPU")
     BACKENDS["cudnn_rows"] = functools.partial(cudnn_rows, bucket=args.bucket)
-    started = time.time()
-
-    def log(record: dict) -> None:
-        print(f"[{time.time() - started:6.1f} s] {json.dumps(record)}", flush=True)
-
+    log = timed_log()
     if args.child:
         args.out.write_text(json.dumps(run_backend(args.backends[0], args, log), indent=1))
         return
