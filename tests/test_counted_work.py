@@ -23,7 +23,7 @@ from pytest_rlbench.verdict.judge import (
     with_work,
     work_metric,
 )
-from trainer.work_counts import WorkCounts, count_work, device_counts
+from trainer.work_counts import COUNTING_ENDS, WorkCounts, count_work, device_counts, profiled_events
 
 
 def with_counts(record: RunRecord, counts: dict[str, tuple[float, float]]) -> RunRecord:
@@ -164,6 +164,21 @@ def test_count_work_counts_dispatched_ops_and_flops() -> None:
     _, twice = count_work(lambda: [(a @ b).sum() for _ in range(2)])
     assert twice == work + work
     assert count_work(lambda: None)[1] == WorkCounts()
+
+
+def test_host_calls_from_the_counting_marker_on_are_left_out_and_the_gpus_kept() -> None:
+    """profiled_events drops the host's calls made after count_work's COUNTING_ENDS marker (its closing
+    syncs, which on a GPU were counted as the phase's: 2 host syncs for a matmul on the CPU), keeps every
+    event before it, and drops the marker itself."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        torch.ones(2)
+        with record_function(COUNTING_ENDS):
+            torch.zeros(2)
+    names = [name for name, _, _ in profiled_events(profiler)]
+    assert "aten::ones" in names, names
+    assert "aten::zeros" not in names and COUNTING_ENDS not in names, names
 
 
 def test_the_one_counting_mode_counts_what_the_two_stacked_modes_counted() -> None:

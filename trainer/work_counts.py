@@ -258,28 +258,40 @@ def count_work(
     too), counted by ``counters`` (default: ``one_mode_counters`` where this torch has its FLOP mode)."""
     counters = counters or (one_mode_counters if _FlopCounterMode is not None else stacked_counters)
     profiler = _device_profiler()
-    with profiler or contextlib.nullcontext(), counters() as read:
-        result = fn()
+    with profiler or contextlib.nullcontext():
+        with counters() as read:
+            result = fn()
         if profiler is not None:
-            torch.cuda.synchronize()  # the GPU's activities of this call end inside the profile
+            # the GPU's activities of this call end inside the profile; this sync, and the one the
+            # profiler makes as it stops, come after the marker and are not counted (fn's are)
+            with torch.profiler.record_function(COUNTING_ENDS):
+                torch.cuda.synchronize()
     device = device_counts(profiled_events(profiler)) if profiler is not None else {}
     ops, flops = read()
     return result, WorkCounts(ops, flops, **device)
+
+
+COUNTING_ENDS = "rlbench::counting_ends"  # count_work's marker: the host's calls from it on are the counter's own
 
 
 def profiled_events(profiler: Any) -> Iterable[tuple[str, bool, int]]:
     """(name, ran on the GPU, 1) for every event a finished profiler kept, read from its raw results:
     ``key_averages()`` first builds torch's FunctionEvent tree in Python, which for a counted step16x8
     phase (hundreds of thousands of kernels in replayed graphs) took longer than the phase's own rounds.
-    Hidden events are left out, as ``key_averages`` leaves them; where the raw results are not there
-    (another torch), ``key_averages`` it is."""
+    Hidden events are left out, as ``key_averages`` leaves them, and so are the host's calls from
+    count_work's COUNTING_ENDS marker on (its closing syncs; the GPU's activities are all kept, since
+    the GPU may still run fn's work then). Where the raw results are not there (another torch),
+    ``key_averages`` it is, closing syncs included."""
     results = getattr(getattr(profiler, "profiler", None), "kineto_results", None)
     if results is None:
         return ((e.key, e.device_type == DeviceType.CUDA, e.count) for e in profiler.key_averages())
+    events = [e for e in results.events() if not getattr(e, "is_hidden_event", lambda: False)()]
+    ends = min((e.start_ns() for e in events if e.name() == COUNTING_ENDS), default=None)
     return (
-        (e.name(), e.device_type() == DeviceType.CUDA, 1)
-        for e in results.events()
-        if not getattr(e, "is_hidden_event", lambda: False)()
+        (e.name(), on_gpu, 1)
+        for e in events
+        if e.name() != COUNTING_ENDS
+        and ((on_gpu := e.device_type() == DeviceType.CUDA) or ends is None or e.start_ns() < ends)
     )
 
 
