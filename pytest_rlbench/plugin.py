@@ -263,6 +263,8 @@ BENCHMARK_REPORTING = (
     "benchmark_json",
 )
 BENCHMARK_COLUMNS = ["median", "iqr", "min", "max", "rounds"]  # its table's columns unless chosen
+# pytest-benchmark before 5.3 gives --benchmark-columns this default where 5.3 gives None: not a choice
+UNCHOSEN_COLUMNS = ["min", "max", "mean", "stddev", "median", "iqr", "outliers", "ops", "rounds", "iterations"]
 BENCHMARK_TABLE_HINT = "pytest-benchmark's table: --benchmark-columns=median,iqr,rounds"
 TABLE_OFF_KEY = pytest.StashKey[bool]()
 ANSWER_COLOURS = {"FAIL": "red", "PASS": "green", "NO": "yellow"}  # an answer line's first word
@@ -280,6 +282,8 @@ def benchmark_table_defaults(config: pytest.Config) -> None:
     opt = config.option
     if not hasattr(opt, "benchmark_columns"):
         return  # pytest-benchmark not loaded (-p no:benchmark)
+    if opt.benchmark_columns == UNCHOSEN_COLUMNS:
+        opt.benchmark_columns = None
     if not any(getattr(opt, name, None) for name in BENCHMARK_REPORTING):
         opt.benchmark_quiet = True
         config.stash[TABLE_OFF_KEY] = True

@@ -37,6 +37,9 @@ def test_labels_and_values_as_the_reports_print_them() -> None:
     assert metrics.metric_label("peak_memory_gb") == "peak_memory_gb"
     assert metrics.family_label("mfu/update_actor") == "MFU"
     assert metrics.format_value(0.4123, "fraction") == "41.2%"
+    assert metrics.format_value(4.1e-8, "fraction") == "under 0.1%"  # not 0.0%: a tiny model's MFU
+    assert metrics.format_value(0.0006, "fraction") == "0.1%"
+    assert metrics.format_value(0.0, "fraction") == "0.0%"
     assert metrics.format_value(1.3249, "s") == "1.32 s"
     assert metrics.format_value(None, "s") == "-"
 

@@ -64,6 +64,49 @@ def test_no_gate_on_an_h100_names_the_replay_that_would_gate_it() -> None:
     assert lines[1] == "  (rlinf-1.5b the same way)"
 
 
+# A session's own workload section, as the embedded default writes it (natural lengths): the
+# comparison with a published run then lists the work's differences, not the hardware's
+NATURAL_WORKLOAD = {
+    "architecture": {"value": "tiny", "source": "published"},
+    "dtype": {"value": "bfloat16", "source": "published"},
+    "sequences_per_step": {"value": 64, "source": "published"},
+    "sequences_per_gpu": {"value": 64, "source": "published"},
+    "samples_per_prompt": {"value": 4, "source": "published"},
+    "prompt_length": {"mean": {"value": None, "source": "published", "why": "see $.tokens"},
+                      "max": {"value": 128, "source": "published"},
+                      "shape": {"value": "natural", "source": "published", "why": "the data set's own prompts"}},
+    "response_length": {"mean": {"value": None, "source": "published", "why": "see $.tokens"},
+                        "max": {"value": 64, "source": "published"},
+                        "shape": {"value": "natural", "source": "published", "why": "stops at EOS"}},
+    "use_kl_loss": {"value": True, "source": "published"},
+    "kl_loss_type": {"value": "low_var_kl", "source": "published"},
+    "ppo_epochs": {"value": 1, "source": "published"},
+    "ppo_mini_batches": {"value": 2, "source": "published"},
+    "use_dynamic_bsz": {"value": False, "source": "published"},
+    "ppo_max_token_len_per_gpu": {"value": 16384, "source": "published"},
+    "log_prob_max_token_len_per_gpu": {"value": 16384, "source": "published"},
+    "gradient_checkpointing": {"value": False, "source": "published"},
+    "param_offload": {"value": False, "source": "published"},
+    "optimizer_offload": {"value": False, "source": "published"},
+    "temperature": {"value": 1.0, "source": "published"},
+    "parallelism": {"value": {"dp": 1, "rollout_tp": 1, "sp": 1}, "source": "published"},
+}
+
+
+@pytest.mark.parametrize(("gpu", "gated"), [("NVIDIA H200", "its MFU and bandwidth use"), (H100, "its per-GPU throughput")])
+def test_the_replay_advice_reads_the_gpu_whatever_the_comparison_listed(gpu: str, gated: str) -> None:
+    """On an H200 the advice said "its times, on this same machine" against the published H100 runs:
+    a run with its own workload section is compared by its work, whose list names no hardware."""
+    data = copy.deepcopy(RUN)
+    data["hardware"] = {"device": "gpu", "nodes": 1, "world_size": 1, "gpus_per_node": 1, "gpu_model": gpu}
+    data["workload"] = copy.deepcopy(NATURAL_WORKLOAD)
+    run = record_from_dict(data)
+    results = compare_all(run, PUBLISHED)
+    assert not any(m.startswith("hardware.") for r in results for m in r.mismatches)  # the case this covers
+    lines = answer_lines([(run, results)], PUBLISHED, Invocation(("suites/", "--gpu")))
+    assert lines[0].startswith(f"NO GATE: to gate against 'verl-v0.5.0-1.5b' ({gated}), replay its work per GPU"), lines
+
+
 def test_a_gated_run_answers_pass_or_fail_per_baseline_first() -> None:
     base = run_record()
     base.name = "ci-runner"
@@ -189,6 +232,27 @@ def test_with_v_the_references_show_their_figures_and_consistency(pytester: pyte
     gen = next(line.split() for line in lines[figures + 2 :] if line.split()[:1] == ["gen"])
     assert gen[-1] == "974.41" and len(gen) == 8  # the 7B's own figure, with no column of this run's
     assert "consistency of the baselines' published figures:" in lines
+
+
+def test_pytest_benchmarks_old_default_columns_are_not_a_choice() -> None:
+    """pytest-benchmark before 5.3 gives --benchmark-columns its full list by default (5.3: None): read
+    as chosen, it showed the 230-column table on every run; a list the user gave still brings it back."""
+    from types import SimpleNamespace
+
+    from pytest_rlbench.plugin import BENCHMARK_REPORTING, UNCHOSEN_COLUMNS, benchmark_table_defaults
+
+    def config(**given):
+        option = SimpleNamespace(**{name: None for name in BENCHMARK_REPORTING}, benchmark_quiet=False)
+        vars(option).update(given)
+        return SimpleNamespace(option=option, stash={})
+
+    old_default = config(benchmark_columns=list(UNCHOSEN_COLUMNS))
+    benchmark_table_defaults(old_default)
+    assert old_default.option.benchmark_quiet and old_default.option.benchmark_columns is None
+    chosen = config(benchmark_columns=["median", "rounds"])
+    benchmark_table_defaults(chosen)
+    assert not chosen.option.benchmark_quiet and chosen.option.benchmark_columns == ["median", "rounds"]
+    assert chosen.option.benchmark_time_unit == "s"
 
 
 @pytestmark_plugin

@@ -143,7 +143,8 @@ def test_a_warmed_worker_computes_the_step_of_a_cold_one(strategy, monkeypatch):
         warm.actor.register_forward_pre_hook(lambda *_: forwards.__setitem__("actor", forwards["actor"] + 1))
         warm.ref.register_forward_pre_hook(lambda *_: forwards.__setitem__("ref", forwards["ref"] + 1))
         before, rng = _weights(warm), torch.get_rng_state()
-        assert warm._warm_up_training() > 0
+        warmed, plans = warm._warm_up_training()
+        assert warmed > 0 and plans == 0.0, (warmed, plans)  # no row here can attend alone: no plan built
         # three mini-batches of two micro-batches (lone rows, equal pairs, packed pairs): log-probs by
         # both models, then the actor's loss and backward, the gradients synchronised after the second
         assert forwards == {"actor": 12, "ref": 6} and had_gradients == [True, True, True]

@@ -123,12 +123,14 @@ def step_memory_unit(name: str) -> str | None:
 # What the slowest worker's set-up spent outside every phase, recorded as run metrics setup_s/<what>
 # (seconds) from the workers' set-up reports (trainer/workers/train_worker.py): the rollout engine's
 # warm-up (its kernels compiled before the first timed gen, as vLLM compiles and captures when its
-# engine starts), the training phases' warm-up (their kernels compiled before their first timed call)
-# and the host memory pinned for offloaded optimizer state. Evidence, never judged.
+# engine starts), the training phases' warm-up (their kernels compiled before their first timed call),
+# cuDNN's attention plans for long packed rows (where a row can be long enough to attend alone) and the
+# host memory pinned for offloaded optimizer state. Evidence, never judged.
 SETUP = "setup_s"
 SETUP_FIGURES: dict[str, str] = {  # metric -> worker key
     "rollout_warm_up": "rollout_warm_up_s",
     "training_warm_up": "training_warm_up_s",
+    "row_plans": "row_plans_s",
     "pinning": "pinning_s",
 }
 
@@ -196,5 +198,6 @@ def format_value(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
     if unit == "fraction":
-        return f"{value:.1%}"
+        # a tiny model's MFU (1e-8 of the peak) is not 0.0%, which one decimal would print
+        return "under 0.1%" if 0 < value < 0.0005 else f"{value:.1%}"
     return f"{_number(value)} {unit}".rstrip()

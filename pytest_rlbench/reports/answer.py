@@ -32,9 +32,9 @@ from pytest_rlbench.records.metrics import (
 )
 from pytest_rlbench.records.record import RunRecord
 from pytest_rlbench.records.workload_replay import WorkloadError, workload_overrides
-from pytest_rlbench.verdict.compare import JUDGED, BaselineComparison
+from pytest_rlbench.verdict.compare import JUDGED, BaselineComparison, gate_mismatches
 from pytest_rlbench.verdict.derived import derive
-from pytest_rlbench.verdict.gate_basis import SAME_MACHINE, gpu_family
+from pytest_rlbench.verdict.gate_basis import SAME_MACHINE, gpu_family, with_assumed_gpu
 from pytest_rlbench.verdict.noise import DEFAULT_CPU_TOLERANCE
 from pytest_rlbench.verdict.peaks import peak_bf16_flops
 from pytest_rlbench.verdict.session_pace import MIN_PEERS, PACE_MIN_S
@@ -134,7 +134,10 @@ def _replay_gate(run: RunRecord, baseline: RunRecord, result: BaselineComparison
     model_set = any(s.key == "actor_rollout_ref.model.path" for s in settings)
     if not model_set and any(m.startswith("model:") for m in result.mismatches):
         return None  # no preset has its model: the replay would run another model
-    if not any(m.startswith("hardware.") for m in result.mismatches):
+    # the hardware read directly: a comparison whose work differs lists the work's differences, not the
+    # hardware's (an H200 run against an H100 baseline read "its times, on this same machine")
+    baseline = with_assumed_gpu(baseline)
+    if not any(m.startswith("hardware.") for m in gate_mismatches(run, baseline)):
         return "its times, on this same machine"
     ours, theirs = run.hardware, baseline.hardware
     if ours.device != "gpu" or theirs.device != "gpu" or not ours.gpu_model or not theirs.gpu_model:
@@ -217,8 +220,10 @@ def memory_line(run: RunRecord) -> list[str]:
 # Each SETUP_FIGURES metric in the summary's words, {s} its seconds.
 SETUP_WORDS = {
     "rollout_warm_up": "rollout warm-up {s:.1f} s (its kernels compiled before the first gen, as vLLM's are when it starts)",
-    "training_warm_up": "training warm-up {s:.1f} s (old_log_prob's, ref's and update_actor's kernels compiled, "
-    "and cuDNN's attention plans for long packed rows built, before their first call)",
+    "training_warm_up": "training warm-up {s:.1f} s (old_log_prob's, ref's and update_actor's kernels compiled "
+    "before their first call)",
+    "row_plans": "cuDNN's attention plans for long packed rows built in {s:.1f} s (one for each width a row "
+    "attending alone can take)",
     "pinning": "host memory pinned for the optimizer state in {s:.1f} s",
 }
 

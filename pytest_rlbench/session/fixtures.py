@@ -409,7 +409,8 @@ def first_call_note(why: str) -> str:
     return (
         f"{why}: each phase's timed rounds start with its first call in this session. On GPU each of the "
         "bundled trainer's workers, at set-up and outside every phase, compiles the fast engine's and the training "
-        "phases' kernels, builds cuDNN's attention plans for every width of a long packed row, and pins host "
+        "phases' kernels, builds cuDNN's attention plans for every width of a long packed row (where rows can be "
+        "that long), and pins host "
         "memory for offloaded optimizer state (the set-up line; other frameworks' trainers do as they do); what a "
         "first call still meets stays in its phase, such as AdamW creating its moments at the first optimizer "
         "step, and so does what every step pays for new row lengths, such as cuDNN's attention planning each new "

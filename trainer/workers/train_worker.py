@@ -119,7 +119,7 @@ class TrainWorker:
         # the training phases' before their first timed call (GPU only: on CPU nothing compiles)
         on_gpu = self.device.type == "cuda"
         warm_up = self._warm_up(self.engine) if on_gpu else 0.0
-        training_warm_up = self._warm_up_training() if on_gpu else 0.0
+        training_warm_up, row_plans = self._warm_up_training() if on_gpu else (0.0, 0.0)
         # Last: what pins host memory before this (an offloaded ref's shards, of the moments' very
         # sizes) would take the reserved blocks from the pool for good.
         pinning = time.perf_counter()
@@ -142,6 +142,7 @@ class TrainWorker:
             "pinning_s": round(pinning, 3),
             "rollout_warm_up_s": round(warm_up, 3),
             "training_warm_up_s": round(training_warm_up, 3),
+            "row_plans_s": round(row_plans, 3),
         }
 
     def _warm_up(self, engine: Any) -> float:
@@ -153,10 +154,11 @@ class TrainWorker:
             prompts, rollout.n, self._prompt_width(), data.max_response_length, SamplingParams.from_config(rollout)
         )
 
-    def _warm_up_training(self) -> float:
+    def _warm_up_training(self) -> tuple[float, float]:
         """warm_up_training (trainer/workers/training_warm_up.py) on warm_up_plan's short rows after
         the step's prompt width, and with packed rows on a GPU cuDNN's plans for every width a long
-        row can take (packed_attention.build_row_plans); its seconds, the device synchronised."""
+        row can take (packed_attention.build_row_plans): the seconds of each (0 where no plan was
+        built), the device synchronised."""
         start = time.perf_counter()
         data, arr = self.cfg.data, self.cfg.actor_rollout_ref
         prompt_len = self._prompt_width()
@@ -169,13 +171,17 @@ class TrainWorker:
             n_mini_batches=1, device=self.device,
         )
         warm_up_training(self.actor, self.ref, self.optimizer, mini_batches, arr.actor, settings, self.dp)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        warmed, built = time.perf_counter(), 0
         if self.device.type == "cuda" and arr.model.use_remove_padding:  # long packed rows' plans, every width
-            build_row_plans(self.actor.lm.config, self.device, compute_dtype(self.actor_dtype, self.device.type),
-                            prompt_len + data.max_response_length)
+            built = build_row_plans(self.actor.lm.config, self.device,
+                                    compute_dtype(self.actor_dtype, self.device.type),
+                                    prompt_len + data.max_response_length)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()  # the first timed phase starts from the allocator it would have met
-        return time.perf_counter() - start
+        return warmed - start, (time.perf_counter() - warmed if built else 0.0)
 
     def _prompt_width(self) -> int:
         """A step's prompt columns: synthetic prompts are padded to synthetic_prompt_length (only
