@@ -3,10 +3,10 @@ tile and launch, and the layer matmuls' cuBLAS back end and weight layout (issue
 
     python benchmarks/decode_kernels_tune.py OUT.json [--model r1-distill-qwen-1.5b]
         [--shapes 128x768 128x1280 64x8192 16x27648 1x27648] [--matmul-rows 128 64]
-        [--split-matmul-rows 128 64] [--tp 1] [--split-sweep 4x27648 16x27648 ...]
+        [--attention-splits rule 1 2 4] [--merge-blocks 16 64] [--split-matmul-rows 128 64] [--tp 1] [--split-sweep 4x27648 ...]
 
-Attention is timed at the kernel's own split count (``"splits": "rule"``; ``rule_splits`` says how
-many that was) and at 1, 2 and 4 chunks a row; ``--split-sweep`` times the engine's launch at every chunk
+Attention is timed at each tile of ATTENTION_CHOICES, at the kernel's own split count (``"splits":
+"rule"``; ``rule_splits`` says how many that was) and at 1, 2 and 4 chunks a row (``--attention-splits``); ``--split-sweep`` times the engine's launch at every chunk
 count of SWEEP_SPLITS for each ROWSxCONTEXT and prints its rule's time against the best count's.
 Each figure is one CUDA graph of the op over every layer (as a decode step runs it: each layer's own
 weights or cache, so nothing is served from L2), replayed 20 times after 3 warm-ups, median, with the
@@ -33,6 +33,7 @@ from trainer.rollout.lean_decoder import lean_shape
 
 ATTENTION_CHOICES = [  # (block_n, num_warps, num_stages)
     (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 4), (32, 4, 3), (32, 2, 4),
+    (32, 4, 4), (32, 4, 2), (32, 8, 4), (64, 4, 2), (16, 4, 4), (16, 4, 6),
 ]
 
 
@@ -58,16 +59,23 @@ def graph_ms(body: Callable[[], None], replays: int = 20) -> float:
     return statistics.median(times[3:])
 
 
-def attention_rows(shape, rows: int, context: int) -> list[dict]:
+def attention_inputs(shape, rows: int, context: int):
+    """Random bf16 queries [layers, rows, KV heads, group, d], every layer's K and V cache over
+    ``context`` slots, a bias of zeros, and the bytes of K and V."""
     layers, kv, group, d = shape.num_layers, shape.num_kv_heads, shape.group, shape.head_dim
     q = torch.randn(layers, rows, kv, group, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(layers, rows, kv, context, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     bias = torch.zeros(rows, context, device="cuda", dtype=torch.bfloat16)
-    kv_bytes = 2 * k.numel() * k.element_size()
+    return q, k, v, bias, 2 * k.numel() * k.element_size()
+
+
+def attention_rows(shape, rows: int, context: int, split_options: tuple[int | None, ...] = (None, 1, 2, 4)) -> list[dict]:
+    q, k, v, bias, kv_bytes = attention_inputs(shape, rows, context)
+    kv = shape.num_kv_heads
     out = []
     for block_n, warps, stages in ATTENTION_CHOICES:
-        for splits in (None, 1, 2, 4):  # None: the kernel's own split_count; else that many chunks a row
+        for splits in split_options:  # None: the kernel's own split_count; else that many chunks a row
             body = functools.partial(_attention_layers, q, k, v, bias, context,
                                      dict(splits=splits, block_n=block_n, num_warps=warps, num_stages=stages))
             try:
@@ -81,6 +89,25 @@ def attention_rows(shape, rows: int, context: int) -> list[dict]:
                         "gb_per_s": kv_bytes / ms / 1e6})
             print(json.dumps(out[-1]), flush=True)
     del q, k, v, body
+    torch.cuda.empty_cache()
+    return out
+
+
+def merge_rows(shape, rows: int, context: int, merge_blocks: list[int]) -> list[dict]:
+    """The engine's launch (its tile, its rule's chunk count) with the merge kernel reading each of
+    ``merge_blocks`` chunks at a time: the merge's loop trips against the size of its loads."""
+    q, k, v, bias, kv_bytes = attention_inputs(shape, rows, context)
+    kv = shape.num_kv_heads
+    want = decode_attention(q[0], k[0], v[0], bias, context)
+    out = []
+    for block in merge_blocks:
+        got = decode_attention(q[0], k[0], v[0], bias, context, merge_block=block)
+        ms = graph_ms(functools.partial(_attention_layers, q, k, v, bias, context, dict(merge_block=block)))
+        out.append({"rows": rows, "context": context, "merge_block": block,
+                    "rule_splits": split_count(rows, kv, context, default_programs(q.device)), "ms": ms,
+                    "gb_per_s": kv_bytes / ms / 1e6, "max_abs_diff": (got.float() - want.float()).abs().max().item()})
+        print(json.dumps(out[-1]), flush=True)
+    del q, k, v
     torch.cuda.empty_cache()
     return out
 
@@ -229,6 +256,10 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--model", default="r1-distill-qwen-1.5b")
     ap.add_argument("--shapes", nargs="*", default=["128x768", "128x1280", "64x8192", "16x27648", "1x27648"])
+    ap.add_argument("--attention-splits", nargs="*", default=["rule", "1", "2", "4"],
+                    help="the chunk counts each --shapes tile is timed at ('rule': the kernel's own split_count)")
+    ap.add_argument("--merge-blocks", type=int, nargs="*", default=[],
+                    help="at each --shapes, time the engine's launch with the merge reading this many chunks at a time")
     ap.add_argument("--matmul-rows", type=int, nargs="*", default=[128, 64])
     ap.add_argument("--split-matmul-rows", type=int, nargs="*", default=[],
                     help="time the split-K Triton matmul against cuBLAS at these row counts")
@@ -240,11 +271,14 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("decode_kernels_tune.py needs a CUDA GPU")
     shape = lean_shape(preset_config(args.model)).sharded(args.tp)
-    results = {"gpu": torch.cuda.get_device_name(), "model": args.model, "tp": args.tp, "attention": [], "matmul": [],
-               "split_matmul": [], "split_sweep": []}
+    results = {"gpu": torch.cuda.get_device_name(), "model": args.model, "tp": args.tp, "attention": [], "merge": [],
+               "matmul": [], "split_matmul": [], "split_sweep": []}
     for spec in args.shapes:
         rows, context = (int(x) for x in spec.split("x"))
-        results["attention"] += attention_rows(shape, rows, context)
+        splits = tuple(None if x == "rule" else int(x) for x in args.attention_splits)
+        results["attention"] += attention_rows(shape, rows, context, splits)
+        if args.merge_blocks:
+            results["merge"] += merge_rows(shape, rows, context, args.merge_blocks)
     for rows in args.matmul_rows:
         results["matmul"] += matmul_rows(shape, rows)
     for rows in args.split_matmul_rows:

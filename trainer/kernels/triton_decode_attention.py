@@ -45,6 +45,7 @@ NUM_WARPS = 4  # the partial kernel's launch (Triton's defaults)
 NUM_STAGES = 3
 MIN_SLOTS_PER_SPLIT = 256  # a chunk shorter than this costs more to merge than it saves
 MAX_SPLITS = 128
+MERGE_BLOCK = 16  # chunks the merge kernel reads at a time
 
 
 @triton.jit
@@ -228,6 +229,7 @@ def decode_attention(
     block_n: int | None = None, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
     kv_rows: torch.Tensor | None = None, shared_slots: int = 0, splits: int | None = None,
     out: torch.Tensor | None = None, last_slot: torch.Tensor | None = None, skip_rows: torch.Tensor | None = None,
+    merge_block: int = MERGE_BLOCK,
 ) -> torch.Tensor:
     """q [b, KV heads, group, d]; k, v [b, KV heads, slots, d] (d contiguous); bias [b, slots] (0 on
     visible slots, -inf elsewhere; slots contiguous) -> [b, KV heads, group, d] in q's dtype, over
@@ -243,11 +245,12 @@ def decode_attention(
     ``skip_rows`` ([b] bool on the device, read by the kernel): rows whose result nobody reads (the
     fast engine's ended rows, decoded until the next compaction): their programs read no slot and
     their output is 0, so an ended row costs no K/V reads; the other rows' results are unchanged.
-    ``splits`` overrides split_count (benchmarks); ``out``, q's shape and dtype, receives the result."""
+    ``splits`` overrides split_count (benchmarks); ``out``, q's shape and dtype, receives the result.
+    ``merge_block``: how many chunks the merge kernel reads at a time (a power of two; benchmarks)."""
     if q.stride(-1) != 1:
         raise ValueError("decode_attention needs the last dimension of q contiguous")
     return _attend(q, k, v, bias, attn_len, programs, block_n, num_warps, num_stages, kv_rows, shared_slots, splits,
-                   out, last_slot, skip_rows, rope=None)
+                   out, last_slot, skip_rows, rope=None, merge_block=merge_block)
 
 
 def decode_attention_with_rope(
@@ -255,6 +258,7 @@ def decode_attention_with_rope(
     attn_len: int, write_slot: torch.Tensor, heads: int, programs: int | None = None, block_n: int | None = None,
     num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES, kv_rows: torch.Tensor | None = None,
     shared_slots: int = 0, splits: int | None = None, skip_rows: torch.Tensor | None = None,
+    merge_block: int = MERGE_BLOCK,
 ) -> torch.Tensor:
     """One decode step's RoPE, K/V cache write and attention in one kernel: what
     ``rope_and_cache_write`` (trainer/kernels/triton_decode_fused.py) and then ``decode_attention``
@@ -274,14 +278,14 @@ def decode_attention_with_rope(
         raise ValueError(f"decode_attention_with_rope: {heads} query heads do not share {kv_heads} KV heads evenly")
     q = qkv[:, : heads * d].view(b, kv_heads, heads // kv_heads, d)  # the kernel finds k and v after it in the row
     return _attend(q, k, v, bias, attn_len, programs, block_n, num_warps, num_stages, kv_rows, shared_slots, splits,
-                   None, write_slot, skip_rows, rope=(cos, sin))
+                   None, write_slot, skip_rows, rope=(cos, sin), merge_block=merge_block)
 
 
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, attn_len: int, programs: int | None,
     block_n: int | None, num_warps: int, num_stages: int, kv_rows: torch.Tensor | None, shared_slots: int,
     splits: int | None, out: torch.Tensor | None, last_slot: torch.Tensor | None, skip_rows: torch.Tensor | None,
-    rope: tuple[torch.Tensor, torch.Tensor] | None,
+    rope: tuple[torch.Tensor, torch.Tensor] | None, merge_block: int = MERGE_BLOCK,
 ) -> torch.Tensor:
     """The launch behind decode_attention and decode_attention_with_rope (``rope``: cos, sin; q a view of
     qkv's query columns, its rows' k and v heads after them)."""
@@ -333,6 +337,6 @@ def _attend(
     if not whole:
         _merge_kernel[(b * kv_heads, group)](
             acc, maxes, sums, out, out.stride(0), out.stride(1), out.stride(2), splits,
-            KV_HEADS=kv_heads, GROUP_PAD=group_pad, D=d, SPLIT_BLOCK=16,
+            KV_HEADS=kv_heads, GROUP_PAD=group_pad, D=d, SPLIT_BLOCK=merge_block,
         )
     return out
