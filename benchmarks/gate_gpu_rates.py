@@ -1,6 +1,7 @@
 """How often the GPU gate is wrong, judged from sessions' JSON reports (issue 29, item 5).
 
-The sessions come from ``benchmarks/gpu_suites.sh OUT gate16x8`` (RL_GATE_PLAN names each: ``same`` for
+The sessions come from ``benchmarks/gpu_suites.sh OUT gate16x8`` (or ``gate-default``, the embedded
+default's tiny model on the GPU; RL_GATE_PLAN names each: ``same`` for
 unchanged code, ``METHODS:FRACTION`` for GRPOTrainer methods, comma-separated, made FRACTION slower by
 real GPU work, ``benchmarks/gate_slow_phase.py``; the report is named ``gate16x8-NN-<entry with ':' and
 ',' as '_'>.json``), one directory per machine. A session whose reports name the machine they ran on
@@ -114,15 +115,17 @@ def without_counts(record: RunRecord) -> RunRecord:
 
 
 def sessions(spec: Sequence[str], counts: bool = True) -> list[Session]:
-    """Every gate16x8 report in each MACHINE=DIRECTORY, grouped by the machine the report names
+    """Every gate16x8 (or gate-default) report in each MACHINE=DIRECTORY, grouped by the machine the report names
     (``counts`` False: each read without its counted work)."""
     out, labels = [], {}
     for item in spec:
         machine, _, directory = item.partition("=")
-        for path in sorted(Path(directory).glob("*16x8-*.json")):  # noise16x8-N: unchanged code too
+        # gate16x8-NN-ENTRY and gatedefault-NN-ENTRY sessions; noise16x8-N: unchanged code too
+        paths = [*Path(directory).glob("*16x8-*.json"), *Path(directory).glob("gatedefault-*.json")]
+        for path in sorted(paths):
             if path.name.endswith(".baseline.json"):  # the session saved as a baseline: its report is beside it
                 continue
-            name = path.stem.split("-", 2)[2] if path.stem.startswith("gate16x8-") else "same"
+            name = path.stem.split("-", 2)[2] if path.stem.startswith(("gate16x8-", "gatedefault-")) else "same"
             record = record_of_report(json.loads(path.read_text()))
             record = record if counts else without_counts(record)
             where = (

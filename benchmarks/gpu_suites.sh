@@ -40,6 +40,8 @@
 #                                                      # together, tensor-parallel, as VERL's rollout did)
 #   RL_GATE_PLAN="same update_actor:0.05" bash benchmarks/gpu_suites.sh OUT_DIR gate16x8  # sessions
 #                                                      # for the GPU gate's error rates (see the shape)
+#   RL_GATE_PLAN="same same update_actor:0.25" bash benchmarks/gpu_suites.sh OUT_DIR gate-default  # the same,
+#                                                      # on the embedded default's tiny model (host-bound phases)
 #   RL_GATE_PLAN="same update_actor:0.05 same same" bash benchmarks/gpu_suites.sh OUT_DIR gate16x8-each-gpu
 #                                                      # gate16x8, one entry per GPU of the host, at once
 #   bash benchmarks/gpu_suites.sh OUT_DIR gate16x4     # the gate on one GPU: a baseline, 3 same-code reruns gated
@@ -218,6 +220,22 @@ for shape in "$@"; do
                 GATE_SLOW_METHOD="${entry%%:*}" GATE_SLOWDOWN="${entry##*:}" GATE_SLOW_GPU=1 \
                 PYTHONPATH="$PWD/benchmarks:${PYTHONPATH:-}" python3 -m pytest -p gate_slow_phase "${g[@]}" \
                     "${kept[@]}" > "$out/$name.log" 2>&1 || true
+            fi
+            tail -n 3 "$out/$name.log"
+        done ;;
+    gate-default)  # as gate16x8, on the embedded default (its tiny model, `pytest suites/ --gpu`): the
+        # GPU gate where every phase waits on the host (tens of ms a round). Reports gatedefault-NN-ENTRY.json
+        i=0
+        for entry in ${RL_GATE_PLAN:-same}; do
+            i=$((i + 1)); name="gatedefault-$(printf %02d $i)-${entry//[:,]/_}"
+            d=(-q -p no:cacheprovider "${plugin[@]}" --gpu suites/ --rl-report "$out/$name.json"
+               --rl-save-baseline "$out/$name.baseline.json")
+            if [ "$entry" = same ]; then
+                python3 -m pytest "${d[@]}" > "$out/$name.log" 2>&1 || true
+            else
+                GATE_SLOW_METHOD="${entry%%:*}" GATE_SLOWDOWN="${entry##*:}" GATE_SLOW_GPU=1 \
+                PYTHONPATH="$PWD/benchmarks:${PYTHONPATH:-}" python3 -m pytest -p gate_slow_phase "${d[@]}" \
+                    > "$out/$name.log" 2>&1 || true
             fi
             tail -n 3 "$out/$name.log"
         done ;;
