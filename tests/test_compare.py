@@ -262,6 +262,22 @@ def test_a_gpu_phase_nobody_chose_a_tolerance_for_is_judged_at_its_measured_one(
     assert gpu_row("reshard", base, slower, default_tolerance(gpu=True)).tolerance == DEFAULT_TOLERANCE
 
 
+def test_a_short_gpu_phase_failing_its_measured_tolerance_says_it_waits_on_the_host() -> None:
+    """A tiny model's GPU phases (tens of ms) failed unchanged code at the tolerances measured on phases
+    of about 1 s: such a failure names the rounds' length and what to do; a long phase's does not, nor
+    one judged at a tolerance someone chose. The verdict itself is not changed."""
+    short = [0.040, 0.041, 0.042, 0.043, 0.044]
+    row = gpu_row("old_log_prob", short, [t * 1.5 for t in short], default_tolerance(gpu=True))
+    assert row.verdict == "fail", row.message
+    assert "its rounds (42 ms) are shorter than any this GPU tolerance was measured on (about 1 s)" in row.message
+    assert "--rl-tolerance" in row.message
+    long = [3.00, 3.01, 3.02, 3.03, 3.04]
+    slow_long = gpu_row("gen", long, [t * 1.05 for t in long], default_tolerance(gpu=True))
+    assert slow_long.verdict == "fail" and "shorter than any" not in slow_long.message, slow_long.message
+    chosen = gpu_row("old_log_prob", short, [t * 1.5 for t in short], 0.08)
+    assert chosen.verdict == "fail" and "shorter than any" not in chosen.message, chosen.message
+
+
 def test_a_gpu_baseline_saved_on_the_machine_that_runs_the_gate_is_judged_at_the_one_machine_tolerance() -> None:
     base = [3.00, 3.01, 3.02, 3.03, 3.04]
     slower = [t * 1.10 for t in base]  # 10%: past update_actor's one-machine tolerance, within its across-machines one

@@ -148,6 +148,7 @@ def test_gating_docs_state_the_gates_constants() -> None:
         "machine_load.CLOCK_EXPLAINS_FROM": f"{machine_load.CLOCK_EXPLAINS_FROM:.0%}",
         "judge.WORK_ALLOWANCE": f"{judge.WORK_ALLOWANCE:.0%}",
         "noise.DEFAULT_TOLERANCE": f"{noise.DEFAULT_TOLERANCE:.2f}",
+        "noise.GPU_TOLERANCE_MIN_ROUND_S": f"{noise.GPU_TOLERANCE_MIN_ROUND_S:g} s",
         "noise.DEFAULT_CPU_TOLERANCE": f"{noise.DEFAULT_CPU_TOLERANCE:.2f}",
         "noise.MIN_SPREAD_BLOCKS": f"{noise.MIN_SPREAD_BLOCKS}",
         "noise.MAX_SPREAD_TOLERANCE": f"{noise.MAX_SPREAD_TOLERANCE:.2f}",

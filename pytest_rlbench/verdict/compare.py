@@ -85,6 +85,7 @@ from pytest_rlbench.verdict.machine_load import (
 from pytest_rlbench.verdict.noise import (
     DEFAULT_TOLERANCE,
     phase_tolerance,
+    short_gpu_phase_note,
     side_by_side_tolerance,
     spread_tolerance,
 )
@@ -349,9 +350,15 @@ def _gate_rows(
         rows = [replace(c, message=c.message + why) if c.phase == "save_checkpoint" and basis == SAME_MACHINE else c
                 for c in rows]
     return [
-        replace(c, message=c.message + (beside.get(c.phase, "") + _where(run, baseline, c) if c.verdict in JUDGED else "") + note)
+        replace(c, message=c.message + (beside.get(c.phase, "") + _where(run, baseline, c) if c.verdict in JUDGED else "")
+                + (short_gpu_phase_note(c.tolerance_source, c.baseline) if _timed_failure(c) else "") + note)
         for c in rows
     ]
+
+
+def _timed_failure(c: Comparison) -> bool:
+    """A phase's time that failed its gate (``c.baseline`` then is the baseline's median seconds)."""
+    return c.verdict == "fail" and family_of(c.metric) == TIMING
 
 
 def _over_slowest_shares(run: RunRecord, baseline: RunRecord) -> dict[str, Figure]:
