@@ -11,6 +11,7 @@ import itertools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from trainer.batch import PACK_MIN_PADDING, left_pad, pack_rows, packing_pays, right_pad
 from trainer.models.checkpointing import enable_gradient_checkpointing
@@ -19,7 +20,6 @@ from trainer.models.packed_attention import (
     ROW_BOUNDS,
     ROW_BUCKET,
     ROWS_ALONE_MIN,
-    _causal_per_row,
     _rows_alone_causal,
     bucketed_width,
     build_row_plans,
@@ -150,6 +150,15 @@ def test_long_rows_attend_alone_only_on_a_gpu():
     assert [bucketed_width(n, 512) for n in (1, 512, 513, 27796)] == [512, 512, 1024, 28160]
 
 
+def causal_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float) -> torch.Tensor:
+    """The reference: causal SDPA on each row's slice, written into its place ([T, H, D] in and out)."""
+    out = torch.empty_like(q)
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        rows = [t[start:end].transpose(0, 1) for t in (q, k, v)]  # each [heads, n, D]
+        out[start:end] = F.scaled_dot_product_attention(*rows, is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
+    return out
+
+
 @pytest.mark.parametrize("bucket", [1, 16, 64])
 def test_a_row_padded_at_its_end_attends_as_the_row_alone(bucket):
     """_rows_alone_causal pads each row to a multiple of ``bucket`` after its last token: its outputs
@@ -161,7 +170,7 @@ def test_a_row_padded_at_its_end_attends_as_the_row_alone(bucket):
     qkv = [torch.randn(bounds[-1], h, 8, generator=gen, dtype=torch.float64) for h in (6, 2, 2)]
     grad_out = torch.randn(bounds[-1], 6, 8, generator=gen, dtype=torch.float64)
     results = []
-    for attend in (functools.partial(_rows_alone_causal, bucket=bucket), _causal_per_row):
+    for attend in (functools.partial(_rows_alone_causal, bucket=bucket), causal_per_row):
         leaves = [t.clone().requires_grad_() for t in qkv]
         out = attend(*leaves, bounds, 0.3)
         out.backward(grad_out)

@@ -17,7 +17,7 @@ which its decoder layers pass through to the attention function) attends per row
   set-up;
 - on CUDA, other rows in one variable-length flash-attention kernel
   (``torch.nn.attention.varlen.varlen_attn``, FlashAttention 2 in torch 2.11);
-- on the CPU, row by row through SDPA.
+- on the CPU, row by row through SDPA (``_rows_alone_causal`` unpadded).
 
 Any other call is SDPA's, with SDPA's masks: the hf rollout engine generates with the actor's own
 module.
@@ -88,8 +88,8 @@ def packed_attention(
         out = _rows_alone_causal(q, k, v, bounds, scale)
     elif q.is_cuda:
         out = _varlen_causal(q, k, v, cu_seqlens, int(kwargs["max_length_q"]), scale)
-    else:
-        out = _causal_per_row(q, k, v, bounds, scale)
+    else:  # the CPU: row by row, unpadded
+        out = _rows_alone_causal(q, k, v, bounds, scale, bucket=1)
     return out.unsqueeze(0), None  # [1, T, H, D]
 
 
@@ -97,10 +97,13 @@ def _rows_alone_causal(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float, bucket: int = ROW_BUCKET
 ) -> torch.Tensor:
     """Causal SDPA on each row alone ([T, H, D] in and out), the row zero-padded at its end to
-    ``bucketed_width``: the padding comes after every real token, so no real token attends to it,
-    and its outputs (and, in the backward, its zero gradients) are dropped."""
+    ``bucketed_width`` (``bucket`` 1: not padded, the CPU's packed attention): the padding comes after
+    every real token, so no real token attends to it, and its outputs (and, in the backward, its zero
+    gradients) are dropped. A row of no tokens adds nothing."""
     out = []
     for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end == start:
+            continue
         pad = bucketed_width(end - start, bucket) - (end - start)
         rows = [F.pad(t[start:end], (0, 0, 0, 0, 0, pad)).transpose(0, 1).unsqueeze(0) for t in (q, k, v)]  # [1, heads, W, D]
         attended = F.scaled_dot_product_attention(*rows, is_causal=True, scale=scale, enable_gqa=True)  # [1, H, W, D]
@@ -128,18 +131,6 @@ def build_row_plans(config: Any, device: torch.device, dtype: torch.dtype, longe
         leaves = [t.requires_grad_() for t in (q, k, v)]
         _rows_alone_causal(*leaves, bounds, head_dim ** -0.5).sum().backward()
     return len(widths)
-
-
-def _causal_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float) -> torch.Tensor:
-    """The CPU's packed attention: causal SDPA on each row's slice ([T, H, D] in and out)."""
-    out = torch.empty_like(q)
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        if end > start:
-            rows = [t[start:end].transpose(0, 1) for t in (q, k, v)]  # each [heads, n, D]
-            out[start:end] = F.scaled_dot_product_attention(
-                *rows, is_causal=True, scale=scale, enable_gqa=True
-            ).transpose(0, 1)
-    return out
 
 
 @functools.cache
