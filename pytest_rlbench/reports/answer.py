@@ -32,7 +32,7 @@ from pytest_rlbench.records.metrics import (
 )
 from pytest_rlbench.records.record import RunRecord
 from pytest_rlbench.records.workload_replay import WorkloadError, workload_overrides
-from pytest_rlbench.verdict.compare import JUDGED, BaselineComparison, gate_mismatches
+from pytest_rlbench.verdict.compare import JUDGED, BaselineComparison, hardware_mismatches
 from pytest_rlbench.verdict.derived import derive
 from pytest_rlbench.verdict.gate_basis import SAME_MACHINE, gpu_family, with_assumed_gpu
 from pytest_rlbench.verdict.noise import DEFAULT_CPU_TOLERANCE
@@ -137,7 +137,7 @@ def _replay_gate(run: RunRecord, baseline: RunRecord, result: BaselineComparison
     # the hardware read directly: a comparison whose work differs lists the work's differences, not the
     # hardware's (an H200 run against an H100 baseline read "its times, on this same machine")
     baseline = with_assumed_gpu(baseline)
-    if not any(m.startswith("hardware.") for m in gate_mismatches(run, baseline)):
+    if not hardware_mismatches(run, baseline):
         return "its times, on this same machine"
     ours, theirs = run.hardware, baseline.hardware
     if ours.device != "gpu" or theirs.device != "gpu" or not ours.gpu_model or not theirs.gpu_model:

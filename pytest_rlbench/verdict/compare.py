@@ -174,8 +174,13 @@ def gate_mismatches(run: RunRecord, baseline: RunRecord) -> list[str]:
 
     Hardware first, then the step's work, then the model (one entry naming the differing fields).
     """
-    out = _diff(_hardware_keys(run), _hardware_keys(baseline)) + _diff(_work_keys(run), _work_keys(baseline))
+    out = hardware_mismatches(run, baseline) + _diff(_work_keys(run), _work_keys(baseline))
     return out + model_differences(run.model, baseline.model) + _framework_mismatch(run, baseline)
+
+
+def hardware_mismatches(run: RunRecord, baseline: RunRecord) -> list[str]:
+    """How ``run``'s hardware differs from ``baseline``'s, as gate_mismatches lists it first; empty: the same kind."""
+    return _diff(_hardware_keys(run), _hardware_keys(baseline))
 
 
 def _framework_mismatch(run: RunRecord, baseline: RunRecord) -> list[str]:

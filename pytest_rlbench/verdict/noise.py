@@ -72,8 +72,11 @@ def phase_tolerance(tolerance: float, phase: str | None, device: str, same_machi
     if device != "gpu" or phase not in GPU_PHASE_TOLERANCES or not isinstance(tolerance, DefaultTolerance):
         return tolerance
     if same_machine:
-        return DefaultTolerance(GPU_SAME_MACHINE_TOLERANCES[phase], f"{phase}'s measured GPU default on one machine")
-    return DefaultTolerance(GPU_PHASE_TOLERANCES[phase], f"{phase}'s measured GPU default")
+        return DefaultTolerance(GPU_SAME_MACHINE_TOLERANCES[phase], f"{phase}'s {MEASURED_GPU_DEFAULT} on one machine")
+    return DefaultTolerance(GPU_PHASE_TOLERANCES[phase], f"{phase}'s {MEASURED_GPU_DEFAULT}")
+
+
+MEASURED_GPU_DEFAULT = "measured GPU default"  # what a tolerance from the tables above is called where it is used
 
 
 # The GPU tolerances above were measured on phases of about 1 s a round and longer (step16x8's
@@ -87,7 +90,7 @@ GPU_TOLERANCE_MIN_ROUND_S = 0.9
 def short_gpu_phase_note(tolerance_source: str, base_median: float | None) -> str:
     """What a failure judged at a measured GPU tolerance adds where the phase's baseline rounds are
     shorter than any that tolerance was measured on; empty otherwise."""
-    if "measured GPU default" not in tolerance_source or base_median is None:
+    if MEASURED_GPU_DEFAULT not in tolerance_source or base_median is None:
         return ""
     if base_median >= GPU_TOLERANCE_MIN_ROUND_S:
         return ""
