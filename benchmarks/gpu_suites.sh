@@ -70,6 +70,26 @@ batch16=(--rl-config data.train_batch_size=16 --rl-config actor_rollout_ref.acto
          --rl-config actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
          --rl-config actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
          --rl-config actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16)
+# gate_sessions PREFIX PYTEST_ARGS...: one session of PYTEST_ARGS per RL_GATE_PLAN entry, its report
+# PREFIX-NN-<entry>.json; each also saves itself as a baseline (NAME.baseline.json), so it counts each
+# phase's work in one more, untimed, round. Entries: same (unchanged code), or METHOD[,METHOD]:FRACTION,
+# those GRPOTrainer methods made FRACTION slower by real GPU work (benchmarks/gate_slow_phase.py).
+gate_sessions() {
+    local prefix=$1 i=0 entry name
+    shift
+    for entry in ${RL_GATE_PLAN:-same}; do
+        i=$((i + 1)); name="$prefix-$(printf %02d $i)-${entry//[:,]/_}"
+        local kept=(--rl-report "$out/$name.json" --rl-save-baseline "$out/$name.baseline.json")
+        if [ "$entry" = same ]; then
+            python3 -m pytest "$@" "${kept[@]}" > "$out/$name.log" 2>&1 || true
+        else
+            GATE_SLOW_METHOD="${entry%%:*}" GATE_SLOWDOWN="${entry##*:}" GATE_SLOW_GPU=1 \
+            PYTHONPATH="$PWD/benchmarks:${PYTHONPATH:-}" python3 -m pytest -p gate_slow_phase "$@" \
+                "${kept[@]}" > "$out/$name.log" 2>&1 || true
+        fi
+        tail -n 3 "$out/$name.log"
+    done
+}
 for shape in "$@"; do
     echo "== $shape"
     case "$shape" in
@@ -203,42 +223,13 @@ for shape in "$@"; do
             --rl-baseline "$out/gate16x4-base.json" --rl-report "$out/gate16x4-slow.json" || true ;;
     gate16x8)  # issue 29's error rates: step16x8-all-liger sessions, one per RL_GATE_PLAN entry, each
         # report kept (every round, the GPU telemetry) to be judged against the others afterwards
-        # (benchmarks/gate_gpu_rates.py). Entries: same (unchanged code), or METHOD:FRACTION, that
-        # GRPOTrainer method made FRACTION slower by real GPU work (benchmarks/gate_slow_phase.py).
-        # Each session also saves itself as a baseline (NAME.baseline.json): a session that saves one
-        # counts each phase's work in one more, untimed, round, so every report carries its counts.
-        g=("${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024
-           --rl-config actor_rollout_ref.model.use_liger=True suites/test_phases.py suites/test_step.py
-           -k "not save_checkpoint" --rl-rollout fast --rl-rounds 5 --rl-warmup-rounds 1)
-        i=0
-        for entry in ${RL_GATE_PLAN:-same}; do
-            i=$((i + 1)); name="gate16x8-$(printf %02d $i)-${entry//[:,]/_}"
-            kept=(--rl-report "$out/$name.json" --rl-save-baseline "$out/$name.baseline.json")
-            if [ "$entry" = same ]; then
-                python3 -m pytest "${g[@]}" "${kept[@]}" > "$out/$name.log" 2>&1 || true
-            else
-                GATE_SLOW_METHOD="${entry%%:*}" GATE_SLOWDOWN="${entry##*:}" GATE_SLOW_GPU=1 \
-                PYTHONPATH="$PWD/benchmarks:${PYTHONPATH:-}" python3 -m pytest -p gate_slow_phase "${g[@]}" \
-                    "${kept[@]}" > "$out/$name.log" 2>&1 || true
-            fi
-            tail -n 3 "$out/$name.log"
-        done ;;
+        # (benchmarks/gate_gpu_rates.py); entries and baselines as gate_sessions says.
+        gate_sessions gate16x8 "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
+            --rl-config actor_rollout_ref.model.use_liger=True suites/test_phases.py suites/test_step.py \
+            -k "not save_checkpoint" --rl-rollout fast --rl-rounds 5 --rl-warmup-rounds 1 ;;
     gate-default)  # as gate16x8, on the embedded default (its tiny model, `pytest suites/ --gpu`): the
         # GPU gate where every phase waits on the host (tens of ms a round). Reports gatedefault-NN-ENTRY.json
-        i=0
-        for entry in ${RL_GATE_PLAN:-same}; do
-            i=$((i + 1)); name="gatedefault-$(printf %02d $i)-${entry//[:,]/_}"
-            d=(-q -p no:cacheprovider "${plugin[@]}" --gpu suites/ --rl-report "$out/$name.json"
-               --rl-save-baseline "$out/$name.baseline.json")
-            if [ "$entry" = same ]; then
-                python3 -m pytest "${d[@]}" > "$out/$name.log" 2>&1 || true
-            else
-                GATE_SLOW_METHOD="${entry%%:*}" GATE_SLOWDOWN="${entry##*:}" GATE_SLOW_GPU=1 \
-                PYTHONPATH="$PWD/benchmarks:${PYTHONPATH:-}" python3 -m pytest -p gate_slow_phase "${d[@]}" \
-                    > "$out/$name.log" 2>&1 || true
-            fi
-            tail -n 3 "$out/$name.log"
-        done ;;
+        gate_sessions gatedefault -q -p no:cacheprovider "${plugin[@]}" --gpu suites/ ;;
     gate16x8-each-gpu)  # gate16x8 once per GPU of this host, at the same time: RL_GATE_PLAN's entries one
         # per GPU (CUDA_VISIBLE_DEVICES=0, 1, ...; each session its own Ray), reports under OUT/gpuN/. As
         # many sessions as GPUs in the time of one. Sharing the host's CPUs unpinned, four sessions ran
