@@ -162,6 +162,11 @@ def test_gating_docs_state_the_gates_constants() -> None:
         "session_pace.MIN_PEERS": f"{session_pace.MIN_PEERS}",
         "retiming.SIDE_BY_SIDE_PASSES": f"{retiming.SIDE_BY_SIDE_PASSES}",
         **{f"noise.CPU_SIDE_BY_SIDE_TOLERANCES.{p}": f"{t:.2f}" for p, t in noise.CPU_SIDE_BY_SIDE_TOLERANCES.items()},
+        **{f"noise.GPU_SIDE_BY_SIDE_TOLERANCES.{p}": f"{t:.2f}" for p, t in noise.GPU_SIDE_BY_SIDE_TOLERANCES.items()},
+        "noise.GPU_SIDE_BY_SIDE_MAX_ROUND_S": f"{noise.GPU_SIDE_BY_SIDE_MAX_ROUND_S:g} s",
+        "retiming.GPU_SIDE_BY_SIDE_PASSES": f"{retiming.GPU_SIDE_BY_SIDE_PASSES}",
+        "session_pace.GPU_PACE_MIN_S": seconds_as_ms(session_pace.GPU_PACE_MIN_S),
+        "judge.GPU_HOST_DRIFT_LIMIT": f"{judge.GPU_HOST_DRIFT_LIMIT:g}x",
     }
     assert figures_section() == expected  # a changed constant: update that section of docs/gating.md
     body = (ROOT / "docs" / "gating.md").read_text()

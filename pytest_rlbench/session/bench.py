@@ -13,7 +13,9 @@ is judged once the session's other phases are timed too, by the gate test made f
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +38,15 @@ from pytest_rlbench.session.round_timer import time_rounds
 from pytest_rlbench.verdict.judge import (
     DEVICE_KINDS,
     FLOPS,
+    GPU_HOST_DRIFT_LIMIT,
     OPS,
     ROUND_WORK,
     WORK,
     work_metric,
 )
 from pytest_rlbench.verdict.machine_load import MachineWatch
+from pytest_rlbench.verdict.noise import GPU_SIDE_BY_SIDE_MAX_ROUND_S
+from pytest_rlbench.verdict.retiming import side_by_side_rounds
 
 if TYPE_CHECKING:
     from trainer.batch import Batch
@@ -54,7 +59,8 @@ if TYPE_CHECKING:
 # Per benchmark node id, on CPU workers only: its phase's rounds timed again, as its benchmark timed
 # them (a gate asks for them, pytest_rlbench.session.gate_items).
 RETIMERS_KEY = pytest.StashKey[dict[str, Callable[[], list[float]]]]()
-# One round of a benchmark's phase, by its node id (CPU workers): a side-by-side pass's (gate_items).
+# One round of a benchmark's phase, by its node id (CPU workers, and on GPUs the phases that wait on the
+# host): a side-by-side pass's (gate_items).
 ROUND_TIMERS_KEY = pytest.StashKey[dict[str, Callable[[], float]]]()
 
 
@@ -247,7 +253,11 @@ class PhaseBench:
     hypervisor took beside the rounds is recorded too (``machine/other_cores/<phase>`` and
     ``machine/steal_cores/<phase>``, pytest_rlbench.verdict.machine_load): what tells CPU contention apart.
     With ``keep_retimer`` (CPU workers) how to time the phase again is kept for its gate
-    (``RETIMERS_KEY``); on GPUs no gate times again, so nothing a round's call holds is kept alive.
+    (``RETIMERS_KEY``); on GPUs no gate times a phase's rounds again. A phase that ``keeps_round_timer``
+    says so of (its key and median round) keeps how to time one more round (``ROUND_TIMERS_KEY``) for the
+    session's side-by-side passes (``side_by_side_rule``): none where the session makes no gate, every
+    phase on CPU workers, on GPUs those short enough to wait on the host; a GPU phase of seconds keeps
+    nothing a round's call holds alive.
     With ``count_work`` (``work_counter``: the trainer's, else this process's) one more round, untimed,
     counts the work the phase dispatched (``work/ops/<phase>``, ``work/flops/<phase>``)."""
 
@@ -262,6 +272,7 @@ class PhaseBench:
         progress: Progress | None = None,
         watch_machine: bool = False,
         keep_retimer: bool = False,
+        keeps_round_timer: Callable[[str, float], bool] | None = None,
         watch_gpus: bool = False,
         count_work: Callable[[Callable[[], Any]], tuple[Any, WorkCounts]] | None = None,
     ) -> None:
@@ -269,6 +280,7 @@ class PhaseBench:
         self.max_mismatch = max_mismatch
         self.watch_machine = watch_machine  # record the CPU used beside the rounds
         self.keep_retimer = keep_retimer
+        self.keeps_round_timer = keeps_round_timer  # (phase, median round s) -> kept for side by side
         self.watch_gpus = watch_gpus  # read the workers' GPUs' clocks each round (NVML)
         self.benchmark = benchmark
         self.progress = progress or Progress(enabled=False, terminal=False)
@@ -359,6 +371,10 @@ class PhaseBench:
             self._count(phase, fn, setup, tokens if callable(tokens) else None)
         if self.keep_retimer:
             self._keep_retimer(phase, fn, setup, warmup, rounds)
+        if self.samples and self.keeps_round_timer is not None and self.keeps_round_timer(
+            phase, statistics.median(self.samples)
+        ):
+            self._keep_round_timer(phase, fn, setup)
         if phase == "save_checkpoint":  # a save benchmarked on its own: its checkpoint's bytes, as a step reports them
             read = saves[-len(self.samples):] if len(saves) >= len(self.samples) else [saved_bytes(r) for r in timed]
             self.recorder.add_checkpoint_bytes([size for size in read if size is not None])
@@ -410,10 +426,14 @@ class PhaseBench:
             with self.progress.stage(f"{phase}: timed again", warmup + rounds) as stage:
                 return time_rounds(fn, warmup, rounds, stage, setup)[0]
 
+        self.item.config.stash.setdefault(RETIMERS_KEY, {})[self.item.nodeid] = retime
+
+    def _keep_round_timer(self, phase: str, fn: Callable[[], Any], setup: Callable[[], Any] | None) -> None:
+        """Keep how to time one round of this phase, for the session's side-by-side passes."""
+
         def one_round() -> float:  # a round of a side-by-side pass (gate_items, which shows its progress)
             return time_rounds(fn, 0, 1, Stage(None, phase), setup)[0][0]
 
-        self.item.config.stash.setdefault(RETIMERS_KEY, {})[self.item.nodeid] = retime
         self.item.config.stash.setdefault(ROUND_TIMERS_KEY, {})[self.item.nodeid] = one_round
 
     def _describe(self, phase: str, counts: TokenCounts | None) -> None:
@@ -434,9 +454,34 @@ def rl_bench(request: pytest.FixtureRequest, benchmark: Any, pytestconfig: pytes
     return PhaseBench(
         benchmark, recorder, request.node, opts.rounds, opts.warmup_rounds, opts.max_mismatch,
         state.progress(), watch_machine=watches_machine(opts), keep_retimer=not opts.gpu,
+        keeps_round_timer=side_by_side_rule(state),
         watch_gpus=opts.gpu,
         count_work=work_counter(request) if counts_matter(state) else None,
     )
+
+
+def side_by_side_limit(gpu: bool) -> float:
+    """The longest median round (seconds) of a phase timed in the session's side-by-side passes: any on
+    CPU workers; on GPUs ``noise.GPU_SIDE_BY_SIDE_MAX_ROUND_S``, phases that wait on the host."""
+    return GPU_SIDE_BY_SIDE_MAX_ROUND_S if gpu else math.inf
+
+
+def side_by_side_rule(state: RLBenchSession) -> Callable[[str, float], bool]:
+    """Which phases keep a round timer for the session's side-by-side passes, from the phase's key and
+    its median round: none where the session makes no gate (it neither gates nor saves a baseline);
+    those under ``side_by_side_limit``; and on GPUs also a phase that a GPU baseline of the session timed
+    side by side, up to ``GPU_HOST_DRIFT_LIMIT`` times its rounds there (slower fails whatever its peers
+    did), so that a phase the change or a slow host pushed past the limit does not turn the passes off
+    (``gate_items.side_by_side_benches``: on GPUs every phase or none)."""
+    opts = state.opts
+    if not (state.gating or opts.save_baseline is not None):
+        return lambda phase, median: False
+    limit = side_by_side_limit(opts.gpu)
+    theirs: dict[str, float] = {}  # a phase's longest median round side by side in a GPU baseline
+    for record in state.baseline_records if opts.gpu else ():
+        for phase, rounds in side_by_side_rounds(record).items():
+            theirs[phase] = max(theirs.get(phase, 0.0), statistics.median(rounds))
+    return lambda phase, median: median < max(limit, GPU_HOST_DRIFT_LIMIT * theirs.get(phase, 0.0))
 
 
 def watches_machine(opts: Any) -> bool:

@@ -20,21 +20,22 @@ test in pytest's summary, and ``-x``, ``-k``, ``--lf`` and CI annotations see it
   session that saves a baseline, twice, the second time after every phase was timed once (the
   baseline's bar is the median of its three blocks, spread over the session), and a phase whose time
   failed with the phases that pace it, whose verdict then stands only if the re-timed rounds fail too;
-- on CPU workers the session's first gate also times every gated phase side by side: one round of
-  each in turn, ``SIDE_BY_SIDE_PASSES`` passes (``side_by_side_s/<phase>``), so that each phase is
-  judged against its peers in the same seconds (``pytest_rlbench.verdict.session_pace.SideBySide``);
+- the session's first gate also times every gated phase side by side (on CPU workers; on GPUs where
+  every phase's rounds are short enough to wait on the host, ``bench.side_by_side_rule``): one round
+  of each in turn, ``retiming.side_by_side_passes`` passes (``side_by_side_s/<phase>``), so that each
+  phase is judged against its peers in the same seconds (``pytest_rlbench.verdict.session_pace.SideBySide``);
   where both sessions have them, they stand in for the pace and the re-timing.
 
 Gates are made where a baseline can gate: one given with ``--rl-baseline`` (or the ini file, or a
-``pytest_rlbench_baselines`` hook) or a replayed ``--rl-workload``; and in a session on CPU workers
-that saves a baseline (``--rl-save-baseline``), to time each phase again. The published runs a
+``pytest_rlbench_baselines`` hook) or a replayed ``--rl-workload``; and in a session that saves a
+baseline (``--rl-save-baseline``), to time its phases again. The published runs a
 session compares with by default ran on GPUs: they are references, and a session with only them
 makes no gates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -50,12 +51,14 @@ from pytest_rlbench.verdict.compare import (
     deciding_side_by_side,
     phase_comparisons,
 )
+from pytest_rlbench.verdict.noise import GPU_SIDE_BY_SIDE_MAX_ROUND_S
 from pytest_rlbench.verdict.retiming import (
     SAVED_RETIMED_BLOCKS,
-    SIDE_BY_SIDE_PASSES,
     blocks_of,
     retimed_metric,
     side_by_side_metric,
+    side_by_side_passes,
+    side_by_side_rounds,
 )
 from pytest_rlbench.verdict.session_pace import MIN_SIDE_BY_SIDE_GROUPS, session_paces
 
@@ -170,27 +173,34 @@ class PhaseGate(pytest.Item):
         recorder.add_metric(metric, [*kept, *retimer()], "s", higher_is_better=False)
 
     def _time_side_by_side(self) -> None:
-        """A framework's first gate, on CPU workers: one round of each of its gated phases in turn, pass
-        after pass (``SIDE_BY_SIDE_PASSES``), kept as ``side_by_side_s/<phase>``, so that each phase is
-        judged against peers timed in the same seconds (``pytest_rlbench.verdict.session_pace.SideBySide``)."""
+        """A framework's first gate: one round of each of its gated phases in turn (on GPUs only where
+        every one kept a round timer: all wait on the host), pass after pass
+        (``retiming.side_by_side_passes``), kept as ``side_by_side_s/<phase>``, so that each phase is judged
+        against peers timed in the same seconds (``pytest_rlbench.verdict.session_pace.SideBySide``)."""
         session = get_session(self.config)
-        if session.opts.save_baseline is None and not any(b.hardware.device == "cpu" for b in session.baseline_records):
-            return  # no baseline of this session could read them (the published ones ran on GPUs)
         timers = self.config.stash.get(ROUND_TIMERS_KEY, {})
+        benches = {gate.bench.nodeid for gate in self._framework_gates()}
+        kept = {bench: timers.pop(bench) for bench in benches & set(timers)}  # nothing kept alive past here
+        readers = [b for b in session.baseline_records if reads_side_by_side(b, session.opts.gpu)]
+        if session.opts.save_baseline is None and not readers:
+            return  # no baseline of this session could read them (the published ones have none)
         recorders = self.config.stash[RECORDERS_KEY]
-        timed = [
-            (gate.phase, timers[gate.bench.nodeid], recorder)
-            for gate in self._framework_gates()
-            if gate.bench.nodeid in timers and (recorder := recorders.of_benchmark(gate.bench.nodeid)) is not None
-        ]
+        ran = {
+            gate.bench.nodeid: (gate.phase, recorder) for gate in self._framework_gates()
+            if (recorder := recorders.of_benchmark(gate.bench.nodeid)) is not None
+        }
+        timed = []
+        for bench in side_by_side_benches(ran, kept, session.opts.gpu):
+            phase, recorder = ran[bench]
+            timed.append((phase, kept[bench], recorder))
         if len(timed) <= MIN_SIDE_BY_SIDE_GROUPS:  # a phase needs that many peers apart from itself
             return
         rounds: dict[str, list[float]] = {phase: [] for phase, _, _ in timed}
-        progress = session.progress()
-        with progress.stage("every phase side by side", SIDE_BY_SIDE_PASSES * len(timed)) as stage:
-            for index in range(SIDE_BY_SIDE_PASSES):
+        progress, passes = session.progress(), side_by_side_passes(session.opts.gpu)
+        with progress.stage("every phase side by side", passes * len(timed)) as stage:
+            for index in range(passes):
                 for phase, one_round, _ in timed:
-                    stage.step(f"pass {index + 1}/{SIDE_BY_SIDE_PASSES}: {phase}")
+                    stage.step(f"pass {index + 1}/{passes}: {phase}")
                     rounds[phase].append(one_round())
                     stage.done()
         for phase, _, recorder in timed:
@@ -258,16 +268,32 @@ def with_gates(items: list[pytest.Item], gates: list[PhaseGate]) -> list[PhaseGa
     return out
 
 
+def side_by_side_benches(ran: Collection[str], timers: Collection[str], gpu: bool) -> list[str]:
+    """Of the benchmarks that timed their phase (``ran``, node ids), those a side-by-side pass times: each
+    that kept a round timer (``timers``); on GPUs none unless every one did (``bench.side_by_side_rule``):
+    a session with a phase of seconds is a real model's, judged at its measured tolerances."""
+    kept = [bench for bench in ran if bench in timers]
+    return [] if gpu and len(kept) < len(ran) else kept
+
+
+def reads_side_by_side(baseline: RunRecord, gpu: bool) -> bool:
+    """Whether a baseline can judge a session's phases side by side (``gpu``: the session's on GPUs):
+    one saved on CPU workers for a CPU session; for a GPU session a GPU baseline that timed its phases so
+    (a small model's, ``bench.side_by_side_rule``). Another device's baseline is only a reference."""
+    if baseline.hardware.device != ("gpu" if gpu else "cpu"):
+        return False
+    return not gpu or bool(side_by_side_rounds(baseline))
+
+
 def gating_session(config: pytest.Config) -> bool:
     """Whether a baseline of the session can gate (see the module docstring)."""
     return get_session(config).gating
 
 
 def needs_gates(config: pytest.Config) -> bool:
-    """Whether the session makes gate tests: to judge, or to time each phase again for a baseline it
-    saves on CPU workers."""
-    opts = get_session(config).opts
-    return gating_session(config) or (opts.save_baseline is not None and not opts.gpu)
+    """Whether the session makes gate tests: to judge, or to time phases again for a baseline it saves
+    (each phase on CPU workers, the side-by-side passes of the short ones on GPUs)."""
+    return gating_session(config) or get_session(config).opts.save_baseline is not None
 
 
 class GatePlugin:
@@ -291,10 +317,17 @@ class GatePlugin:
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> str | None:
         """Say at the start that saving a baseline on CPU workers times every phase three times (its gate
-        times it twice more at the end), so the session's longer run is no surprise."""
+        times it twice more at the end), and on GPUs where short phases are timed again, so the session's
+        longer run is no surprise."""
         opts = get_session(config).opts
-        if opts.save_baseline is None or opts.gpu or not any(isinstance(i, PhaseGate) for i in items):
+        if opts.save_baseline is None or not any(isinstance(i, PhaseGate) for i in items):
             return None
+        if opts.gpu:
+            return (
+                f"rlbench: saving a baseline: where every phase takes under {GPU_SIDE_BY_SIDE_MAX_ROUND_S:g} s a "
+                f"round (a small model's, which wait on the host), they are timed again side by side at the end "
+                f"of the session ({side_by_side_passes(gpu=True)} passes)"
+            )
         return (
             f"rlbench: saving a baseline: each phase is timed three times, by its benchmark and twice more at "
             f"the end of the session (all kept in {opts.save_baseline.name}; a gate reads the median block)"

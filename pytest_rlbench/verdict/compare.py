@@ -254,7 +254,7 @@ def _tolerance(
     if basis != SAME_MACHINE:
         return applied
     if side_by_side:
-        return side_by_side_tolerance(applied, base_fig.phase)
+        return side_by_side_tolerance(applied, base_fig.phase, run.hardware.device)
     if run.hardware.device == "cpu" and base_fig.phase is not None and family_of(metric) == TIMING:
         return spread_tolerance(applied, base_fig.phase, block_medians(baseline, base_fig.phase))
     return phase_tolerance(applied, base_fig.phase, run.hardware.device, saved_on_this_machine(run, baseline))
@@ -276,10 +276,9 @@ def gpu_evidence(run: RunRecord, baseline: RunRecord, phase: str) -> GpuEvidence
 
 def deciding_side_by_side(run: RunRecord, baseline: RunRecord, phase: str) -> SideBySide | None:
     """``phase``'s side-by-side evidence where it decides its verdict (``judge.against_side_by_side``):
-    on CPU workers, with no contention beside its rounds (under contention plain seconds decide); with
-    whether every peer did the same counted work as in the baseline."""
-    if run.hardware.device != "cpu":
-        return None
+    where both sessions timed it so (on CPU workers; on GPUs its rounds wait on the host), with no
+    contention beside its rounds (under contention plain seconds decide); with whether every peer did
+    the same counted work as in the baseline."""
     machine = machine_evidence(run, baseline, phase)
     if machine is not None and machine.contended:
         return None
@@ -331,7 +330,7 @@ def _gate_rows(
         same_machine = basis == SAME_MACHINE and family == TIMING and base_fig.phase is not None
         if same_machine and on_cpu:
             base_fig = bar_block(base_fig, retimed_blocks(baseline, base_fig.phase))
-        side = deciding_side_by_side(run, baseline, base_fig.phase) if same_machine and on_cpu else None
+        side = deciding_side_by_side(run, baseline, base_fig.phase) if same_machine else None
         rows.append(
             judge(
                 ours.get(metric), base_fig, baseline.name,

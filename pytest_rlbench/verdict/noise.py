@@ -83,7 +83,8 @@ MEASURED_GPU_DEFAULT = "measured GPU default"  # what a tolerance from the table
 # old_log_prob and ref, 0.97-1.06 s). A phase far shorter waits on the host: at the embedded default's
 # tiny model on two H200s (30-500 ms rounds) unchanged sessions moved by 8-67%, and 12 of 24 pairs on
 # one machine failed at these tolerances (docs/benchmarks.md, "The GPU gate on the embedded default's
-# tiny model"). Its failure says so; the verdict is not changed.
+# tiny model"). Such a phase is judged side by side with its peers where both sessions timed it so
+# (GPU_SIDE_BY_SIDE_MAX_ROUND_S below); where not (a baseline saved before they were), its failure says so.
 GPU_TOLERANCE_MIN_ROUND_S = 0.9
 
 
@@ -97,7 +98,9 @@ def short_gpu_phase_note(tolerance_source: str, base_median: float | None) -> st
     return (
         f"; its rounds ({1e3 * base_median:.0f} ms) are shorter than any this GPU tolerance was measured on "
         "(about 1 s): a phase that short waits on the host, which moved unchanged sessions of a tiny model by "
-        "up to 67%, so choose a tolerance (--rl-tolerance) or gate a real model's phases (docs/gating.md)"
+        "up to 2x. It is judged beside its peers where both sessions timed them side by side (a baseline saved "
+        "by this version did, where every phase was that short), or choose a tolerance (--rl-tolerance; "
+        "docs/gating.md)"
     )
 
 
@@ -111,12 +114,37 @@ def short_gpu_phase_note(tolerance_source: str, base_median: float | None) -> st
 CPU_SIDE_BY_SIDE_TOLERANCES: dict[str, float] = {"gen": 0.25, "generate_sequences": 0.25}
 
 
-def side_by_side_tolerance(tolerance: float, phase: str | None) -> float:
-    """The tolerance a CPU phase judged side by side is judged at: its measured one
-    (``CPU_SIDE_BY_SIDE_TOLERANCES``) where the tolerance in force is a default nobody chose."""
-    if phase not in CPU_SIDE_BY_SIDE_TOLERANCES or not isinstance(tolerance, DefaultTolerance):
+# A GPU session times its phases side by side where every one is under GPU_SIDE_BY_SIDE_MAX_ROUND_S a
+# round: a small model's, like the embedded default's tiny one, whose phases wait on the host (its step's
+# median rounds 0.55-1.06 s over 13 sessions on three H200s, single rounds up to 2.2 s). A session with
+# a phase of seconds (step16x8: gen 3.3 s, old_log_prob 1 s) keeps the measured tolerances above: its
+# short phases beside a GPU-bound one would be poor witnesses, and a pass would cost minutes.
+GPU_SIDE_BY_SIDE_MAX_ROUND_S = 2.0
+# Its measured tolerances: the largest spread of a phase's level side by side between 10 unchanged
+# sessions of the tiny model on three H200s (every ordered pair, across machines; 24 passes on two of
+# them, 12 on the third), rounded up to a whole percent, plus one point (docs/benchmarks.md, "The GPU
+# gate side by side"). The generation phases keep pace with the host otherwise than the training phases,
+# as on CPU workers. Reshard, reward and adv (1-8 ms) stay at the default: their floors decide.
+GPU_SIDE_BY_SIDE_TOLERANCES: dict[str, float] = {
+    "gen": 0.26,
+    "generate_sequences": 0.21,
+    "old_log_prob": 0.24,
+    "ref": 0.10,
+    "update_actor": 0.18,
+    "step": 0.17,
+    "save_checkpoint": 0.17,
+}
+
+
+def side_by_side_tolerance(tolerance: float, phase: str | None, device: str = "cpu") -> float:
+    """The tolerance a phase judged side by side is judged at: its measured one on ``device``
+    (``CPU_SIDE_BY_SIDE_TOLERANCES``, ``GPU_SIDE_BY_SIDE_TOLERANCES``) where the tolerance in force is a
+    default nobody chose."""
+    measured = GPU_SIDE_BY_SIDE_TOLERANCES if device == "gpu" else CPU_SIDE_BY_SIDE_TOLERANCES
+    if phase not in measured or not isinstance(tolerance, DefaultTolerance):
         return tolerance
-    return DefaultTolerance(CPU_SIDE_BY_SIDE_TOLERANCES[phase], f"{phase}'s measured side-by-side spread on CPU")
+    kind = "GPU" if device == "gpu" else "CPU"
+    return DefaultTolerance(measured[phase], f"{phase}'s measured side-by-side spread on {kind}")
 
 
 # On CPU workers a saved baseline times each phase in three blocks of rounds (pytest_rlbench.verdict.retiming).
