@@ -41,7 +41,8 @@
 #   RL_GATE_PLAN="same update_actor:0.05" bash benchmarks/gpu_suites.sh OUT_DIR gate16x8  # sessions
 #                                                      # for the GPU gate's error rates (see the shape)
 #   RL_GATE_PLAN="same same update_actor:0.25" bash benchmarks/gpu_suites.sh OUT_DIR gate-default  # the same,
-#                                                      # on the embedded default's tiny model (host-bound phases)
+#                                                      # on the embedded default's tiny model (host-bound phases);
+#                                                      # RL_GATE_AGAINST=B.json gates each session live on B
 #   RL_GATE_PLAN="same update_actor:0.05 same same" bash benchmarks/gpu_suites.sh OUT_DIR gate16x8-each-gpu
 #                                                      # gate16x8, one entry per GPU of the host, at once
 #   bash benchmarks/gpu_suites.sh OUT_DIR gate16x4     # the gate on one GPU: a baseline, 3 same-code reruns gated
@@ -74,12 +75,15 @@ batch16=(--rl-config data.train_batch_size=16 --rl-config actor_rollout_ref.acto
 # PREFIX-NN-<entry>.json; each also saves itself as a baseline (NAME.baseline.json), so it counts each
 # phase's work in one more, untimed, round. Entries: same (unchanged code), or METHOD[,METHOD]:FRACTION,
 # those GRPOTrainer methods made FRACTION slower by real GPU work (benchmarks/gate_slow_phase.py).
+# RL_GATE_AGAINST=BASELINE.json: each session is also gated live against that baseline (--rl-baseline),
+# so its gate tests judge it as a CI job would (a session whose gate failed saves no baseline of its own).
 gate_sessions() {
-    local prefix=$1 i=0 entry name
+    local prefix=$1 i=0 entry name against=()
     shift
+    [ -n "${RL_GATE_AGAINST:-}" ] && against=(--rl-baseline "$RL_GATE_AGAINST")
     for entry in ${RL_GATE_PLAN:-same}; do
         i=$((i + 1)); name="$prefix-$(printf %02d $i)-${entry//[:,]/_}"
-        local kept=(--rl-report "$out/$name.json" --rl-save-baseline "$out/$name.baseline.json")
+        local kept=(--rl-report "$out/$name.json" --rl-save-baseline "$out/$name.baseline.json" "${against[@]}")
         if [ "$entry" = same ]; then
             python3 -m pytest "$@" "${kept[@]}" > "$out/$name.log" 2>&1 || true
         else
