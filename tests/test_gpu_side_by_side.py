@@ -16,7 +16,7 @@ from test_side_by_side import counted, session
 
 from pytest_rlbench.records.record import RunRecord
 from pytest_rlbench.session.bench import side_by_side_limit, side_by_side_rule
-from pytest_rlbench.session.gate_items import reads_side_by_side, side_by_side_benches
+from pytest_rlbench.session.gate_items import side_by_side_benches
 from pytest_rlbench.verdict.compare import compare
 from pytest_rlbench.verdict.judge import GPU_HOST_DRIFT_LIMIT, HOST_DRIFT_LIMIT
 from pytest_rlbench.verdict.noise import (
@@ -27,6 +27,7 @@ from pytest_rlbench.verdict.noise import (
 from pytest_rlbench.verdict.retiming import (
     GPU_SIDE_BY_SIDE_PASSES,
     SIDE_BY_SIDE_PASSES,
+    reads_side_by_side,
     side_by_side_passes,
     side_by_side_rounds,
 )
@@ -95,6 +96,9 @@ def test_which_phases_keep_a_round_timer_for_the_passes() -> None:
     assert not gating("update_actor", limit + 0.1)
     older = side_by_side_rule(state(gpu=True, baselines=[gpu_session("base", beside=2.0, side=False)]))
     assert not older("step", limit + 0.5) and older("step", limit - 0.1)
+    # a CPU baseline's passes say nothing of a GPU session's phases (it is only a reference there)
+    cpu_base = side_by_side_rule(state(gpu=True, baselines=[session("base", beside=2.0)]))
+    assert not cpu_base("step", limit + 0.1)
 
 
 def test_a_gpu_session_whose_host_ran_slower_is_not_failed() -> None:

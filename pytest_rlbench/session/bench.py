@@ -46,7 +46,7 @@ from pytest_rlbench.verdict.judge import (
 )
 from pytest_rlbench.verdict.machine_load import MachineWatch
 from pytest_rlbench.verdict.noise import GPU_SIDE_BY_SIDE_MAX_ROUND_S
-from pytest_rlbench.verdict.retiming import side_by_side_rounds
+from pytest_rlbench.verdict.retiming import reads_side_by_side, side_by_side_rounds
 
 if TYPE_CHECKING:
     from trainer.batch import Batch
@@ -478,7 +478,7 @@ def side_by_side_rule(state: RLBenchSession) -> Callable[[str, float], bool]:
         return lambda phase, median: False
     limit = side_by_side_limit(opts.gpu)
     theirs: dict[str, float] = {}  # a phase's longest median round side by side in a GPU baseline
-    for record in state.baseline_records if opts.gpu else ():
+    for record in (b for b in state.baseline_records if opts.gpu and reads_side_by_side(b, gpu=True)):
         for phase, rounds in side_by_side_rounds(record).items():
             theirs[phase] = max(theirs.get(phase, 0.0), statistics.median(rounds))
     return lambda phase, median: median < max(limit, GPU_HOST_DRIFT_LIMIT * theirs.get(phase, 0.0))

@@ -55,10 +55,10 @@ from pytest_rlbench.verdict.noise import GPU_SIDE_BY_SIDE_MAX_ROUND_S
 from pytest_rlbench.verdict.retiming import (
     SAVED_RETIMED_BLOCKS,
     blocks_of,
+    reads_side_by_side,
     retimed_metric,
     side_by_side_metric,
     side_by_side_passes,
-    side_by_side_rounds,
 )
 from pytest_rlbench.verdict.session_pace import MIN_SIDE_BY_SIDE_GROUPS, session_paces
 
@@ -274,15 +274,6 @@ def side_by_side_benches(ran: Collection[str], timers: Collection[str], gpu: boo
     a session with a phase of seconds is a real model's, judged at its measured tolerances."""
     kept = [bench for bench in ran if bench in timers]
     return [] if gpu and len(kept) < len(ran) else kept
-
-
-def reads_side_by_side(baseline: RunRecord, gpu: bool) -> bool:
-    """Whether a baseline can judge a session's phases side by side (``gpu``: the session's on GPUs):
-    one saved on CPU workers for a CPU session; for a GPU session a GPU baseline that timed its phases so
-    (a small model's, ``bench.side_by_side_rule``). Another device's baseline is only a reference."""
-    if baseline.hardware.device != ("gpu" if gpu else "cpu"):
-        return False
-    return not gpu or bool(side_by_side_rounds(baseline))
 
 
 def gating_session(config: pytest.Config) -> bool:

@@ -70,6 +70,16 @@ def side_by_side_rounds(record: RunRecord) -> dict[str, tuple[float, ...]]:
     return {m[len(prefix):]: tuple(v.value) for m, v in record.metrics.items() if m.startswith(prefix) and v.value}
 
 
+def reads_side_by_side(baseline: RunRecord, gpu: bool) -> bool:
+    """Whether a baseline can judge a session's phases side by side (``gpu``: the session's on GPUs):
+    one saved on CPU workers for a CPU session; for a GPU session a GPU baseline that timed its phases so
+    (a small model's, ``pytest_rlbench.session.bench.side_by_side_rule``). Another device's baseline is
+    only a reference."""
+    if baseline.hardware.device != ("gpu" if gpu else "cpu"):
+        return False
+    return not gpu or bool(side_by_side_rounds(baseline))
+
+
 def retimed_metric(phase: str) -> str:
     return f"{RETIMED}/{phase}"
 
