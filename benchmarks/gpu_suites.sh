@@ -14,6 +14,9 @@
 #   bash benchmarks/gpu_suites.sh OUT_DIR gen128x14k   # 128 responses of 14,336 tokens: generation only
 #   RL_GPUS=2 bash benchmarks/gpu_suites.sh OUT_DIR scale16x8  # step16x8's work per GPU on RL_GPUS GPUs of
 #                                                      # one node (step only): the step's scaling
+#   RL_NODES=2 bash benchmarks/gpu_suites.sh OUT_DIR scale16x8  # the same on RL_NODES Ray nodes of RL_GPUS
+#                                                      # (default 1) GPUs each, started on this host by
+#                                                      # benchmarks/ray_nodes.py (one node per GPU)
 #   RL_GPUS=2 bash benchmarks/gpu_suites.sh OUT_DIR save16x8  # save_checkpoint at step16x8 on RL_GPUS GPUs
 #                                                      # (sharded: each worker writes its own shard)
 #   bash benchmarks/gpu_suites.sh OUT_DIR memory       # gradient checkpointing, optimizer offload, param offload
@@ -42,7 +45,8 @@
 #                                                      # for the GPU gate's error rates (see the shape)
 #   RL_GATE_PLAN="same same update_actor:0.25" bash benchmarks/gpu_suites.sh OUT_DIR gate-default  # the same,
 #                                                      # on the embedded default's tiny model (host-bound phases);
-#                                                      # RL_GATE_AGAINST=B.json gates each session live on B
+#                                                      # RL_GATE_AGAINST=B.json gates each session live on B;
+#                                                      # RL_NODES=2: across 2 Ray nodes of one GPU each
 #   RL_GATE_PLAN="same update_actor:0.05 same same" bash benchmarks/gpu_suites.sh OUT_DIR gate16x8-each-gpu
 #                                                      # gate16x8, one entry per GPU of the host, at once
 #   bash benchmarks/gpu_suites.sh OUT_DIR gate16x4     # the gate on one GPU: a baseline, 3 same-code reruns gated
@@ -58,6 +62,12 @@
 set -euo pipefail
 out=${1:?usage: gpu_suites.sh OUT_DIR SHAPE...}; shift
 mkdir -p "$out"
+# RL_NODES=N (the shapes that take it: scale16x8, gate-default): the whole script runs again against N
+# Ray nodes that benchmarks/ray_nodes.py starts on this host, node i seeing GPU i alone, and stops after
+if [ -n "${RL_NODES:-}" ] && [ -z "${RAY_ADDRESS:-}" ]; then
+    exec python3 benchmarks/ray_nodes.py --logs "$out/ray-nodes" "$RL_NODES" -- bash "$0" "$out" "$@"
+fi
+nodes=(); [ -n "${RL_NODES:-}" ] && nodes=(--rl-nodes "$RL_NODES")
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 plugin=()
 python3 -c "import importlib.metadata as m; assert any(e.name == 'rlbench' for e in m.entry_points(group='pytest11'))" 2>/dev/null \
@@ -131,13 +141,14 @@ for shape in "$@"; do
         python3 -m pytest "${common[@]}" "${batch16[@]}" --rl-config data.max_response_length=1024 \
             suites/test_step.py --rl-trainer ours --rl-trainer trl --rl-rollout fast --rl-gpus-per-node 1 \
             --rl-rounds 1 --rl-warmup-rounds 1 --rl-report "$out/trl16x8.json" ;;
-    scale16x8)  # 16 prompts x 8 = 128 responses per GPU (the seed's per-GPU batch) on RL_GPUS GPUs:
-        # the global batch grows with the GPUs, each GPU's micro-batches stay step16x8's
-        n=${RL_GPUS:-1}
+    scale16x8)  # 16 prompts x 8 = 128 responses per GPU (the seed's per-GPU batch) on RL_GPUS GPUs (of each
+        # of RL_NODES nodes): the global batch grows with the GPUs, each GPU's micro-batches stay step16x8's
+        per=${RL_GPUS:-1}; n=$(( ${RL_NODES:-1} * per ))
+        name=scale16x8-${n}gpu; [ -n "${RL_NODES:-}" ] && name=scale16x8-${RL_NODES}x${per}gpu
         python3 -m pytest "${common[@]}" --rl-config data.max_response_length=1024 \
             --rl-config data.train_batch_size=$((16 * n)) --rl-config actor_rollout_ref.actor.ppo_mini_batch_size=$((16 * n)) \
-            "${batch16[@]:4}" suites/test_step.py --rl-nodes 1 --rl-gpus-per-node "$n" \
-            --rl-rollout fast --rl-rounds 2 --rl-warmup-rounds 1 --rl-report "$out/scale16x8-${n}gpu.json" ;;
+            "${batch16[@]:4}" suites/test_step.py --rl-nodes "${RL_NODES:-1}" --rl-gpus-per-node "$per" \
+            --rl-rollout fast --rl-rounds 2 --rl-warmup-rounds 1 --rl-report "$out/$name.json" ;;
     save16x8)  # save_checkpoint at step16x8 on RL_GPUS GPUs of one node (each worker writes its own
         # shard of the model and optimizer); one step directory kept, under RL_CKPT_DIR when set
         n=${RL_GPUS:-1}
@@ -233,7 +244,7 @@ for shape in "$@"; do
             -k "not save_checkpoint" --rl-rollout fast --rl-rounds 5 --rl-warmup-rounds 1 ;;
     gate-default)  # as gate16x8, on the embedded default (its tiny model, `pytest suites/ --gpu`): the
         # GPU gate where every phase waits on the host (tens of ms a round). Reports gatedefault-NN-ENTRY.json
-        gate_sessions gatedefault -q -p no:cacheprovider "${plugin[@]}" --gpu suites/ ;;
+        gate_sessions gatedefault -q -p no:cacheprovider "${plugin[@]}" --gpu "${nodes[@]}" suites/ ;;
     gate16x8-each-gpu)  # gate16x8 once per GPU of this host, at the same time: RL_GATE_PLAN's entries one
         # per GPU (CUDA_VISIBLE_DEVICES=0, 1, ...; each session its own Ray), reports under OUT/gpuN/. As
         # many sessions as GPUs in the time of one. Sharing the host's CPUs unpinned, four sessions ran

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -287,3 +288,20 @@ def test_the_embedded_ray_runs_workers_at_the_session_s_priority() -> None:
         assert ray.get(priority.remote()) == os.getpriority(os.PRIO_PROCESS, 0)
     finally:
         connection.close()
+
+
+RAY_NODES = Path(__file__).resolve().parents[1] / "benchmarks" / "ray_nodes.py"
+
+
+def test_a_cluster_that_refuses_the_token_is_named_at_once(pytester: pytest.Pytester) -> None:
+    """A cluster under Ray's token authentication (benchmarks/ray_nodes.py starts one, its own token
+    in RAY_AUTH_TOKEN), joined with another token: the session ends before any test with Ray's words
+    on the token, where ray.init alone said only that it could not connect."""
+    pytester.makepyfile(CLUSTER_TEST)
+    inner = "RAY_AUTH_TOKEN=not-$RAY_AUTH_TOKEN exec python -m pytest -p no:cacheprovider --rl-ray-timeout=20"
+    result = pytester.run(sys.executable, str(RAY_NODES), "1", "--", "bash", "-c", inner, timeout=RUN_TIMEOUT)
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret not in (0, 2), out[-3000:]  # 2 would be the nodes not coming up
+    assert not (pytester.path / "ran").exists(), out[-3000:]
+    assert "could not start or reach RAY_ADDRESS=" in out, out[-3000:]
+    assert "refused this process's token" in out and "RAY_AUTH_TOKEN" in out, out[-3000:]

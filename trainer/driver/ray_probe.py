@@ -6,6 +6,11 @@ server answers the HTTP/2 connection preface with a SETTINGS frame (RFC 9113, se
 "a TCP connection opens and a SETTINGS frame comes back" tells within seconds whether anything
 that could be Ray listens there. It is retried until the deadline, for a head node that is still
 starting.
+
+A head that answers may still refuse this process: under Ray's token authentication
+(RAY_AUTH_MODE=token) a driver without the cluster's token is turned away, and ``ray.init`` retries
+that for about 30 s before saying only "Failed to connect to Ray cluster". ``check_token`` asks once
+and raises RayTokenRefusedError with Ray's own words, which name the token and where Ray looks for it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ RETRY_PAUSE_S = 0.5
 
 class RayUnreachableError(ConnectionError):
     """Nothing that answers like a Ray head node listens at the address within the deadline."""
+
+
+class RayTokenRefusedError(RayUnreachableError):
+    """A Ray head node answers at the address but refuses this process's authentication token."""
 
 
 def host_port(address: str) -> tuple[str, int]:
@@ -52,7 +61,8 @@ def _answers_http2(host: str, port: int, timeout_s: float) -> str | None:
 
 
 def wait_for_ray(address: str, timeout_s: float, option: str) -> None:
-    """Return once a Ray head node answers at ``address``; raise RayUnreachableError after ``timeout_s``.
+    """Return once a Ray head node answers at ``address``; raise RayUnreachableError after ``timeout_s``,
+    and RayTokenRefusedError at once where the head refuses this process's token (check_token).
 
     ``option`` names what sets the deadline, for the message (``--rl-ray-timeout``)."""
     host, port = host_port(address)
@@ -61,6 +71,7 @@ def wait_for_ray(address: str, timeout_s: float, option: str) -> None:
         left = deadline - time.monotonic()
         problem = _answers_http2(host, port, max(min(left, 5.0), 0.1))
         if problem is None:
+            check_token(address)
             return
         if time.monotonic() + RETRY_PAUSE_S >= deadline:
             raise RayUnreachableError(
@@ -68,3 +79,20 @@ def wait_for_ray(address: str, timeout_s: float, option: str) -> None:
                 f"head node is up and the address is its GCS host:port, or allow longer with {option}"
             )
         time.sleep(RETRY_PAUSE_S)
+
+
+def check_token(address: str) -> None:
+    """Raise RayTokenRefusedError if the head at ``address`` refuses this process's token (or its
+    lack of one); else return. Anything else that goes wrong is left to ``ray.init`` to report,
+    as on a Ray too old for token authentication."""
+    try:
+        from ray._raylet import GcsClient  # its first call to the GCS carries the token, as ray.init's does
+    except ImportError:
+        return
+    try:
+        GcsClient(address=address)
+    except Exception as exc:
+        if type(exc).__name__ == "AuthenticationError":  # ray.exceptions.AuthenticationError
+            raise RayTokenRefusedError(
+                f"the Ray head at {address} refused this process's token: {exc}"
+            ) from exc

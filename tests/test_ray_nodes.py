@@ -1,0 +1,88 @@
+"""benchmarks/ray_nodes.py: a command runs against N real Ray nodes started on this host (``ray start``),
+gets its own exit status back, and nothing the nodes started outlives the script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ray_nodes.py"
+sys.path.insert(0, str(SCRIPT.parent))
+
+from ray_nodes import in_sessions  # noqa: E402
+
+# Run against the cluster: what it sees, then an exit status of its own, which the script must return.
+PROBE = """
+import json, os, sys, ray
+ray.init(log_to_driver=False)
+alive = [n for n in ray.nodes() if n["Alive"]]
+# the nodes' `ray start` processes: the script's other children, each leading a session of its own
+starts = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid() and os.path.exists(f"/proc/{p}/cmdline")
+          and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getppid())
+          and b"ray.scripts.scripts" in open(f"/proc/{p}/cmdline", "rb").read()]
+print(json.dumps({"address": os.environ["RAY_ADDRESS"], "nodes": len(alive), "sessions": starts}))
+ray.shutdown()
+sys.exit(3)
+"""
+
+
+def processes_holding(needle: str) -> list[int]:
+    """The pids of this user's processes whose environment holds ``needle`` (zombies hold none)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if needle.encode() in fh.read():
+                    found.append(int(entry))
+        except OSError:  # gone, or not ours
+            pass
+    return found
+
+
+def test_a_command_runs_on_two_nodes_keeps_its_exit_status_and_leaves_no_process(tmp_path):
+    # every process the nodes start inherits this (Ray's agents do not get the cluster's token)
+    mark = f"RAY_NODES_TEST_MARK={uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
+    env["RAY_NODES_TEST_MARK"] = mark.split("=", 1)[1]
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--logs",
+            str(tmp_path / "logs"),
+            "2",
+            "--",
+            sys.executable,
+            "-c",
+            PROBE,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    logs = {p.name: p.read_text()[-2000:] for p in (tmp_path / "logs").glob("*.log")}
+    assert done.returncode == 3, (done.returncode, done.stdout[-2000:], done.stderr[-3000:], logs)
+    seen = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+    assert seen["nodes"] == 2, seen
+    assert sorted(logs) == ["node0.log", "node1.log"]
+    assert len(seen["sessions"]) == 2, seen
+    # Ray's workers and agents overwrite their environment with their title (setproctitle): the
+    # nodes' sessions find those, the mark the others
+    assert in_sessions(set(seen["sessions"])) == [], f"still running after the script: {seen}"
+    assert processes_holding(mark) == [], f"still running after the script: {seen}"
+
+
+def test_usage_errors_start_nothing():
+    for args in (["0", "--", "true"], ["2"]):
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2, (args, done.returncode, done.stderr)
+        assert "give N >= 1 and a command after --" in done.stderr, done.stderr
