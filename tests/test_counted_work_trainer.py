@@ -12,6 +12,7 @@ import pytest
 import ray
 
 from pytest_rlbench.verdict.judge import WorkEvidence
+from trainer import work_counts
 from trainer.build import build_trainer, ray_session
 from trainer.config import build_config
 from trainer.work_counts import count_work
@@ -35,7 +36,12 @@ def local_ray():
 
 
 @pytest.mark.parametrize("strategy", ["dp", "fsdp2"])
-def test_the_workers_share_is_counted_and_repeats(local_ray, tmp_path, strategy: str) -> None:
+def test_the_workers_share_is_counted_and_repeats(local_ray, tmp_path, strategy: str, monkeypatch) -> None:
+    # the driver's own share never starts torch's GPU profiler: the workers run the GPU work (on a GPU
+    # host the driver's profiler warned in every session and counted nothing)
+    profiled: list[str] = []
+    real_profiler = work_counts._device_profiler
+    monkeypatch.setattr(work_counts, "_device_profiler", lambda: profiled.append("driver") or real_profiler())
     trainer = build_trainer(build_config([*TOY, f"actor_rollout_ref.actor.strategy={strategy}"]), tmp_path)
     try:
         trainer.train_step(next(trainer.loader))  # the batch every phase below reads
@@ -47,7 +53,8 @@ def test_the_workers_share_is_counted_and_repeats(local_ray, tmp_path, strategy:
         }
         for name, phase in phases.items():
             first, again = trainer.count_work(phase)[1], trainer.count_work(phase)[1]
-            driver_only = count_work(phase)[1]  # what this process alone dispatches
+            assert profiled == [], (name, profiled)
+            driver_only = count_work(phase, device=False)[1]  # what this process alone dispatches
             assert WorkEvidence(dataclasses.asdict(again), dataclasses.asdict(first)).same, (
                 name,
                 first,

@@ -252,12 +252,18 @@ def stacked_counters() -> Iterator[Callable[[], tuple[int, int]]]:
 
 
 def count_work(
-    fn: Callable[[], T], counters: Callable[[], contextlib.AbstractContextManager] | None = None
+    fn: Callable[[], T],
+    counters: Callable[[], contextlib.AbstractContextManager] | None = None,
+    device: bool = True,
 ) -> tuple[T, WorkCounts]:
     """``fn()``'s result and the work it dispatched in this process (on a GPU, what it asked of the GPU
-    too), counted by ``counters`` (default: ``one_mode_counters`` where this torch has its FLOP mode)."""
+    too), counted by ``counters`` (default: ``one_mode_counters`` where this torch has its FLOP mode).
+
+    device=False: the host's dispatch alone, for a process whose workers run the GPU work (the
+    trainer's driver): its own CUDA, where something started it, runs none of it, and torch's profiler
+    would only cost time and warn."""
     counters = counters or (one_mode_counters if _FlopCounterMode is not None else stacked_counters)
-    profiler = _device_profiler()
+    profiler = _device_profiler() if device else None
     with profiler or contextlib.nullcontext():
         with counters() as read:
             result = fn()

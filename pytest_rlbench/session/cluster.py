@@ -149,13 +149,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def local_gpus() -> tuple[int, str | None]:
-    """(count, model) of the GPUs torch sees on this machine."""
+def local_gpu_count() -> int:
+    """The GPUs torch sees on this machine, counted without starting CUDA in this process: the driver
+    leaves the GPUs to its workers (a CUDA context here would take memory on one of theirs, and make
+    the driver's counted work start torch's GPU profiler)."""
     import torch
 
-    if not torch.cuda.is_available():
-        return 0, None
-    return torch.cuda.device_count(), torch.cuda.get_device_name(0)
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def local_gpu_model() -> str | None:
+    """The model of this machine's first GPU ("NVIDIA H100 80GB HBM3"). This starts CUDA in this
+    process: asked only where Ray did not name the model of a GPU node on this machine."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if local_gpu_count() else None
 
 
 # ----------------------------------------------------------------------------- checking (pure)
@@ -284,11 +292,14 @@ class RayConnection:
         import ray
         import torch
 
-        _, model = local_gpus()
+        raw, here = ray.nodes(), ray.util.get_node_ip_address()
+        nodes = describe_nodes(raw, here)
+        if any(n.gpus > 0 and n.gpu_model is None and n.ip == here for n in nodes):  # Ray did not say
+            nodes = describe_nodes(raw, here, local_gpu_model())
         return ClusterInfo(
             address=self.address,
             embedded=self.embedded,
-            nodes=describe_nodes(ray.nodes(), ray.util.get_node_ip_address(), model),
+            nodes=nodes,
             cpu_model=cpu_model(),
             hostname=socket.gethostname(),
             ray_version=ray.__version__,

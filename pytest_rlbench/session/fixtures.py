@@ -121,9 +121,9 @@ class RLBenchSession:
         opts = self.opts
         nodes_source, gpus_source = opts.source_of("rl_nodes"), opts.source_of("rl_gpus_per_node")
         if opts.embedded:
-            from pytest_rlbench.session.cluster import local_gpus
+            from pytest_rlbench.session.cluster import local_gpu_count
 
-            visible = local_gpus()[0] if opts.gpu else 0
+            visible = local_gpu_count() if opts.gpu else 0
             problem = precheck_embedded(
                 opts.nodes, opts.gpu, opts.gpus_per_node, visible, nodes_source, gpus_source
             )

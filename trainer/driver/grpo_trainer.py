@@ -258,7 +258,7 @@ class GRPOTrainer:
         """``fn()`` (a phase, or several) and the work it dispatched, here and in every worker it called
         (trainer/work_counts.py): deterministic where the phase is, whatever the machine's speed."""
         with self.workers.counting() as shares:
-            result, here = count_work(fn)
+            result, here = count_work(fn, device=False)  # the GPU work is the workers', counted there
         return result, sum(shares, here)
 
     # ------------------------------------------------------------------ loop and state
