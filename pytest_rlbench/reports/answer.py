@@ -31,6 +31,7 @@ from pytest_rlbench.records.metrics import (
     metric_label,
 )
 from pytest_rlbench.records.record import RunRecord
+from pytest_rlbench.records.workload_format import MEMORY_PLACEMENT
 from pytest_rlbench.records.workload_replay import WorkloadError, workload_overrides
 from pytest_rlbench.verdict.compare import JUDGED, BaselineComparison, hardware_mismatches
 from pytest_rlbench.verdict.derived import derive
@@ -42,6 +43,8 @@ from trainer.phases import PHASE_KEYS
 
 SUGGESTED_BASELINE = "rlbench-baseline.json"  # where the save suggestion writes, unless the user named a file
 SAVE, GATE, REPLAY = "--rl-save-baseline", "--rl-baseline", "--rl-workload"
+CONFIG, MODEL = "--rl-config", "--rl-model"
+MODEL_KEY = "actor_rollout_ref.model.path"  # what --rl-model sets (options/trainer_config.OPTION_KEYS)
 
 
 @dataclass(frozen=True)
@@ -52,18 +55,37 @@ class Invocation:
     save_path: Path | None = None  # --rl-save-baseline's file, if given
     saved: bool = False  # whether this run wrote it
 
-    def command(self, *extra: str) -> str:
-        """This run's command with ``extra`` added, any --rl-save-baseline of its own left out."""
-        kept: list[str] = []
-        skip = False
-        for arg in self.args:
-            if skip:
-                skip = False
-            elif arg == SAVE:
-                skip = True
-            elif not arg.startswith(f"{SAVE}="):
-                kept.append(arg)
+    def command(self, *extra: str, without_keys: frozenset[str] = frozenset()) -> str:
+        """This run's command with ``extra`` added, any --rl-save-baseline of its own left out, and any
+        --rl-config (or --rl-model) that sets a key of ``without_keys``."""
+        kept = [arg for option in self.options() if not _drops(option, without_keys) for arg in option]
         return shlex.join(["pytest", *kept, *extra])
+
+    def options(self) -> list[tuple[str, ...]]:
+        """The arguments, each option with its value as one tuple ("--rl-config", "K=V")."""
+        out: list[tuple[str, ...]] = []
+        args = iter(self.args)
+        for arg in args:
+            valued = arg in (SAVE, CONFIG, MODEL)
+            out.append((arg, next(args, "")) if valued else (arg,))
+        return out
+
+    def settings_of(self, keys: frozenset[str]) -> list[str]:
+        """The settings this run gave that set one of ``keys``, as typed ("--rl-config K=V")."""
+        return [" ".join(option) for option in self.options() if _drops(option, keys) and not _is_save(option)]
+
+
+def _is_save(option: tuple[str, ...]) -> bool:
+    return option[0] == SAVE or option[0].startswith(f"{SAVE}=")
+
+
+def _drops(option: tuple[str, ...], keys: frozenset[str]) -> bool:
+    """Whether a suggested command leaves ``option`` out: this run's own save, or a setting of ``keys``."""
+    name, _, inline = option[0].partition("=")
+    value = option[1] if len(option) > 1 else inline
+    if name == CONFIG:
+        return value.split("=", 1)[0].strip() in keys
+    return _is_save(option) or (name == MODEL and MODEL_KEY in keys)
 
 
 def gate_status(result: BaselineComparison) -> str:
@@ -184,9 +206,20 @@ def advice_lines(
     if candidates:
         name, gated = candidates[0]
         others = ", ".join(n for n, _ in candidates[1:])
+        # what the replay sets, this run's own settings of it left out: set on top, they would make
+        # the replay's work differ from the baseline's, and the suggested run would gate nothing
+        baseline = next(b for b in baselines if b.name == name)
+        keys = frozenset(  # memory placement excepted: placed otherwise, the replay still gates
+            s.key
+            for s in workload_overrides(baseline, run.hardware.world_size)
+            if s.key.rsplit(".", 1)[-1] not in MEMORY_PLACEMENT
+        )
         lines = [
-            f"NO GATE: to gate against '{name}' ({gated}), replay its work per GPU:  {invocation.command(REPLAY, name)}"
+            f"NO GATE: to gate against '{name}' ({gated}), replay its work per GPU:  "
+            f"{invocation.command(REPLAY, name, without_keys=keys)}"
         ]
+        if dropped := invocation.settings_of(keys):
+            lines.append(f"  (left out: {', '.join(dropped)}: the replay sets these keys to what '{name}' did)")
         return lines + ([f"  ({others} the same way)"] if others else [])
     path = str(invocation.save_path or SUGGESTED_BASELINE)
     return [
