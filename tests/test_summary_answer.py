@@ -289,13 +289,15 @@ def test_a_gated_run_opens_with_pass_or_fail_per_baseline(pytester: pytest.Pytes
 
 def test_the_replay_advice_leaves_out_this_run_s_settings_of_what_the_replay_sets() -> None:
     """Settings given on top of a workload are applied after it, and make the replay's work differ from
-    the baseline's (docs/replay.md): a suggested command that kept them would gate nothing. Memory
-    placement is kept: placed otherwise, a replay still gates."""
+    the baseline's (docs/replay.md): a suggested command that kept them would gate nothing; so would
+    a data set's own prompts, where the replay generates them. Memory placement is kept: placed
+    otherwise, a replay still gates."""
     data = copy.deepcopy(RUN)
     data["hardware"] = {"device": "gpu", "nodes": 1, "world_size": 1, "gpus_per_node": 1, "gpu_model": H100}
     run = record_from_dict(data)
     args = (
-        "suites/", "--gpu", "--rl-model", "r1-distill-qwen-1.5b", "--rl-config", "data.train_batch_size=32",
+        "suites/", "--gpu", "--rl-model", "r1-distill-qwen-1.5b", "--rl-dataset", "p.parquet",
+        "--rl-config", "data.train_batch_size=32",
         "--rl-config=actor_rollout_ref.rollout.n=8", "--rl-config", "trainer.seed=3",
         "--rl-config", "actor_rollout_ref.actor.fsdp_config.param_offload=False", "-k", "not save",
     )  # fmt: skip
@@ -304,6 +306,6 @@ def test_the_replay_advice_leaves_out_this_run_s_settings_of_what_the_replay_set
         "NO GATE: to gate against 'verl-v0.5.0-1.5b' (its per-GPU throughput), replay its work per GPU:  "
         "pytest suites/ --gpu --rl-config trainer.seed=3 --rl-config actor_rollout_ref.actor.fsdp_config.param_offload=False "
         "-k 'not save' --rl-workload verl-v0.5.0-1.5b",
-        "  (left out: --rl-model r1-distill-qwen-1.5b, --rl-config data.train_batch_size=32, "
+        "  (left out: --rl-model r1-distill-qwen-1.5b, --rl-dataset p.parquet, --rl-config data.train_batch_size=32, "
         "--rl-config=actor_rollout_ref.rollout.n=8: the replay sets these keys to what 'verl-v0.5.0-1.5b' did)",
     ], lines

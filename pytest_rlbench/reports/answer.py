@@ -43,8 +43,11 @@ from trainer.phases import PHASE_KEYS
 
 SUGGESTED_BASELINE = "rlbench-baseline.json"  # where the save suggestion writes, unless the user named a file
 SAVE, GATE, REPLAY = "--rl-save-baseline", "--rl-baseline", "--rl-workload"
-CONFIG, MODEL = "--rl-config", "--rl-model"
-MODEL_KEY = "actor_rollout_ref.model.path"  # what --rl-model sets (options/trainer_config.OPTION_KEYS)
+CONFIG = "--rl-config"
+# The options a replay's suggested command leaves out, each where the replay sets the key beside it:
+# --rl-model sets the model's path; a data set of one's own has its own prompt lengths, where the
+# replay generates prompts at the baseline's (data.synthetic_prompt_length).
+OPTION_KEYS = {"--rl-model": "actor_rollout_ref.model.path", "--rl-dataset": "data.synthetic_prompt_length"}
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class Invocation:
 
     def command(self, *extra: str, without_keys: frozenset[str] = frozenset()) -> str:
         """This run's command with ``extra`` added, any --rl-save-baseline of its own left out, and any
-        --rl-config (or --rl-model) that sets a key of ``without_keys``."""
+        --rl-config setting a key of ``without_keys`` (or option of OPTION_KEYS beside one)."""
         kept = [arg for option in self.options() if not _drops(option, without_keys) for arg in option]
         return shlex.join(["pytest", *kept, *extra])
 
@@ -66,7 +69,7 @@ class Invocation:
         out: list[tuple[str, ...]] = []
         args = iter(self.args)
         for arg in args:
-            valued = arg in (SAVE, CONFIG, MODEL)
+            valued = arg in (SAVE, CONFIG, *OPTION_KEYS)
             out.append((arg, next(args, "")) if valued else (arg,))
         return out
 
@@ -85,7 +88,7 @@ def _drops(option: tuple[str, ...], keys: frozenset[str]) -> bool:
     value = option[1] if len(option) > 1 else inline
     if name == CONFIG:
         return value.split("=", 1)[0].strip() in keys
-    return _is_save(option) or (name == MODEL and MODEL_KEY in keys)
+    return _is_save(option) or OPTION_KEYS.get(name) in keys
 
 
 def gate_status(result: BaselineComparison) -> str:
