@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -86,3 +88,43 @@ def test_usage_errors_start_nothing():
         )
         assert done.returncode == 2, (args, done.returncode, done.stderr)
         assert "give N >= 1 and a command after --" in done.stderr, done.stderr
+
+
+def test_a_sigterm_stops_the_command_and_every_node(tmp_path):
+    """SIGTERM while the command runs: the command is asked to stop, then every node's processes end.
+    (A driver's ray.init in the script's own process had taken over SIGTERM: the script then died at
+    once and left the nodes and the command running.)"""
+    pid_file = tmp_path / "command.pid"
+    command = [
+        sys.executable,
+        "-c",
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)",
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
+    script = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--logs", str(tmp_path / "logs"), "2", "--", *command],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        for _ in range(1200):  # the nodes up and the command started: up to 2 minutes
+            if pid_file.exists() and pid_file.read_text():
+                break
+            assert script.poll() is None, script.stdout.read() if script.stdout else ""
+            time.sleep(0.1)
+        sessions = {
+            int(p)
+            for p in os.listdir("/proc")
+            if p.isdigit() and b"ray.scripts.scripts" in Path(f"/proc/{p}/cmdline").read_bytes()
+            and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(script.pid)
+        }  # fmt: skip
+        assert len(sessions) == 2, sessions
+        script.send_signal(signal.SIGTERM)
+        assert script.wait(timeout=120) == 130, script.stdout.read() if script.stdout else ""
+    finally:
+        if script.poll() is None:
+            script.kill()
+    assert in_sessions(sessions) == [], "nodes still running after SIGTERM"
+    assert (
+        not Path(f"/proc/{pid_file.read_text()}").exists()
+        or Path(f"/proc/{pid_file.read_text()}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    ), "the command still runs after SIGTERM"
