@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.driver.ray_processes import end_processes  # noqa: E402
+from trainer.driver.ray_processes import end_processes, in_sessions  # noqa: E402
 
 NODES_UP_TIMEOUT_S = 120.0
 COMMAND_GRACE_S = 60.0  # an interrupted command's time to stop on its own
@@ -117,21 +117,6 @@ def wait_for_nodes(head_port: int, count: int, nodes: list[subprocess.Popen], lo
             f"ray_nodes: {said or 0} of {count} nodes alive after {NODES_UP_TIMEOUT_S:g} s; see the logs in {logs}"
         )
     return said
-
-
-def in_sessions(sessions: set[int]) -> list[int]:
-    """The running processes whose session is one of ``sessions`` (each node's ``ray start`` leads its
-    own, and everything it starts stays in it: a raylet's agents whose parent has died too)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as fh:
-                state, _ppid, _pgrp, session = fh.read().rsplit(")", 1)[1].split()[:4]
-        except (OSError, IndexError, ValueError):  # not a process, or gone
-            continue
-        if int(session) in sessions and state != "Z":
-            found.append(int(entry))
-    return found
 
 
 def stop_nodes(nodes: list[subprocess.Popen]) -> None:

@@ -12,10 +12,9 @@ import time
 import uuid
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ray_nodes.py"
-sys.path.insert(0, str(SCRIPT.parent))
+from trainer.driver.ray_processes import in_sessions
 
-from ray_nodes import in_sessions  # noqa: E402
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ray_nodes.py"
 
 # Run against the cluster: what it sees, then an exit status of its own, which the script must return.
 PROBE = """

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_rlbench.records.record import RunRecord
-from pytest_rlbench.records.workload_format import MEMORY_PLACEMENT
 from pytest_rlbench.records.workload_replay import WorkloadError, WorkloadSetting, workload_overrides
 from trainer.config import Config, ConfigError, Override, get_value
 
@@ -43,10 +42,9 @@ def replay_notes(cfg: Config, settings: Sequence[WorkloadSetting], given: Sequen
         if value == setting.value:
             continue
         by = next((o.source for o in reversed(given) if o.key == setting.key), "a pytest_rlbench_update_config hook")
-        placement = setting.key.rsplit(".", 1)[-1] in MEMORY_PLACEMENT
         effect = (
             "memory placement, not work: the replayed baseline still gates, naming it"
-            if placement
+            if setting.places_memory
             else "comparisons with the replayed baseline are references"
         )
         notes.append(f"{setting.key}={value!r} (from {by}) instead of the replay's {setting.value!r}: {effect}")

@@ -15,7 +15,7 @@ from typing import Any
 
 from pytest_rlbench.records.length_shapes import CONSTANT, LOGNORMAL, NATURAL
 from pytest_rlbench.records.record import RunRecord
-from pytest_rlbench.records.workload_format import Sourced, Workload
+from pytest_rlbench.records.workload_format import MEMORY_PLACEMENT, Sourced, Workload
 from trainer.models.flops import DecoderArch
 
 # The config keys of the per-row target lengths (trainer.rollout); "none": the model's own lengths.
@@ -38,6 +38,12 @@ class WorkloadSetting:
     key: str
     value: Any
     why: str
+
+    @property
+    def places_memory(self) -> bool:
+        """Whether it says where parameters or optimizer state wait (``MEMORY_PLACEMENT``): how a
+        framework fits the work, not the work, so a replay that sets it otherwise still gates."""
+        return self.key.rsplit(".", 1)[-1] in MEMORY_PLACEMENT
 
 
 def _origin(name: str, item: Sourced) -> str:

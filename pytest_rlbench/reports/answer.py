@@ -31,7 +31,6 @@ from pytest_rlbench.records.metrics import (
     metric_label,
 )
 from pytest_rlbench.records.record import RunRecord
-from pytest_rlbench.records.workload_format import MEMORY_PLACEMENT
 from pytest_rlbench.records.workload_replay import WorkloadError, workload_overrides
 from pytest_rlbench.verdict.compare import JUDGED, BaselineComparison, hardware_mismatches
 from pytest_rlbench.verdict.derived import derive
@@ -212,11 +211,8 @@ def advice_lines(
         # what the replay sets, this run's own settings of it left out: set on top, they would make
         # the replay's work differ from the baseline's, and the suggested run would gate nothing
         baseline = next(b for b in baselines if b.name == name)
-        keys = frozenset(  # memory placement excepted: placed otherwise, the replay still gates
-            s.key
-            for s in workload_overrides(baseline, run.hardware.world_size)
-            if s.key.rsplit(".", 1)[-1] not in MEMORY_PLACEMENT
-        )
+        settings = workload_overrides(baseline, run.hardware.world_size)
+        keys = frozenset(s.key for s in settings if not s.places_memory)  # placed otherwise, it still gates
         lines = [
             f"NO GATE: to gate against '{name}' ({gated}), replay its work per GPU:  "
             f"{invocation.command(REPLAY, name, without_keys=keys)}"

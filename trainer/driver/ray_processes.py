@@ -75,6 +75,18 @@ def descendants(root: int | None = None) -> list[int]:
     return sorted(ours)
 
 
+def in_sessions(sessions: Collection[int]) -> list[int]:
+    """The running processes whose session id is one of ``sessions``: everything a session leader
+    started that did not start a session of its own, also where its parent is gone (a raylet's agents
+    once the raylet has died)."""
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        fields = _stat_fields(int(entry)) if entry.isdigit() else None  # state, ppid, pgrp, session, ...
+        if fields is not None and int(fields[3]) in sessions and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
 def ray_descendants(root: int | None = None) -> list[int]:
     """The pids of Ray's processes that descend from ``root`` (default: this process)."""
     return [pid for pid in descendants(root) if any(mark in command_line(pid) for mark in RAY_PROCESS_MARKS)]
