@@ -407,3 +407,15 @@ def test_the_failed_legend_groups_the_phases_by_why_they_failed() -> None:
     label = failed_label(["gen", "old_log_prob", "update_actor"], reasons)
     assert label == "failed gate: gen, update_actor (slower); old_log_prob (slower beside its peers)", label
     assert failed_label(["ref"], {}) == "failed gate: ref (failed)"
+
+
+def test_phases_timed_apart_that_are_fewer_than_the_step_s_say_how_many_they_sum() -> None:
+    # A run narrowed with -k: its step (every phase inside it) and two phases timed apart.
+    data = copy.deepcopy(RUN)
+    data["phases"] = {k: v for k, v in data["phases"].items() if k in ("reward", "adv", "step")}
+    narrowed = record_from_dict(data)
+    ax = draw_chart(narrowed, [], [], ROUNDS).axes[0]
+    apart = " ".join(row_labels(ax)[1].splitlines()[3:])  # after name, hardware and work
+    assert apart == f"{PHASES_APART}: only 2 of the step's 6 phases, not gen, old_log_prob, ref, update_actor", apart
+    # every phase timed apart: the kind alone, as before
+    assert kinds(draw_chart(record(), [], [], ROUNDS).axes[0]) == [MEASURED_STEP, PHASES_APART]

@@ -12,6 +12,8 @@ Bars are drawn in two groups, and a bar is only ever set beside bars of the same
   is drawn whole ("step, not split").
 - "phases timed apart, summed": each phase's median time from its own benchmark, stacked. The run's
   and those of the baselines saved by this plugin (a published baseline has none of this kind).
+  Where they are fewer than the phases of the same record's measured step (a run narrowed with -k),
+  the label says how many of the step's phases they sum and which are not in it.
 
 Where the summary judged a phase's time against a baseline, the bars take the summary's figures (the
 run's, and the baseline's as the verdict read it: on CPU workers its median block of rounds), so the
@@ -413,13 +415,33 @@ def role_of(result: BaselineComparison | None) -> str:
     return "gate" if result.mode == "gate" else "reference only, not a gate"
 
 
-def _row_label(bar: Bar, run: RunRecord) -> str:
+def step_phases(segments: Sequence[tuple[str, float]]) -> list[str]:
+    """The step's phases a bar's parts hold, gen's parts counted as gen; "other" and a step not split
+    are none."""
+    names = ["gen" if label in (*GEN_PARTS, GEN_REST) else label for label, _ in segments]
+    return list(dict.fromkeys(n for n in names if n not in (OTHER, WHOLE_STEP)))
+
+
+def kind_text(bar: Bar, step_bar: Bar | None) -> str:
+    """What the bar is. Phases timed apart that are fewer than those of the same record's measured
+    step (a run narrowed with -k) say so, as their sum is not then comparable with the step."""
+    if bar.kind != PHASES_APART or step_bar is None:
+        return bar.kind
+    summed, in_step = step_phases(bar.segments), step_phases(step_bar.segments)
+    missing = [p for p in in_step if p not in summed]
+    if not missing:
+        return bar.kind
+    note = f"only {len(summed)} of the step's {len(in_step)} phases, not {', '.join(missing)}"
+    return "\n".join([f"{bar.kind}:", *textwrap.wrap(note, 40)])
+
+
+def _row_label(bar: Bar, run: RunRecord, step_bar: Bar | None = None) -> str:
     """Name, hardware, per-GPU work; then what the bar is, and for a baseline whether it gates."""
-    record = bar.record
+    record, kind = bar.record, kind_text(bar, step_bar)
     if record is run:
-        return f"{record.name} (this run)\n{_hardware_label(record)}\n{work_label(record)}\n{bar.kind}"
+        return f"{record.name} (this run)\n{_hardware_label(record)}\n{work_label(record)}\n{kind}"
     work = work_label(record, run, bar.result)
-    return f"{record.name}\n{_hardware_label(record)}\n{work}\n{bar.kind}; {role_of(bar.result)}"
+    return f"{record.name}\n{_hardware_label(record)}\n{work}\n{kind}; {role_of(bar.result)}"
 
 
 def _seconds_text(seconds: float) -> str:
@@ -601,7 +623,9 @@ def draw_chart(
     ]
     same_work = same_work_phases(results)
     drawn_same_work = [p for p in same_work if p not in _mark_phases(ax_abs, run, rows, same_work, "same work")]
-    ax_abs.set_yticks(range(len(rows)), [_row_label(bar, run) for bar in rows], fontsize=8)
+    measured = {id(bar.record): bar for bar in rows if bar.kind == MEASURED_STEP}
+    labels = [_row_label(bar, run, measured.get(id(bar.record))) for bar in rows]
+    ax_abs.set_yticks(range(len(rows)), labels, fontsize=8)
     for y, tick in enumerate(ax_abs.get_yticklabels()):
         if rows[y].record is run:
             tick.set_fontweight("bold")

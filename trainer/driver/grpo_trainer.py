@@ -31,6 +31,7 @@ from trainer.driver.checkpoint import (
 )
 from trainer.driver.checkpoint_lock import CheckpointLock
 from trainer.driver.checkpoint_shards import load_shards, shard_files, write_shards
+from trainer.driver.response_text import response_texts
 from trainer.driver.reward import score_batch, scores_to_token_rewards
 from trainer.driver.sharding import balanced_mini_batch_shards, even_split, mini_batch_shards
 from trainer.driver.step_figures import BatchTokens, batch_metrics, batch_tokens
@@ -188,10 +189,7 @@ class GRPOTrainer:
 
     def compute_reward(self, batch: Batch) -> Batch:
         """Rule-based math reward on the decoded responses, as token-level scores on the last token."""
-        texts = self.tokenizer.batch_decode(
-            [ids[mask.bool()].tolist() for ids, mask in zip(batch.response_ids, batch.response_mask, strict=True)],
-            skip_special_tokens=True,
-        )
+        texts = response_texts(self.tokenizer, batch.response_ids, batch.response_mask)
         scores = torch.tensor(score_batch(texts, batch.ground_truths), dtype=torch.float32)
         batch.scores = scores
         batch.token_level_scores = scores_to_token_rewards(scores, batch.response_mask)
