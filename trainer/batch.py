@@ -9,11 +9,15 @@ ends a response included, and excludes padding after it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
+
+
+# The rows themselves: every phase's workers read them (Batch.select's ``only`` keeps them always).
+ROW_FIELDS: frozenset[str] = frozenset({"prompt_ids", "prompt_mask", "response_ids", "response_mask", "uids"})
 
 
 @dataclass
@@ -67,12 +71,21 @@ class Batch:
     def sequence_lengths(self) -> torch.Tensor:
         return self.prompt_lengths + self.response_lengths
 
-    def select(self, index: torch.Tensor | list[int]) -> Batch:
-        """The rows at ``index``, in that order (tensors and the ground-truth list alike)."""
+    def select(self, index: torch.Tensor | list[int], only: Collection[str] | None = None) -> Batch:
+        """The rows at ``index``, in that order (tensors and the ground-truth list alike).
+
+        ``only``: of the fields beyond the rows themselves (ROW_FIELDS), keep those named, leaving the
+        others out (None, or an empty list). A phase ships its workers only what they read: the driver
+        serialises each worker's part, and a worker copies every tensor of each micro-batch to its GPU."""
         idx = torch.as_tensor(index, dtype=torch.long)
+        if only is not None and (unknown := set(only) - {f.name for f in fields(self)}):
+            raise ValueError(f"Batch.select(only=...): no field {sorted(unknown)}")
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if only is not None and f.name not in ROW_FIELDS and f.name not in only:
+                out[f.name] = [] if isinstance(value, list) else None
+                continue
             if isinstance(value, torch.Tensor):
                 out[f.name] = value.index_select(0, idx.to(value.device))
             elif isinstance(value, list):

@@ -47,6 +47,9 @@ from trainer.work_counts import WorkCounts, count_work
 from trainer.workers.memory_peaks import largest_worker
 
 T = TypeVar("T")
+# What update_actor's workers read besides the rows (trainer/workers/actor.py); the log-prob phases
+# read the rows alone. Nothing else is shipped to them (Batch.select's only).
+UPDATE_INPUTS: tuple[str, ...] = ("old_log_probs", "ref_log_probs", "advantages")
 
 
 @dataclass
@@ -209,7 +212,7 @@ class GRPOTrainer:
             parts = self.training_shards(batch)
         else:
             parts = even_split(batch.size, self.workers.world_size)
-        outs = self.workers.each(method, [(batch.select(rows),) for rows in parts], phase=phase)
+        outs = self.workers.each(method, [(batch.select(rows, only=()),) for rows in parts], phase=phase)
         width = batch.response_ids.shape[1]
         order = torch.tensor([row for rows in parts for row in rows])
         padded = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1])) for o in outs])
@@ -248,7 +251,8 @@ class GRPOTrainer:
         """One PPO update; each worker gets its part of every mini-batch (see trainer/driver/sharding.py)."""
         mini_rows = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n
         shards = self.training_shards(batch)
-        metrics = self.workers.each("update_actor", [(batch.select(rows), batch.size // mini_rows) for rows in shards])
+        parts = [batch.select(rows, only=UPDATE_INPUTS) for rows in shards]
+        metrics = self.workers.each("update_actor", [(part, batch.size // mini_rows) for part in parts])
         # every worker reports the same global figures; its peak GPU memory is its own
         return {**metrics[0], **largest_worker(metrics)}
 
