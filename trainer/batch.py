@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-
 # The rows themselves: every phase's workers read them (Batch.select's ``only`` keeps them always).
 ROW_FIELDS: frozenset[str] = frozenset({"prompt_ids", "prompt_mask", "response_ids", "response_mask", "uids"})
 
