@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainer.driver.reward import (
+    _NUMBER_RE,
+    ExtractedAnswer,
     answers_match,
     compute_score,
     extract_answer,
     last_boxed,
+    last_number,
     normalize_answer,
     parse_number,
     score_batch,
@@ -158,3 +163,23 @@ def test_scores_to_token_rewards_errors() -> None:
         scores_to_token_rewards([1.0, 0.0], torch.ones(3, 2))
     with pytest.raises(ValueError, match=r"response_mask must be \[B, T\]"):
         scores_to_token_rewards([1.0], torch.ones(3))
+
+
+# The last number, found from the end: the same as the last of a scan of the whole text, whatever the
+# window, on texts made of what numbers are made of and a few characters that break them.
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.text(alphabet="0123456789,.-/ \nab\u0663", max_size=300),
+    window=st.integers(min_value=1, max_value=40),
+)
+def test_last_number_from_the_end_is_the_last_of_all(text: str, window: int) -> None:
+    numbers = _NUMBER_RE.findall(text)
+    assert last_number(text, window) == (numbers[-1] if numbers else None), (text, window)
+
+
+def test_a_long_response_without_a_boxed_answer_gives_its_last_number() -> None:
+    # Numbers that run together across the window's edge: the answer is the whole last one.
+    text = "x " * 5000 + "the total is 1,234,567 / 89 and then words " + "y" * 3000 + " 42.5"
+    assert extract_answer(text) == ExtractedAnswer("42.5", "number")
+    assert last_number("z" * 5000 + " 10 / 3" + " q" * 2000) == "10 / 3"
+    assert last_number("9" * 3000) == "9" * 3000  # no character breaks it: the whole text is scanned
