@@ -79,7 +79,9 @@ def step_of(two_node_cluster, tmp_path_factory: pytest.TempPathFactory):
     return step
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+# Other loss_agg_modes across workers: tests/test_fsdp_gloo.py, whose rows have non-zero advantages (here
+# every reward of this small run is 0, so every mode gave the same loss and gradients)
+@pytest.mark.parametrize("agg", ["token-mean"])
 def test_two_workers_take_the_same_step_as_one(step_of, agg):
     m1, s1, r1, _, logp1, _ = step_of(1, agg)
     m2, s2, r2, _, logp2, shards = step_of(2, agg)

@@ -62,6 +62,7 @@ SETTINGS = [
     (2, True, 13, "full", "token-mean", "packed"),
     (2, False, 0, "mlp", "token-mean"),
     (2, False, 0, "full/1", "token-mean"),
+    (2, False, 0, None, "seq-mean-token-mean"),
 ]
 
 
@@ -269,7 +270,7 @@ def test_each_rank_leaves_the_group_in_step_and_ends_without_the_interpreters_ex
 @pytest.mark.parametrize(
     "setting", range(len(SETTINGS)),
     ids=["fixed", "dynamic", "checkpointed", "sum-norm", "save-attention", "save-matmuls", "packed", "mlp",
-         "first-layer"],
+         "first-layer", "seq-mean"],
 )
 def test_fsdp_shards_of_unequal_size_take_the_single_process_step(two_process_results, setting):
     cfg = actor_config(*SETTINGS[setting][:5])
