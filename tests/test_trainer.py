@@ -78,6 +78,25 @@ def test_a_step_records_every_phase_and_its_tokens(local_ray, tmp_path):
     assert 1 <= result.metrics["response_length/mean"] <= 8
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac"):
         assert key in result.metrics
+    assert_waits_fit_their_phases(result, workers=1)
+
+
+WORKER_PHASES = ("reshard", "generate_sequences", "old_log_prob", "ref", "update_actor")
+
+
+def assert_waits_fit_their_phases(result, workers: int) -> None:
+    """Each worker phase's time outside its workers' calls (trainer/workers/phase_spans.py): the driver
+    starts before any worker and ends after all, so no figure is negative and the wait to start and
+    the way back fit in the phase; one worker's ends are 0 apart."""
+    timed = [phase for phase in WORKER_PHASES if phase in result.timing_s]  # ref: with a KL term only
+    assert {"reshard", "old_log_prob", "update_actor"} <= set(timed)
+    for phase in timed:
+        lag, spread, back = (result.metrics[f"workers/{f}/{phase}"] for f in ("start_lag_s", "end_spread_s", "collect_s"))
+        assert min(lag, spread, back) >= 0, (phase, lag, spread, back)
+        # the phase's seconds come from another clock (perf_counter): allow it 10 ms
+        assert lag + back <= result.timing_s[phase] + 0.01, (phase, lag, back, result.timing_s[phase])
+        if workers == 1:
+            assert spread == 0.0, (phase, spread)
 
 
 @pytest.mark.parametrize(
@@ -158,6 +177,7 @@ def test_two_workers_decoding_as_one_group_take_the_same_step(local_ray, tmp_pat
     assert group.tokens.decode_steps == max(lengths)
     for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "rollout_fidelity/mismatch_kl"):
         assert group.metrics[key] == pytest.approx(one.metrics[key], rel=1e-4, abs=1e-7), key
+    assert_waits_fit_their_phases(group, workers=2)
 
 
 def test_resume_continues_with_identical_state(local_ray, tmp_path):

@@ -27,23 +27,28 @@ def device_clock() -> float:
 
 
 class PhaseTimer:
-    """Collects phase durations (seconds) for one step."""
+    """Collects phase durations (seconds) for one step, and each phase's last span in wall-clock time
+    (``spans``: (start, end) since the epoch, to set beside the workers' own: trainer/workers/phase_spans.py)."""
 
     def __init__(self, synchronize: bool = True) -> None:
         self.synchronize = synchronize
         self.seconds: dict[str, float] = {}
+        self.spans: dict[str, tuple[float, float]] = {}
 
     @contextmanager
     def phase(self, key: str) -> Iterator[None]:
         clock = device_clock if self.synchronize else time.perf_counter
         start = clock()
+        started_at = time.time()
         try:
             yield
         finally:
             self.add(key, clock() - start)
+            self.spans[key] = (started_at, time.time())
 
     def add(self, key: str, seconds: float) -> None:
         self.seconds[key] = self.seconds.get(key, 0.0) + seconds
 
     def reset(self) -> None:
         self.seconds = {}
+        self.spans = {}

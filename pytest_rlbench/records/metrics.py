@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from trainer.phases import CHECKPOINT_BYTES, PHASE_KEYS
 from trainer.workers.memory_peaks import GPU, MAX_ALLOCATED, MAX_RESERVED
+from trainer.workers.phase_spans import WAIT_FIGURES, WORKERS
 
 TIMING = "timing_s"
 # A phase's rounds timed again at the end of the session when its gate failed on CPU workers
@@ -118,6 +119,14 @@ def step_memory_unit(name: str) -> str | None:
     if family == GPU and figure in STEP_MEMORY_FIGURES and phase in PHASE_KEYS:
         return STEP_MEMORY_FIGURES[figure]
     return None
+
+
+def step_wait_unit(name: str) -> str | None:
+    """"s" for a step figure of what a phase spent outside its workers' own calls
+    (workers/start_lag_s/old_log_prob: trainer/workers/phase_spans.py), else None. Recorded as the run's
+    metrics of the WORKERS family: evidence beside the verdicts, never judged."""
+    family, figure, phase = (name.split("/") + ["", ""])[:3]
+    return "s" if family == WORKERS and figure in WAIT_FIGURES and phase in PHASE_KEYS else None
 
 
 # What the slowest worker's set-up spent outside every phase, recorded as run metrics setup_s/<what>

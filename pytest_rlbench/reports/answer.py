@@ -27,6 +27,8 @@ from pytest_rlbench.records.metrics import (
     SETUP,
     SETUP_FIGURES,
     TIMING,
+    WAIT_FIGURES,
+    WORKERS,
     format_value,
     metric_label,
 )
@@ -249,6 +251,27 @@ def memory_line(run: RunRecord) -> list[str]:
     return [f"peak GPU memory per GPU (largest round), GiB allocated/reserved: {', '.join(parts)}"] if parts else []
 
 
+WAITS_SHOWN_FROM_S = 0.1  # a phase whose time outside its workers' calls is less is left off the line
+
+
+def waits_line(run: RunRecord) -> list[str]:
+    """Where a step's phases spent time outside their workers' own calls (trainer/workers/phase_spans.py),
+    in the round where that was most: the last worker's start after the driver's, the spread of the
+    workers' ends, the results' way back. Phases with less than WAITS_SHOWN_FROM_S in all are left off."""
+    parts = []
+    for phase in PHASE_KEYS:
+        series = [run.metrics.get(f"{WORKERS}/{figure}/{phase}") for figure in WAIT_FIGURES]  # lag, spread, back
+        if any(m is None for m in series):
+            continue
+        rounds = list(zip(*(m.value for m in series), strict=True))
+        lag, spread, back = max(rounds, key=sum)
+        if lag + spread + back >= WAITS_SHOWN_FROM_S:
+            parts.append(f"{phase} {lag:.2f} to start, ends {spread:.2f} apart, {back:.2f} back")
+    if not parts:
+        return []
+    return [f"outside the workers' own calls, seconds (the round with most): {'; '.join(parts)}"]
+
+
 # Each SETUP_FIGURES metric in the summary's words, {s} its seconds.
 SETUP_WORDS = {
     "rollout_warm_up": "rollout warm-up {s:.1f} s (its kernels compiled before the first gen, as vLLM's are when it starts)",
@@ -288,5 +311,5 @@ def answer_lines(
         run, results = outcomes[0]
         lines = advice_lines(run, baselines, results, invocation or Invocation())
     return lines + [
-        line for run, _ in outcomes for line in (*efficiency_line(run), *memory_line(run), *setup_line(run))
+        line for run, _ in outcomes for line in (*efficiency_line(run), *memory_line(run), *waits_line(run), *setup_line(run))
     ]

@@ -33,6 +33,7 @@ from pytest_rlbench.records.metrics import (
     family_of,
     setup_figures,
     step_memory_unit,
+    step_wait_unit,
 )
 from pytest_rlbench.records.record import (
     BaselineError,
@@ -204,14 +205,16 @@ class BenchRecorder:
     def add_step_metrics(self, rounds: list[Mapping[str, float]]) -> None:
         """Whole-step rounds' own figures (StepResult.metrics) that ``STEP_METRICS`` names, one sample
         per round, as the run's metrics (compared with a baseline's like any other), and each phase's
-        peak GPU memory (``step_memory_unit``: recorded, never judged)."""
+        peak GPU memory (``step_memory_unit``) and time outside its workers' own calls (``step_wait_unit``):
+        recorded, never judged."""
         for name, (unit, higher_is_better) in STEP_METRICS.items():
             values = [r[name] for r in rounds if name in r]
             if values:
                 self.add_metric(name, values, unit, higher_is_better)
-        # each phase's peak GPU memory: evidence, never judged (the gpu family)
+        # each phase's peak GPU memory (the gpu family) and its time outside the workers' own calls (the
+        # workers family): evidence, never judged
         for name in dict.fromkeys(key for r in rounds for key in r):
-            unit = step_memory_unit(name)
+            unit = step_memory_unit(name) or step_wait_unit(name)
             if unit is not None:
                 self.add_metric(name, [r[name] for r in rounds if name in r], unit, higher_is_better=False)
         self.add_checkpoint_bytes([r[CHECKPOINT_BYTES] for r in rounds if CHECKPOINT_BYTES in r])

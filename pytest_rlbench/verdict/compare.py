@@ -34,6 +34,7 @@ from pytest_rlbench.records.metrics import (
     SETUP,
     SIDE_BY_SIDE,
     TIMING,
+    WORKERS,
     WRITE_RATE,
     family_label,
     family_of,
@@ -211,8 +212,9 @@ def _beside_text(rows: list[Comparison]) -> dict[str | None, str]:
 def custom_metrics(run: RunRecord, baseline: RunRecord) -> set[str]:
     """The records' own metrics that are compared like figures (the machine's figures and re-timed
     rounds are evidence for the verdicts of phase times, a save's bytes the work behind its figure,
-    and the set-up's seconds outside every phase: never judged themselves)."""
-    evidence = (MACHINE, RETIMED, SIDE_BY_SIDE, GPU, WORK, CHECKPOINT, SETUP)
+    the set-up's seconds outside every phase and a phase's time outside its workers' own calls: never
+    judged themselves)."""
+    evidence = (MACHINE, RETIMED, SIDE_BY_SIDE, GPU, WORK, CHECKPOINT, SETUP, WORKERS)
     return {m for m in (*run.metrics, *baseline.metrics) if family_of(m) not in evidence}
 
 

@@ -45,6 +45,7 @@ from trainer.rollout.tensor_parallel import decode_group_size
 from trainer.timing import PhaseTimer
 from trainer.work_counts import WorkCounts, count_work
 from trainer.workers.memory_peaks import largest_worker
+from trainer.workers.phase_spans import Span, wait_figures, worker_spans
 
 T = TypeVar("T")
 # What update_actor's workers read besides the rows (trainer/workers/actor.py); the log-prob phases
@@ -84,6 +85,7 @@ class GRPOTrainer:
         self.tracking = tracking
         self.global_step = 0
         self.last_batch: Batch | None = None  # the last train_step's batch, every phase's inputs filled in
+        self.worker_spans: list[dict[str, Span]] = []  # each worker's phase spans, from its last update_actor
         # A run that saves holds its checkpoint directory for its lifetime: a second run there fails now.
         saves = cfg.trainer.save_freq > 0
         self.checkpoint_lock = CheckpointLock.acquire(self.checkpoint_root) if saves else None
@@ -129,10 +131,11 @@ class GRPOTrainer:
                 path = self.save_checkpoint()
             saved[CHECKPOINT_BYTES] = float(checkpoint_bytes(path))  # the save's work, as tokens are a phase's
         self.last_batch = batch
+        waits = wait_figures(timer.spans, self.worker_spans)  # the step's time outside the workers' own
         result = StepResult(
             step=self.global_step,
             timing_s=dict(timer.seconds),
-            metrics={**batch_metrics(batch), **adv_metrics, **actor_metrics, **saved},
+            metrics={**batch_metrics(batch), **adv_metrics, **actor_metrics, **waits, **saved},
             tokens=self.batch_tokens(batch),
         )
         return result
@@ -252,7 +255,8 @@ class GRPOTrainer:
         mini_rows = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n
         shards = self.training_shards(batch)
         parts = [batch.select(rows, only=UPDATE_INPUTS) for rows in shards]
-        metrics = self.workers.each("update_actor", [(part, batch.size // mini_rows) for part in parts])
+        returned = self.workers.each("update_actor", [(part, batch.size // mini_rows) for part in parts])
+        self.worker_spans, metrics = map(list, zip(*(worker_spans(m) for m in returned), strict=True))
         # every worker reports the same global figures; its peak GPU memory is its own
         return {**metrics[0], **largest_worker(metrics)}
 

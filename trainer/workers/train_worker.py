@@ -16,6 +16,8 @@ import math
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ from trainer.workers.fsdp import (
     shard_model,
 )
 from trainer.workers.memory_peaks import PhasePeaks, worker_figures
+from trainer.workers.phase_spans import PhaseSpans, span_figures
 from trainer.workers.shard_state import ShardSources, load_shards, save_shard
 from trainer.workers.training_warm_up import warm_up_mini_batches, warm_up_plan, warm_up_training
 
@@ -63,6 +66,7 @@ class TrainWorker:
             raise RuntimeError(f"worker {rank}: trainer.device=cuda but torch sees no GPU in this process")
         self.device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
         self.memory = PhasePeaks(self.device)  # each phase's peak GPU memory, for the step's figures
+        self.spans = PhaseSpans()  # when this worker ran each phase, set beside the driver's span of it
         if not on_gpu:
             # One thread per CPU worker, as its one Ray CPU: OpenMP threads spin-wait on each other,
             # and on an oversubscribed machine that turned a phase 100x slower instead of 2x.
@@ -229,16 +233,23 @@ class TrainWorker:
         return engine
 
     # -- phases -------------------------------------------------------------------------------
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """A phase's call in this worker: its peak GPU memory and its span, for the step's figures."""
+        with self.memory.phase(name), self.spans.phase(name):
+            yield
+
     def reshard(self) -> None:
         """Hand the actor's current weights to the rollout engine."""
-        self.memory.take()  # a step starts here: earlier calls' peaks are not its own
-        with self.memory.phase("reshard"):
+        self.memory.take()  # a step starts here: earlier calls' peaks and spans are not its own
+        self.spans.take()
+        with self._phase("reshard"):
             self.engine.sync_from(self.actor.lm)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
 
     def generate(self, prompts: list[list[int]], uids: list[int], ground_truths: list[str], seed: int) -> Batch:
-        with self.memory.phase("generate_sequences"):
+        with self._phase("generate_sequences"):
             return self._generate(self.engine, prompts, uids, ground_truths, seed)
 
     def generate_with(
@@ -277,7 +288,7 @@ class TrainWorker:
 
     def compute_old_log_prob(self, batch: Batch) -> torch.Tensor:
         r = self.cfg.actor_rollout_ref.rollout
-        with self.memory.phase("old_log_prob"):
+        with self._phase("old_log_prob"):
             return self._log_probs(
                 self.actor, batch, r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz,
                 r.log_prob_max_token_len_per_gpu,
@@ -287,7 +298,7 @@ class TrainWorker:
         if self.ref is None:
             raise RuntimeError("the reference model was not built: neither use_kl_loss nor use_kl_in_reward is set")
         r = self.cfg.actor_rollout_ref.ref
-        with self.memory.phase("ref"):
+        with self._phase("ref"):
             return self._log_probs(
                 self.ref, batch, r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz,
                 r.log_prob_max_token_len_per_gpu,
@@ -300,12 +311,12 @@ class TrainWorker:
             n_mini_batches=n_mini_batches,
             device=self.device,
         )
-        with self.memory.phase("update_actor"), optimizer_state_on(self.optimizer, self.device, self.optimizer_offload):
+        with self._phase("update_actor"), optimizer_state_on(self.optimizer, self.device, self.optimizer_offload):
             metrics = update_policy(self.actor, self.optimizer, shard, self.cfg.actor_rollout_ref.actor, settings, self.dp)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
         # this worker's peak GPU memory in each phase since the step's reshard (none on CPU)
-        return {**metrics, **worker_figures(self.memory.take())}
+        return {**metrics, **worker_figures(self.memory.take()), **span_figures(self.spans.take())}
 
     def counted(self, method: str, *args: Any) -> tuple[Any, WorkCounts]:
         """``method(*args)`` and the work it dispatched in this worker (trainer/work_counts.py): what
