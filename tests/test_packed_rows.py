@@ -20,6 +20,7 @@ from trainer.models.packed_attention import (
     ROW_BOUNDS,
     ROW_BUCKET,
     ROWS_ALONE_MIN,
+    _long_alone_short_together,
     _rows_alone_causal,
     bucketed_width,
     build_row_plans,
@@ -144,7 +145,8 @@ def test_on_cuda_the_varlen_kernel_gives_the_padded_forwards_figures_in_bf16():
 
 def test_long_rows_attend_alone_only_on_a_gpu():
     assert rows_attend_alone([ROWS_ALONE_MIN, 30000], on_cuda=True)
-    assert not rows_attend_alone([ROWS_ALONE_MIN - 1, 30000], on_cuda=True)  # one short row: one varlen call
+    # one short row: the long one still attends alone, beside it (_long_alone_short_together)
+    assert not rows_attend_alone([ROWS_ALONE_MIN - 1, 30000], on_cuda=True)
     assert not rows_attend_alone([30000], on_cuda=False)
     assert not rows_attend_alone([], on_cuda=True)
     assert [bucketed_width(n, 512) for n in (1, 512, 513, 27796)] == [512, 512, 1024, 28160]
@@ -159,24 +161,45 @@ def causal_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: li
     return out
 
 
+def assert_attends_as_each_row_alone(attend, lengths: list[int], seed: int) -> None:
+    """``attend(q, k, v, bounds, scale)`` on packed rows of these lengths gives causal_per_row's outputs
+    and q, k, v gradients (float64; grouped K/V heads as the 1.5B's, 6 query heads to 2)."""
+    bounds = [0, *itertools.accumulate(lengths)]
+    gen = torch.Generator().manual_seed(seed)
+    qkv = [torch.randn(bounds[-1], h, 8, generator=gen, dtype=torch.float64) for h in (6, 2, 2)]
+    grad_out = torch.randn(bounds[-1], 6, 8, generator=gen, dtype=torch.float64)
+    results = []
+    for each in (attend, causal_per_row):
+        leaves = [t.clone().requires_grad_() for t in qkv]
+        out = each(*leaves, bounds, 0.3)
+        out.backward(grad_out)
+        results.append([out.detach(), *(t.grad for t in leaves)])
+    for name, got, want in zip(["output", "dq", "dk", "dv"], *results, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12, msg=name)
+
+
 @pytest.mark.parametrize("bucket", [1, 16, 64])
 def test_a_row_padded_at_its_end_attends_as_the_row_alone(bucket):
     """_rows_alone_causal pads each row to a multiple of ``bucket`` after its last token: its outputs
     and the gradients of q, k and v are those of causal attention on the row alone (float64; grouped
     K/V heads as the 1.5B's, 6 query heads to 2)."""
-    lengths = [37, 5, 64, 1]
-    bounds = [0, *itertools.accumulate(lengths)]
-    gen = torch.Generator().manual_seed(3)
-    qkv = [torch.randn(bounds[-1], h, 8, generator=gen, dtype=torch.float64) for h in (6, 2, 2)]
-    grad_out = torch.randn(bounds[-1], 6, 8, generator=gen, dtype=torch.float64)
-    results = []
-    for attend in (functools.partial(_rows_alone_causal, bucket=bucket), causal_per_row):
-        leaves = [t.clone().requires_grad_() for t in qkv]
-        out = attend(*leaves, bounds, 0.3)
-        out.backward(grad_out)
-        results.append([out.detach(), *(t.grad for t in leaves)])
-    for name, got, want in zip(["output", "dq", "dk", "dv"], *results, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-12, msg=name)
+    assert_attends_as_each_row_alone(functools.partial(_rows_alone_causal, bucket=bucket), [37, 5, 64, 1], seed=3)
+
+
+def test_long_rows_attend_alone_and_short_ones_together_each_in_its_place(monkeypatch):
+    """A micro-batch of long and short rows: each long row alone, the short ones in one call of the
+    group kernel (a spy here, running the reference), and every row's outputs and q, k, v gradients
+    those of causal attention on the row alone (float64), a row of no tokens included."""
+    monkeypatch.setattr("trainer.models.packed_attention.ROWS_ALONE_MIN", 32)  # the rows' scale here
+    groups = []
+
+    def together(q, k, v, group_bounds, scale):
+        groups.append((q.shape[0], group_bounds))
+        return causal_per_row(q, k, v, group_bounds, scale)
+
+    attend = functools.partial(_long_alone_short_together, together=together)
+    assert_attends_as_each_row_alone(attend, [37, 5, 0, 64, 1, 40], seed=4)
+    assert groups == [(6, [0, 5, 6])]  # the rows of 5 and 1 tokens, once, end to end
 
 
 def test_the_decoder_hands_the_host_bounds_to_the_attention():
@@ -214,12 +237,14 @@ def test_row_plans_are_built_for_every_width_a_long_row_can_take():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="rows attend alone on CUDA only")
-def test_on_cuda_long_rows_attending_alone_give_the_padded_forwards_figures_in_bf16():
-    """Rows of 6,200 and 6,700 tokens take the lone-row path (widths 6,656 and 7,168): its log-probs and
-    gradients are the padded forward's, within bf16's rounding."""
+@pytest.mark.parametrize("response_lengths", [(6197, 6698), (6197, 1500, 6698)], ids=["all-long", "one-short"])
+def test_on_cuda_long_rows_attending_alone_give_the_padded_forwards_figures_in_bf16(response_lengths):
+    """Rows of 6,200 and 6,700 tokens take the lone-row path (widths 6,656 and 7,168), beside a row of
+    1,500 in the flash kernel in the second case: the log-probs and gradients are the padded
+    forward's, within bf16's rounding."""
     gen = torch.Generator().manual_seed(5)
-    prompts = [[5, 6, 7], [8, 9]]
-    responses = [torch.randint(3, 60, (n,), generator=gen).tolist() for n in (6197, 6698)]
+    prompts = [[5, 6, 7], [8, 9], [10, 11]][: len(response_lengths)]
+    responses = [torch.randint(3, 60, (n,), generator=gen).tolist() for n in response_lengths]
 
     def run(packed: bool):
         lm = build_model("tiny-hd64", torch.bfloat16, device="cuda", seed=0).train()
@@ -227,7 +252,8 @@ def test_on_cuda_long_rows_attending_alone_give_the_padded_forwards_figures_in_b
         response_ids, response_mask = right_pad(responses, 0)
         ids = torch.cat([prompt_ids, response_ids], dim=1).cuda()
         mask = torch.cat([prompt_mask, response_mask], dim=1).cuda()
-        assert rows_attend_alone(mask.sum(dim=1).tolist(), on_cuda=True)
+        lengths = mask.sum(dim=1).tolist()
+        assert rows_attend_alone(lengths, on_cuda=True) == (min(lengths) >= ROWS_ALONE_MIN)
         logp, _ = PolicyModel(lm, packed=packed)(ids, mask, response_ids.cuda())
         keep = response_mask.cuda().bool()
         (logp * keep).sum().backward()

@@ -16,7 +16,10 @@ which its decoder layers pass through to the attention function) attends per row
   cuDNN builds a plan for each new shape (40-140 ms), so ``build_row_plans`` builds every bucket's at
   set-up;
 - on CUDA, other rows in one variable-length flash-attention kernel
-  (``torch.nn.attention.varlen.varlen_attn``, FlashAttention 2 in torch 2.11);
+  (``torch.nn.attention.varlen.varlen_attn``, FlashAttention 2 in torch 2.11); where a micro-batch
+  holds both, its long rows still attend alone and its short ones together in one flash call
+  (``_long_alone_short_together``): one short row no longer takes its long neighbours to the slower
+  kernel;
 - on the CPU, row by row through SDPA (``_rows_alone_causal`` unpadded).
 
 Any other call is SDPA's, with SDPA's masks: the hf rollout engine generates with the actor's own
@@ -29,7 +32,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -86,6 +91,8 @@ def packed_attention(
     lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
     if rows_attend_alone(lengths, q.is_cuda):
         out = _rows_alone_causal(q, k, v, bounds, scale)
+    elif q.is_cuda and max(lengths, default=0) >= ROWS_ALONE_MIN:
+        out = _long_alone_short_together(q, k, v, bounds, scale, _varlen_group)
     elif q.is_cuda:
         out = _varlen_causal(q, k, v, cu_seqlens, int(kwargs["max_length_q"]), scale)
     else:  # the CPU: row by row, unpadded
@@ -109,6 +116,39 @@ def _rows_alone_causal(
         attended = F.scaled_dot_product_attention(*rows, is_causal=True, scale=scale, enable_gqa=True)  # [1, H, W, D]
         out.append(attended[0, :, : end - start].transpose(0, 1))  # [n, H, D]
     return torch.cat(out)
+
+
+def _long_alone_short_together(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float,
+    together: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[int], float], torch.Tensor],
+) -> torch.Tensor:
+    """Rows of ROWS_ALONE_MIN tokens or more alone (``_rows_alone_causal``), the shorter ones end to
+    end in one call of ``together(q, k, v, bounds, scale)`` (``_varlen_group`` on CUDA); [T, H, D] in
+    and out, each row's outputs in its place. Rows of no tokens add nothing."""
+    rows = [(start, end) for start, end in zip(bounds[:-1], bounds[1:], strict=True) if end > start]
+    short = [(start, end) for start, end in rows if end - start < ROWS_ALONE_MIN]
+    short_out = None
+    if short:
+        def gathered(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t[start:end] for start, end in short])  # [short tokens, heads, D]
+
+        short_bounds = [0, *itertools.accumulate(end - start for start, end in short)]
+        short_out = together(gathered(q), gathered(k), gathered(v), short_bounds, scale)  # [short tokens, H, D]
+    pieces, taken = [], 0  # each row's outputs, in row order
+    for start, end in rows:
+        if end - start < ROWS_ALONE_MIN:
+            pieces.append(short_out[taken : taken + end - start])
+            taken += end - start
+        else:
+            pieces.append(_rows_alone_causal(q, k, v, [start, end], scale))
+    return torch.cat(pieces)
+
+
+def _varlen_group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float) -> torch.Tensor:
+    """``_varlen_causal`` over rows given by their host bounds."""
+    cu_seqlens = torch.tensor(bounds, dtype=torch.int32).to(q.device, non_blocking=True)
+    longest = max(end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True))
+    return _varlen_causal(q, k, v, cu_seqlens, longest, scale)
 
 
 def build_row_plans(config: Any, device: torch.device, dtype: torch.dtype, longest: int) -> int:
