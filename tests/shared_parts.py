@@ -76,3 +76,13 @@ def step_recorder(name: str, directory: Any):
     recorder.context.tokens = TokenCounts(prompt_lengths=[2, 2], response_lengths=[1, 3])
     recorder.record("step", [1.0] * 5, "t::step")
     return recorder
+
+
+def assert_judged_none_of(run: Any, baseline: Any, family: str) -> None:
+    """The run's gate against ``baseline`` passes and compares none of the ``family`` figures, which
+    differ between the two: evidence beside the verdicts, never judged."""
+    from pytest_rlbench.verdict.compare import compare
+
+    result = compare(run, baseline)
+    assert result.mode == "gate" and result.passed, result.failures
+    assert not [c for c in result.comparisons if c.metric.startswith(f"{family}/")], result.comparisons

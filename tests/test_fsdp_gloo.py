@@ -51,7 +51,8 @@ LR = 1e-2  # AdamW's
 # checkpointed layers, fully and selectively recomputed; fixed with Dr.GRPO's aggregation (its loss
 # weights count sequences, not tokens); packed rows (use_remove_padding) by token budget with full
 # checkpointing, against the padded single-process step; the MLP blocks alone checkpointed; and only
-# the first layer checkpointed ("POLICY/LAYERS": gradient_checkpointing_layers).
+# the first layer checkpointed ("POLICY/LAYERS": gradient_checkpointing_layers); and the sequences' mean
+# of each one's token mean (seq-mean-token-mean), whose weights differ between the ranks' rows.
 SETTINGS = [
     (2, False, 0, None, "token-mean"),
     (2, True, 13, None, "token-mean"),

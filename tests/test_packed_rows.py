@@ -16,12 +16,17 @@ import torch.nn.functional as F
 from trainer.batch import PACK_MIN_PADDING, left_pad, pack_rows, packing_pays, right_pad
 from trainer.models.checkpointing import enable_gradient_checkpointing
 from trainer.models.packed_attention import (
+    ALONE,
+    ALONE_UNPADDED,
+    FLASH,
+    LONG_ALONE_SHORT_TOGETHER,
     PACKED_ATTENTION,
     ROW_BOUNDS,
     ROW_BUCKET,
     ROWS_ALONE_MIN,
     _long_alone_short_together,
     _rows_alone_causal,
+    attention_path,
     bucketed_width,
     build_row_plans,
     packed_attention,
@@ -145,8 +150,12 @@ def test_on_cuda_the_varlen_kernel_gives_the_padded_forwards_figures_in_bf16():
 
 def test_long_rows_attend_alone_only_on_a_gpu():
     assert rows_attend_alone([ROWS_ALONE_MIN, 30000], on_cuda=True)
-    # one short row: the long one still attends alone, beside it (_long_alone_short_together)
     assert not rows_attend_alone([ROWS_ALONE_MIN - 1, 30000], on_cuda=True)
+    # the way each micro-batch attends: one short row no longer takes a long one to the flash kernel
+    assert attention_path([ROWS_ALONE_MIN, 30000], on_cuda=True) == ALONE
+    assert attention_path([ROWS_ALONE_MIN - 1, 30000], on_cuda=True) == LONG_ALONE_SHORT_TOGETHER
+    assert attention_path([ROWS_ALONE_MIN - 1, 300], on_cuda=True) == FLASH
+    assert attention_path([ROWS_ALONE_MIN - 1, 30000], on_cuda=False) == ALONE_UNPADDED
     assert not rows_attend_alone([30000], on_cuda=False)
     assert not rows_attend_alone([], on_cuda=True)
     assert [bucketed_width(n, 512) for n in (1, 512, 513, 27796)] == [512, 512, 1024, 28160]
@@ -253,7 +262,7 @@ def test_on_cuda_long_rows_attending_alone_give_the_padded_forwards_figures_in_b
         ids = torch.cat([prompt_ids, response_ids], dim=1).cuda()
         mask = torch.cat([prompt_mask, response_mask], dim=1).cuda()
         lengths = mask.sum(dim=1).tolist()
-        assert rows_attend_alone(lengths, on_cuda=True) == (min(lengths) >= ROWS_ALONE_MIN)
+        assert attention_path(lengths, on_cuda=True) == (LONG_ALONE_SHORT_TOGETHER if min(lengths) < ROWS_ALONE_MIN else ALONE)
         logp, _ = PolicyModel(lm, packed=packed)(ids, mask, response_ids.cuda())
         keep = response_mask.cuda().bool()
         (logp * keep).sum().backward()

@@ -15,6 +15,7 @@ from trainer.config import build_config
 from trainer.workers import actor as actor_module
 from trainer.workers import training_warm_up
 from trainer.workers.fsdp import PolicyModel, local_tensor
+from trainer.workers.phase_spans import worker_spans
 from trainer.workers.train_worker import TrainWorker
 from trainer.workers.training_warm_up import rows_of_lengths, warm_up_mini_batches, warm_up_plan
 
@@ -102,7 +103,7 @@ def _step(worker: TrainWorker) -> tuple[torch.Tensor, torch.Tensor, dict, dict]:
     batch.old_log_probs = worker.compute_old_log_prob(batch)
     batch.ref_log_probs = worker.compute_ref_log_prob(batch)
     batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand_as(batch.old_log_probs).clone()
-    metrics = worker.update_actor(batch, 1)
+    _, metrics = worker_spans(worker.update_actor(batch, 1))  # its figures; the phases' spans are times of day
     return batch.old_log_probs, batch.ref_log_probs, metrics, worker.state()["model"]
 
 

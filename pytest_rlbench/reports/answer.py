@@ -251,25 +251,27 @@ def memory_line(run: RunRecord) -> list[str]:
     return [f"peak GPU memory per GPU (largest round), GiB allocated/reserved: {', '.join(parts)}"] if parts else []
 
 
-WAITS_SHOWN_FROM_S = 0.1  # a phase whose time outside its workers' calls is less is left off the line
+WAITS_SHOWN_FROM_S = 0.1  # a phase is named where the driver's share or the workers' spread reaches this
 
 
 def waits_line(run: RunRecord) -> list[str]:
-    """Where a step's phases spent time outside their workers' own calls (trainer/workers/phase_spans.py),
-    in the round where that was most: the last worker's start after the driver's, the spread of the
-    workers' ends, the results' way back. Phases with less than WAITS_SHOWN_FROM_S in all are left off."""
+    """How whole steps' phases on the workers (trainer/workers/phase_spans.py) spent time around the
+    workers' own calls, each figure the most of any round: until the last worker began (the driver
+    preparing and sending the parts, Ray scheduling the call) and after the last one ended (the results'
+    way back, the driver assembling them), which lengthen the phase; and how far apart the workers
+    ended (uneven work, or GPUs of unequal speed). Phases under WAITS_SHOWN_FROM_S in both are left off."""
     parts = []
     for phase in PHASE_KEYS:
         series = [run.metrics.get(f"{WORKERS}/{figure}/{phase}") for figure in WAIT_FIGURES]  # lag, spread, back
         if any(m is None for m in series):
             continue
-        rounds = list(zip(*(m.value for m in series), strict=True))
-        lag, spread, back = max(rounds, key=sum)
-        if lag + spread + back >= WAITS_SHOWN_FROM_S:
-            parts.append(f"{phase} {lag:.2f} to start, ends {spread:.2f} apart, {back:.2f} back")
+        lag, spread, back = (max(m.value) for m in series)
+        if lag + back >= WAITS_SHOWN_FROM_S or spread >= WAITS_SHOWN_FROM_S:
+            parts.append(f"{phase} {lag:.2f} until the last worker began + {back:.2f} after the last ended, "
+                         f"workers' ends {spread:.2f} apart")
     if not parts:
         return []
-    return [f"outside the workers' own calls, seconds (the round with most): {'; '.join(parts)}"]
+    return [f"around the workers' calls (whole steps; seconds, the most of any round): {'; '.join(parts)}"]
 
 
 # Each SETUP_FIGURES metric in the summary's words, {s} its seconds.

@@ -53,6 +53,20 @@ def rows_attend_alone(lengths: list[int], on_cuda: bool) -> bool:
     return on_cuda and bool(lengths) and min(lengths) >= ROWS_ALONE_MIN
 
 
+# How packed rows attend (``attention_path``): each alone, long ones alone beside the short ones in one
+# flash call, all in one flash call, or (the CPU) each alone unpadded.
+ALONE, LONG_ALONE_SHORT_TOGETHER, FLASH, ALONE_UNPADDED = "alone", "long alone, short together", "flash", "alone, unpadded"
+
+
+def attention_path(lengths: list[int], on_cuda: bool) -> str:
+    """Which way packed rows of these lengths attend (module docstring)."""
+    if not on_cuda:
+        return ALONE_UNPADDED
+    if rows_attend_alone(lengths, on_cuda):
+        return ALONE
+    return LONG_ALONE_SHORT_TOGETHER if max(lengths, default=0) >= ROWS_ALONE_MIN else FLASH
+
+
 def bucketed_width(length: int, bucket: int = ROW_BUCKET) -> int:
     """A lone row's width: its length rounded up to a multiple of ``bucket``."""
     return -(-length // bucket) * bucket
@@ -89,13 +103,14 @@ def packed_attention(
     v = value[0].transpose(0, 1).contiguous()  # [T, KV, D]
     bounds = kwargs.get(ROW_BOUNDS) or cu_seqlens.tolist()  # the host's copy (packed_call_kwargs): no device read
     lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
-    if rows_attend_alone(lengths, q.is_cuda):
+    path = attention_path(lengths, q.is_cuda)
+    if path == ALONE:
         out = _rows_alone_causal(q, k, v, bounds, scale)
-    elif q.is_cuda and max(lengths, default=0) >= ROWS_ALONE_MIN:
+    elif path == LONG_ALONE_SHORT_TOGETHER:
         out = _long_alone_short_together(q, k, v, bounds, scale, _varlen_group)
-    elif q.is_cuda:
+    elif path == FLASH:
         out = _varlen_causal(q, k, v, cu_seqlens, int(kwargs["max_length_q"]), scale)
-    else:  # the CPU: row by row, unpadded
+    else:
         out = _rows_alone_causal(q, k, v, bounds, scale, bucket=1)
     return out.unsqueeze(0), None  # [1, T, H, D]
 
@@ -125,22 +140,23 @@ def _long_alone_short_together(
     """Rows of ROWS_ALONE_MIN tokens or more alone (``_rows_alone_causal``), the shorter ones end to
     end in one call of ``together(q, k, v, bounds, scale)`` (``_varlen_group`` on CUDA); [T, H, D] in
     and out, each row's outputs in its place. Rows of no tokens add nothing."""
-    rows = [(start, end) for start, end in zip(bounds[:-1], bounds[1:], strict=True) if end > start]
-    short = [(start, end) for start, end in rows if end - start < ROWS_ALONE_MIN]
-    short_out = None
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+    # one split per tensor: its backward assembles the rows' gradients in one cat, where a slice per
+    # row would add a zero gradient of the whole micro-batch's size for each
+    rows = [(n, *parts) for n, *parts in zip(lengths, *(t.split(lengths) for t in (q, k, v)), strict=True) if n]
+    short = [parts for n, *parts in rows if n < ROWS_ALONE_MIN]
+    short_out: list[torch.Tensor] = []
     if short:
-        def gathered(t: torch.Tensor) -> torch.Tensor:
-            return torch.cat([t[start:end] for start, end in short])  # [short tokens, heads, D]
-
-        short_bounds = [0, *itertools.accumulate(end - start for start, end in short)]
-        short_out = together(gathered(q), gathered(k), gathered(v), short_bounds, scale)  # [short tokens, H, D]
-    pieces, taken = [], 0  # each row's outputs, in row order
-    for start, end in rows:
-        if end - start < ROWS_ALONE_MIN:
-            pieces.append(short_out[taken : taken + end - start])
-            taken += end - start
+        joined = [torch.cat(part) for part in zip(*short, strict=True)]  # q, k, v of the short rows end to end
+        short_lengths = [part[0].shape[0] for part in short]
+        short_bounds = [0, *itertools.accumulate(short_lengths)]
+        short_out = list(together(*joined, short_bounds, scale).split(short_lengths))  # each [n, H, D]
+    pieces = []  # each row's outputs, in row order
+    for n, row_q, row_k, row_v in rows:
+        if n < ROWS_ALONE_MIN:
+            pieces.append(short_out.pop(0))
         else:
-            pieces.append(_rows_alone_causal(q, k, v, [start, end], scale))
+            pieces.append(_rows_alone_causal(row_q, row_k, row_v, [0, n], scale))
     return torch.cat(pieces)
 
 

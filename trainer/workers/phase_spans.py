@@ -5,11 +5,17 @@ The driver times a phase from before it sends the workers their parts until it h
 results (trainer/timing.py). A worker records its own span of the call: from when it starts on its
 part until it returns. Against the driver's span, per phase:
 
-- ``start_lag_s``: the last worker's start after the driver's: sending the parts (the driver
-  serialises them one worker after another) and Ray's scheduling of the call;
-- ``end_spread_s``: the last worker's end after the first's: one GPU slower than another, or uneven
-  work (where no collective holds the workers together at the end);
-- ``collect_s``: the driver's end after the last worker's: the results' way back to the driver.
+- ``start_lag_s``: the last worker's start after the driver's: the driver preparing the parts
+  (sharding, selecting rows), sending them (serialised one worker after another) and Ray scheduling
+  the call;
+- ``collect_s``: the driver's end after the last worker's: the results' way back and the driver
+  assembling them;
+- ``end_spread_s``: the last worker's end after the first's: uneven work, or one GPU slower than
+  another (where no collective holds the workers together at the end). Not a term of the phase's
+  time, which is start_lag_s + the last worker's end less its start + collect_s.
+
+Whole steps only (GRPOTrainer.train_step): a phase benchmarked apart records none. A phase timed twice
+in one step keeps its last call's spans.
 
 Spans are wall-clock (``time.time()``), so they compare across the processes of one host exactly and
 across hosts to within their clocks' agreement. A worker's spans ride back with update_actor's figures
