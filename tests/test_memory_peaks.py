@@ -10,7 +10,7 @@ import pytest
 import torch
 from shared_parts import assert_judged_none_of, step_recorder
 
-from pytest_rlbench.records.metrics import step_memory_unit
+from pytest_rlbench.records.metrics import step_evidence_unit
 from pytest_rlbench.reports.answer import memory_line
 from trainer.workers.memory_peaks import GIB, PhasePeaks, largest_worker, worker_figures
 
@@ -34,9 +34,9 @@ def test_a_phase_figure_is_the_worker_that_held_the_most_in_gib() -> None:
 
 def test_the_plugin_records_the_trainers_figures_and_no_verdict_judges_them(tmp_path: Path) -> None:
     figures = worker_figures({"update_actor": (3 * GIB, 4 * GIB), "reshard": (GIB, GIB)})
-    assert all(step_memory_unit(name) == "GiB" for name in figures)  # the names the trainer gives
-    assert step_memory_unit("gpu/max_allocated_gib/not_a_phase") is None
-    assert step_memory_unit("gpu/power_w/update_actor") is None  # NVML's figures are recorded elsewhere
+    assert all(step_evidence_unit(name) == "GiB" for name in figures)  # the names the trainer gives
+    assert step_evidence_unit("gpu/max_allocated_gib/not_a_phase") is None
+    assert step_evidence_unit("gpu/power_w/update_actor") is None  # NVML's figures are recorded elsewhere
 
     def record(name: str, scale: float):
         recorder = step_recorder(name, tmp_path / name)

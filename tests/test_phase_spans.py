@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from shared_parts import assert_judged_none_of, step_recorder
 
-from pytest_rlbench.records.metrics import step_wait_unit
+from pytest_rlbench.records.metrics import step_evidence_unit
 from pytest_rlbench.reports.answer import waits_line
 from trainer.workers.phase_spans import PhaseSpans, span_figures, wait_figures, worker_spans
 
@@ -50,8 +50,8 @@ def test_the_plugin_records_the_figures_and_no_verdict_judges_them(tmp_path: Pat
         {"old_log_prob": (0.0, 10.0), "update_actor": (20.0, 40.0)},
         [{"old_log_prob": (0.25, 9.0), "update_actor": (20.0, 39.0)}, {"old_log_prob": (0.5, 9.5), "update_actor": (20.0, 39.0)}],
     )
-    assert all(step_wait_unit(name) == "s" for name in figures)
-    assert step_wait_unit("workers/start_lag_s/not_a_phase") is None and step_wait_unit("workers/other/ref") is None
+    assert all(step_evidence_unit(name) == "s" for name in figures)
+    assert step_evidence_unit("workers/start_lag_s/not_a_phase") is None and step_evidence_unit("workers/other/ref") is None
 
     def record(name: str, scale: float):
         recorder = step_recorder(name, tmp_path / name)

@@ -102,31 +102,26 @@ STEP_METRICS: dict[str, tuple[str, bool]] = {
     f"{ROLLOUT_FIDELITY}/pearson": ("", True),
     f"{ROLLOUT_FIDELITY}/mismatch_kl": ("nats", False),
 }
-# Each phase's peak GPU memory, as a step reports it under the trainer's names: recorded as the run's
-# metrics gpu/<figure>/<phase>, the GPU family of pytest_rlbench.verdict.machine_load, which is
-# evidence beside the verdicts and never judged.
-STEP_MEMORY_FIGURES: dict[str, str] = {MAX_ALLOCATED: "GiB", MAX_RESERVED: "GiB"}
+# A step's figures of each phase recorded as evidence beside the verdicts, never judged: family ->
+# figure -> unit, each recorded as the run's metric <family>/<figure>/<phase>.
+# - gpu: the phase's peak GPU memory, under the trainer's names (trainer/workers/memory_peaks.py), the GPU
+#   family of pytest_rlbench.verdict.machine_load;
+# - workers: the phase's time around its workers' own calls (trainer/workers/phase_spans.py).
+STEP_EVIDENCE_FIGURES: dict[str, dict[str, str]] = {
+    GPU: {MAX_ALLOCATED: "GiB", MAX_RESERVED: "GiB"},
+    WORKERS: dict.fromkeys(WAIT_FIGURES, "s"),
+}
 # The bytes a save wrote (all files of the checkpoint), as a step or the save_checkpoint benchmark
 # reports them: recorded as the run's metric checkpoint/bytes, the work behind the WRITE_RATE figure,
 # never judged on its own (the checkpoint family: evidence, as the GPU family is).
 CHECKPOINT = CHECKPOINT_BYTES.partition("/")[0]
 
 
-def step_memory_unit(name: str) -> str | None:
-    """The unit of a step figure that is a phase's peak GPU memory (gpu/max_allocated_gib/update_actor),
-    else None."""
+def step_evidence_unit(name: str) -> str | None:
+    """The unit of a step figure that STEP_EVIDENCE_FIGURES names (gpu/max_allocated_gib/update_actor,
+    workers/start_lag_s/old_log_prob), else None."""
     family, figure, phase = (name.split("/") + ["", ""])[:3]
-    if family == GPU and figure in STEP_MEMORY_FIGURES and phase in PHASE_KEYS:
-        return STEP_MEMORY_FIGURES[figure]
-    return None
-
-
-def step_wait_unit(name: str) -> str | None:
-    """"s" for a step figure of what a phase spent outside its workers' own calls
-    (workers/start_lag_s/old_log_prob: trainer/workers/phase_spans.py), else None. Recorded as the run's
-    metrics of the WORKERS family: evidence beside the verdicts, never judged."""
-    family, figure, phase = (name.split("/") + ["", ""])[:3]
-    return "s" if family == WORKERS and figure in WAIT_FIGURES and phase in PHASE_KEYS else None
+    return STEP_EVIDENCE_FIGURES.get(family, {}).get(figure) if phase in PHASE_KEYS else None
 
 
 # What the slowest worker's set-up spent outside every phase, recorded as run metrics setup_s/<what>

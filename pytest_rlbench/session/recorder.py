@@ -32,8 +32,7 @@ from pytest_rlbench.records.metrics import (
     STEP_METRICS,
     family_of,
     setup_figures,
-    step_memory_unit,
-    step_wait_unit,
+    step_evidence_unit,
 )
 from pytest_rlbench.records.record import (
     BaselineError,
@@ -205,8 +204,8 @@ class BenchRecorder:
     def add_step_metrics(self, rounds: list[Mapping[str, float]]) -> None:
         """Whole-step rounds' own figures (StepResult.metrics) that ``STEP_METRICS`` names, one sample
         per round, as the run's metrics (compared with a baseline's like any other), and each phase's
-        peak GPU memory (``step_memory_unit``) and time outside its workers' own calls (``step_wait_unit``):
-        recorded, never judged."""
+        peak GPU memory and time around its workers' own calls (``step_evidence_unit``): recorded, never
+        judged."""
         for name, (unit, higher_is_better) in STEP_METRICS.items():
             values = [r[name] for r in rounds if name in r]
             if values:
@@ -214,7 +213,7 @@ class BenchRecorder:
         # each phase's peak GPU memory (the gpu family) and its time outside the workers' own calls (the
         # workers family): evidence, never judged
         for name in dict.fromkeys(key for r in rounds for key in r):
-            unit = step_memory_unit(name) or step_wait_unit(name)
+            unit = step_evidence_unit(name)
             if unit is not None:
                 self.add_metric(name, [r[name] for r in rounds if name in r], unit, higher_is_better=False)
         self.add_checkpoint_bytes([r[CHECKPOINT_BYTES] for r in rounds if CHECKPOINT_BYTES in r])

@@ -67,6 +67,11 @@ def attention_path(lengths: list[int], on_cuda: bool) -> str:
     return LONG_ALONE_SHORT_TOGETHER if max(lengths, default=0) >= ROWS_ALONE_MIN else FLASH
 
 
+def row_lengths(bounds: list[int]) -> list[int]:
+    """Each packed row's tokens, from the rows' bounds (cu_seqlens' values)."""
+    return [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
 def bucketed_width(length: int, bucket: int = ROW_BUCKET) -> int:
     """A lone row's width: its length rounded up to a multiple of ``bucket``."""
     return -(-length // bucket) * bucket
@@ -102,8 +107,7 @@ def packed_attention(
     k = key[0].transpose(0, 1).contiguous()  # [T, KV, D]
     v = value[0].transpose(0, 1).contiguous()  # [T, KV, D]
     bounds = kwargs.get(ROW_BOUNDS) or cu_seqlens.tolist()  # the host's copy (packed_call_kwargs): no device read
-    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
-    path = attention_path(lengths, q.is_cuda)
+    path = attention_path(row_lengths(bounds), q.is_cuda)
     if path == ALONE:
         out = _rows_alone_causal(q, k, v, bounds, scale)
     elif path == LONG_ALONE_SHORT_TOGETHER:
@@ -140,7 +144,7 @@ def _long_alone_short_together(
     """Rows of ROWS_ALONE_MIN tokens or more alone (``_rows_alone_causal``), the shorter ones end to
     end in one call of ``together(q, k, v, bounds, scale)`` (``_varlen_group`` on CUDA); [T, H, D] in
     and out, each row's outputs in its place. Rows of no tokens add nothing."""
-    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+    lengths = row_lengths(bounds)
     # one split per tensor: its backward assembles the rows' gradients in one cat, where a slice per
     # row would add a zero gradient of the whole micro-batch's size for each
     rows = [(n, *parts) for n, *parts in zip(lengths, *(t.split(lengths) for t in (q, k, v)), strict=True) if n]
@@ -163,8 +167,7 @@ def _long_alone_short_together(
 def _varlen_group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], scale: float) -> torch.Tensor:
     """``_varlen_causal`` over rows given by their host bounds."""
     cu_seqlens = torch.tensor(bounds, dtype=torch.int32).to(q.device, non_blocking=True)
-    longest = max(end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True))
-    return _varlen_causal(q, k, v, cu_seqlens, longest, scale)
+    return _varlen_causal(q, k, v, cu_seqlens, max(row_lengths(bounds)), scale)
 
 
 def build_row_plans(config: Any, device: torch.device, dtype: torch.dtype, longest: int) -> int:
